@@ -1,0 +1,3 @@
+//! fraglink: CUDA JIT link-time optimisation for Rust GPU libraries.
+pub mod build;
+pub mod sys;
