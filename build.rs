@@ -1,1 +1,73 @@
-fn main() {}
+//! Compiles fraglink's own vector-search fragment set with the public
+//! builder (the same one downstream build scripts use) and bakes the CUDA
+//! library paths it found into the crate for the run-time loader.
+
+#[allow(dead_code, unused_imports)]
+#[path = "src/build/mod.rs"]
+mod build;
+#[allow(dead_code, unused_imports)]
+#[path = "src/sys/mod.rs"]
+mod sys;
+
+use build::{Builder, Family};
+
+fn main() {
+    let result = Builder::new()
+        .crate_path("crate")
+        .include_dir("fragments")
+        .family(
+            Family::new("metric", "MetricFragment")
+                .matrix("matrices/metric.json")
+                .template("templates/metric.cu.j2")
+                .name_format("metric_{{ metric }}_{{ dtype }}")
+                .tag("metric", "Metric")
+                .tag("dtype", "DataType"),
+        )
+        .family(
+            Family::new("filter", "FilterFragment")
+                .matrix("matrices/filter.json")
+                .template("templates/filter.cu.j2")
+                .name_format("filter_{{ filter }}_{{ idx }}")
+                .tag("filter", "Filter")
+                .tag("idx", "IndexType"),
+        )
+        .family(
+            Family::new("scan", "ScanFragment")
+                .matrix("matrices/scan.json")
+                .template("templates/scan.cu.j2")
+                .name_format("scan_{{ dtype }}_{{ idx }}_v{{ veclen }}_k{{ capacity }}")
+                .tag("dtype", "DataType")
+                .tag("idx", "IndexType")
+                .constant("veclen", "u32")
+                .constant("capacity", "u32"),
+        )
+        .compile();
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: fraglink could not build its fragments: {e}");
+            std::process::exit(1);
+        }
+    };
+    let t = &report.toolkit;
+    for (var, path) in [
+        ("FRAGLINK_BAKED_NVRTC_PATH", &t.nvrtc),
+        ("FRAGLINK_BAKED_NVJITLINK_PATH", &t.nvjitlink),
+        ("FRAGLINK_BAKED_NVFATBIN_PATH", &t.nvfatbin),
+    ] {
+        println!("cargo:rustc-env={var}={}", path.display());
+    }
+    let includes: Vec<String> = t.include_dirs.iter().map(|d| d.display().to_string()).collect();
+    println!("cargo:rustc-env=FRAGLINK_BAKED_CUDA_INCLUDES={}", includes.join("\n"));
+    let (maj, min) = report.nvrtc_version;
+    println!("cargo:rustc-env=FRAGLINK_BUILD_NVRTC_VERSION={maj}.{min}");
+    let archs: Vec<String> = report.archs.iter().map(|a| a.to_string()).collect();
+    println!("cargo:rustc-env=FRAGLINK_BUILD_ARCHS={}", archs.join(","));
+    println!(
+        "cargo:rustc-env=FRAGLINK_BUILD_SUMMARY={} fragments, {} bytes, {} from cache, {:.2}s",
+        report.fragments.len(),
+        report.total_bytes(),
+        report.cached(),
+        report.elapsed.as_secs_f64()
+    );
+}

@@ -1,1 +1,470 @@
+//! The build side: JSON matrices → rendered CUDA fragments → LTO-IR fatbins →
+//! a generated Rust registry. Used by fraglink's own `build.rs` and public so
+//! a downstream crate's `build.rs` compiles its own families the same way:
+//!
+//! ```no_run
+//! // build.rs of a downstream crate
+//! use fraglink::build::{Builder, Family};
+//! Builder::new()
+//!     .family(
+//!         Family::new("saxpy", "SaxpyFragment")
+//!             .matrix("matrices/saxpy.json")
+//!             .template("templates/saxpy.cu.j2")
+//!             .name_format("saxpy_{{ dtype }}")
+//!             .tag("dtype", "DataType"),
+//!     )
+//!     .compile()
+//!     .unwrap();
+//! // src/lib.rs: mod registry { include!(concat!(env!("OUT_DIR"), "/fraglink_registry.rs")); }
+//! ```
+//!
+//! Every environment variable the build reads is listed in [`ENV_VARS`].
+
+pub mod arch;
+pub mod codegen;
+pub mod compile;
 pub mod matrix;
+pub mod render;
+pub mod toolkit;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use arch::Arch;
+pub use codegen::{Param, ParamKind};
+pub use toolkit::Toolkit;
+
+/// Every variable the build side reads (besides those cargo sets).
+pub const ENV_VARS: &[&str] = &[
+    "FRAGLINK_CUDA_ROOT",
+    "CUDA_PATH",
+    "CUDA_HOME",
+    "FRAGLINK_OFFLINE",
+    "CARGO_NET_OFFLINE",
+    "FRAGLINK_PYTHON",
+    "FRAGLINK_ARCHS",
+    "FRAGLINK_BUILD_CACHE_DIR",
+    "FRAGLINK_BUILD_JOBS",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Toolkit(#[from] toolkit::ToolkitError),
+    #[error(transparent)]
+    Matrix(#[from] matrix::MatrixFileError),
+    #[error(transparent)]
+    Render(#[from] render::RenderError),
+    #[error(transparent)]
+    Codegen(#[from] codegen::CodegenError),
+    #[error(transparent)]
+    Compile(#[from] compile::CompileError),
+    #[error(transparent)]
+    Arch(#[from] arch::ArchError),
+    #[error("loading the CUDA libraries found at {origin}: {source}")]
+    Load {
+        origin: String,
+        source: crate::sys::SysError,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("builder option `{option}`: {message}")]
+    Config { option: &'static str, message: String },
+}
+
+/// One fragment family: a matrix, a template and how entries become names
+/// and Rust types.
+#[derive(Debug, Clone)]
+pub struct Family {
+    name: String,
+    type_name: String,
+    matrix: Option<PathBuf>,
+    template: Option<PathBuf>,
+    name_format: Option<String>,
+    params: Vec<Param>,
+}
+
+impl Family {
+    /// `name` is the family (`"metric"`), `type_name` the generated fragment
+    /// type (`"MetricFragment"`).
+    pub fn new(name: impl Into<String>, type_name: impl Into<String>) -> Self {
+        Family {
+            name: name.into(),
+            type_name: type_name.into(),
+            matrix: None,
+            template: None,
+            name_format: None,
+            params: Vec::new(),
+        }
+    }
+    /// The JSON parameter matrix (relative paths: to the manifest dir).
+    pub fn matrix(mut self, path: impl Into<PathBuf>) -> Self {
+        self.matrix = Some(path.into());
+        self
+    }
+    /// The minijinja template rendered once per entry.
+    pub fn template(mut self, path: impl Into<PathBuf>) -> Self {
+        self.template = Some(path.into());
+        self
+    }
+    /// A minijinja expression rendering the fragment's name from the entry;
+    /// the name is also the fragment's identity at link time.
+    pub fn name_format(mut self, format: impl Into<String>) -> Self {
+        self.name_format = Some(format.into());
+        self
+    }
+    /// Matrix key `key` becomes a generic type parameter bounded by the tag
+    /// trait `trait_name`.
+    pub fn tag(mut self, key: impl Into<String>, trait_name: impl Into<String>) -> Self {
+        self.params.push(Param {
+            key: key.into(),
+            kind: ParamKind::Tag {
+                trait_name: trait_name.into(),
+            },
+        });
+        self
+    }
+    /// Matrix key `key` becomes a const generic of integer type `ty`.
+    pub fn constant(mut self, key: impl Into<String>, ty: impl Into<String>) -> Self {
+        self.params.push(Param {
+            key: key.into(),
+            kind: ParamKind::Const { ty: ty.into() },
+        });
+        self
+    }
+}
+
+/// Builds fragments; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    families: Vec<Family>,
+    archs: Option<Vec<String>>,
+    include_dirs: Vec<PathBuf>,
+    nvrtc_options: Vec<String>,
+    out_dir: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
+    manifest_dir: Option<PathBuf>,
+    krate: String,
+    registry_file: String,
+    toolkit: Option<Toolkit>,
+    jobs: Option<usize>,
+    cargo: bool,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What a build did.
+#[derive(Debug)]
+pub struct BuildReport {
+    pub toolkit: Toolkit,
+    pub archs: Vec<Arch>,
+    pub fragments: Vec<compile::Compiled>,
+    pub warnings: Vec<String>,
+    pub registry: PathBuf,
+    pub elapsed: Duration,
+    pub nvrtc_version: (i32, i32),
+}
+
+impl BuildReport {
+    pub fn total_bytes(&self) -> usize {
+        self.fragments.iter().map(|f| f.fatbin_len).sum()
+    }
+    pub fn cached(&self) -> usize {
+        self.fragments.iter().filter(|f| f.cached).count()
+    }
+}
+
+impl Builder {
+    pub fn new() -> Self {
+        Builder {
+            families: Vec::new(),
+            archs: None,
+            include_dirs: Vec::new(),
+            nvrtc_options: Vec::new(),
+            out_dir: None,
+            cache_dir: None,
+            manifest_dir: None,
+            krate: "::fraglink".into(),
+            registry_file: "fraglink_registry.rs".into(),
+            toolkit: None,
+            jobs: None,
+            cargo: std::env::var_os("OUT_DIR").is_some(),
+        }
+    }
+    pub fn family(mut self, family: Family) -> Self {
+        self.families.push(family);
+        self
+    }
+    /// Architectures to build LTO-IR for (`compute_75`, `sm_90`, …).
+    /// `FRAGLINK_ARCHS` overrides; the default is [`Arch::defaults`].
+    pub fn archs<S: AsRef<str>>(mut self, archs: &[S]) -> Self {
+        self.archs = Some(archs.iter().map(|a| a.as_ref().to_string()).collect());
+        self
+    }
+    /// A directory of headers the templates include (`-I`).
+    pub fn include_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.include_dirs.push(dir.into());
+        self
+    }
+    /// An extra NVRTC option for every fragment (e.g. `-DNDEBUG`).
+    pub fn nvrtc_option(mut self, option: impl Into<String>) -> Self {
+        self.nvrtc_options.push(option.into());
+        self
+    }
+    /// Where sources, fatbins and the registry go (default `$OUT_DIR`).
+    pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.out_dir = Some(dir.into());
+        self
+    }
+    /// Content-hash cache directory (default: `FRAGLINK_BUILD_CACHE_DIR`, else
+    /// `fraglink-build-cache` in cargo's target directory).
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+    /// Base of relative paths (default `$CARGO_MANIFEST_DIR`).
+    pub fn manifest_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.manifest_dir = Some(dir.into());
+        self
+    }
+    /// Path of the fraglink crate in generated code (default `::fraglink`).
+    pub fn crate_path(mut self, path: impl Into<String>) -> Self {
+        self.krate = path.into();
+        self
+    }
+    pub fn registry_file(mut self, name: impl Into<String>) -> Self {
+        self.registry_file = name.into();
+        self
+    }
+    /// Use these libraries instead of discovering them.
+    pub fn toolkit(mut self, toolkit: Toolkit) -> Self {
+        self.toolkit = Some(toolkit);
+        self
+    }
+    /// Parallel compiles (default: `FRAGLINK_BUILD_JOBS`, cargo's `NUM_JOBS`,
+    /// else the number of cores).
+    pub fn jobs(mut self, jobs: usize) -> Self {
+        self.jobs = Some(jobs);
+        self
+    }
+    /// Print `cargo:` directives (default: when `OUT_DIR` is set).
+    pub fn cargo_directives(mut self, on: bool) -> Self {
+        self.cargo = on;
+        self
+    }
+
+    fn resolve(&self, p: &Path) -> PathBuf {
+        match &self.manifest_dir {
+            Some(m) if p.is_relative() => m.join(p),
+            _ => p.to_path_buf(),
+        }
+    }
+
+    fn directive(&self, line: &str) {
+        if self.cargo {
+            println!("cargo:{line}");
+        }
+    }
+
+    /// Runs the whole pipeline.
+    pub fn compile(mut self) -> Result<BuildReport, BuildError> {
+        let started = Instant::now();
+        if self.manifest_dir.is_none() {
+            self.manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+        }
+        for v in ENV_VARS.iter().chain(["NUM_JOBS"].iter()) {
+            self.directive(&format!("rerun-if-env-changed={v}"));
+        }
+        let out_dir = match self.out_dir.clone().or_else(|| std::env::var_os("OUT_DIR").map(PathBuf::from)) {
+            Some(d) => d,
+            None => {
+                return Err(BuildError::Config {
+                    option: "out_dir",
+                    message: "not set and OUT_DIR is not in the environment (not run by cargo?)".into(),
+                })
+            }
+        };
+        let target_dir = cargo_target_dir(&out_dir);
+        let archs = match std::env::var("FRAGLINK_ARCHS") {
+            Ok(s) if !s.trim().is_empty() => Arch::parse_list(&s, "FRAGLINK_ARCHS")?,
+            _ => match &self.archs {
+                Some(list) => Arch::parse_list(&list.join(","), "Builder::archs")?,
+                None => Arch::defaults(),
+            },
+        };
+        let jobs = self
+            .jobs
+            .or_else(|| env_usize("FRAGLINK_BUILD_JOBS"))
+            .or_else(|| env_usize("NUM_JOBS"))
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let cache_dir = self
+            .cache_dir
+            .clone()
+            .or_else(|| std::env::var_os("FRAGLINK_BUILD_CACHE_DIR").map(PathBuf::from))
+            .or_else(|| target_dir.as_ref().map(|t| t.join("fraglink-build-cache")));
+
+        let toolkit = match self.toolkit.clone() {
+            Some(t) => t,
+            None => toolkit::Discovery::from_env(
+                target_dir.as_ref().map(|t| t.join("fraglink-cuda-12.9")),
+            )
+            .find()?,
+        };
+        let origin = format!("{:?}", toolkit.origin);
+        let load = |source| BuildError::Load {
+            origin: origin.clone(),
+            source,
+        };
+        let nvrtc = crate::sys::nvrtc::Nvrtc::open_path(&toolkit.nvrtc).map_err(load)?;
+        let nvfatbin = crate::sys::nvfatbin::Nvfatbin::open_path(&toolkit.nvfatbin).map_err(load)?;
+        let nvrtc_version = nvrtc.version().map_err(load)?;
+        let nvfatbin_version = nvfatbin.version().map_err(load)?;
+        let tool_versions = format!(
+            "nvrtc {}.{} nvfatbin {}.{}",
+            nvrtc_version.0, nvrtc_version.1, nvfatbin_version.0, nvfatbin_version.1
+        );
+
+        // Read every family's inputs.
+        let mut warnings = Vec::new();
+        struct Loaded {
+            matrix: PathBuf,
+            template: PathBuf,
+            template_text: String,
+            entries: Vec<matrix::Entry>,
+        }
+        let mut loaded = Vec::new();
+        for fam in &self.families {
+            let need = |v: &Option<PathBuf>, what: &'static str| {
+                v.as_ref().map(|p| self.resolve(p)).ok_or_else(|| BuildError::Config {
+                    option: what,
+                    message: format!("family `{}` has no {what}", fam.name),
+                })
+            };
+            let matrix_path = need(&fam.matrix, "matrix")?;
+            let template_path = need(&fam.template, "template")?;
+            if fam.name_format.is_none() {
+                return Err(BuildError::Config {
+                    option: "name_format",
+                    message: format!("family `{}` has no name format", fam.name),
+                });
+            }
+            self.directive(&format!("rerun-if-changed={}", matrix_path.display()));
+            self.directive(&format!("rerun-if-changed={}", template_path.display()));
+            let product = matrix::expand_file(&matrix_path)?;
+            for w in &product.warnings {
+                let msg = format!("{}: {w}", matrix_path.display());
+                self.directive(&format!("warning={msg}"));
+                warnings.push(msg);
+            }
+            let template_text =
+                std::fs::read_to_string(&template_path).map_err(|source| BuildError::Read {
+                    path: template_path.clone(),
+                    source,
+                })?;
+            loaded.push(Loaded {
+                matrix: matrix_path,
+                template: template_path,
+                template_text,
+                entries: product.entries,
+            });
+        }
+        let sources: Vec<render::FamilySource<'_>> = self
+            .families
+            .iter()
+            .zip(&loaded)
+            .map(|(fam, l)| render::FamilySource {
+                family: &fam.name,
+                matrix_path: l.matrix.clone(),
+                entries: &l.entries,
+                template_name: l.template.display().to_string(),
+                template: &l.template_text,
+                name_format: fam.name_format.as_deref().unwrap_or_default(),
+            })
+            .collect();
+        let rendered = render::render_all(&sources)?;
+
+        let own_includes: Vec<PathBuf> = self.include_dirs.iter().map(|d| self.resolve(d)).collect();
+        for d in &own_includes {
+            self.directive(&format!("rerun-if-changed={}", d.display()));
+        }
+        let headers_digest = compile::digest_dirs(&own_includes)?;
+        let mut include_dirs = own_includes.clone();
+        include_dirs.extend(toolkit.include_dirs.iter().cloned());
+        let gen_dir = out_dir.join("gen");
+        let fatbin_dir = out_dir.join("fatbins");
+        let ctx = compile::CompileContext {
+            nvrtc: &nvrtc,
+            nvfatbin: &nvfatbin,
+            archs: &archs,
+            include_dirs: &include_dirs,
+            extra_options: &self.nvrtc_options,
+            headers_digest,
+            tool_versions,
+            gen_dir: &gen_dir,
+            fatbin_dir: &fatbin_dir,
+            cache_dir: cache_dir.as_deref(),
+            jobs,
+        };
+        let compiled = compile::compile_all(&ctx, &rendered)?;
+
+        let decls: Vec<codegen::FamilyDecl> = self
+            .families
+            .iter()
+            .map(|f| codegen::FamilyDecl {
+                family: f.name.clone(),
+                type_name: f.type_name.clone(),
+                params: f.params.clone(),
+            })
+            .collect();
+        let arch_names: Vec<String> = archs.iter().map(|a| a.to_string()).collect();
+        let frags: Vec<codegen::FragmentDecl> = rendered
+            .iter()
+            .zip(&compiled)
+            .map(|(r, c)| codegen::FragmentDecl {
+                family: r.family.clone(),
+                name: r.name.clone(),
+                entry: r.entry.clone(),
+                archs: arch_names.clone(),
+                fatbin_file: format!("fatbins/{}.fatbin", r.name),
+                fatbin_len: c.fatbin_len,
+                hash: c.hash.clone(),
+            })
+            .collect();
+        let code = codegen::generate(&self.krate, &decls, &frags)?;
+        let registry = out_dir.join(&self.registry_file);
+        std::fs::write(&registry, code).map_err(|source| BuildError::Read {
+            path: registry.clone(),
+            source,
+        })?;
+        Ok(BuildReport {
+            nvrtc_version,
+            toolkit,
+            archs,
+            fragments: compiled,
+            warnings,
+            registry,
+            elapsed: started.elapsed(),
+        })
+    }
+}
+
+fn env_usize(var: &str) -> Option<usize> {
+    std::env::var(var).ok()?.trim().parse().ok().filter(|n| *n > 0)
+}
+
+/// `target/` (or `target/<triple>/`) from `OUT_DIR`
+/// (`…/<profile>/build/<crate>-<hash>/out`), shared by every profile.
+fn cargo_target_dir(out_dir: &Path) -> Option<PathBuf> {
+    let build = out_dir.parent()?.parent()?;
+    if build.file_name()? != "build" {
+        return None;
+    }
+    Some(build.parent()?.parent()?.to_path_buf())
+}

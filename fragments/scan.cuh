@@ -1,0 +1,240 @@
+// fraglink fragments — the brute-force top-k scan (algorithm code of the `scan` family).
+//
+// Device-only. templates/scan.cu.j2 instantiates fraglink::scan::run<T, Idx, VL, CAP>
+// inside an extern "C" __global__ entry point named after the fragment. Distances
+// and filtering come from the metric and filter fragments linked beside it (abi.cuh).
+//
+// Algorithm (one block of FRAGLINK_SCAN_BLOCK threads per query, grid-stride over
+// queries):
+//   shared memory holds S = next_pow2(CAP + BLOCK) (distance, id) keys. Slots
+//   [0, CAP) are the best keys so far, sorted ascending; slots [CAP, S) are scratch.
+//   for each tile of BLOCK consecutive rows:
+//     thread t computes the distance of row tile + t (if it exists and the filter
+//     allows it) with VL-element vector loads, folding elements in order through
+//     the metric; a NaN distance becomes +inf.
+//     the key is a candidate iff it is smaller than the current k-th best key.
+//     if any thread of the block has a candidate (__syncthreads_or): candidates go to
+//     slots [CAP, CAP + BLOCK), the rest of the scratch is reset to the sentinel,
+//     and a bitonic sort of all S slots restores "best CAP keys, sorted" in [0, CAP).
+//   finally slots [0, k) are the answer.
+// Keys compare lexicographically by (distance, id as unsigned): equal distances are
+// broken by the smaller id, and the sentinel (+inf, all-ones id) sorts after every
+// real row, +inf-distance rows included. Correctness: a key that was not a
+// candidate was not smaller than the k-th best at that time, and the k-th best only
+// decreases, so it cannot be among the final k; the sort keeps the CAP >= k smallest
+// of everything that was a candidate. Hence the result is exactly the k smallest keys
+// over all allowed rows, padded with sentinels when fewer than k rows are allowed.
+#pragma once
+
+#include "abi.cuh"
+
+// Threads per block. The launcher must launch exactly this many (blockDim = (128,1,1)).
+#define FRAGLINK_SCAN_BLOCK 128
+
+namespace fraglink {
+namespace scan {
+
+// ----- the linked metric, by element type ---------------------------------------
+template <typename T>
+struct metric_abi;
+
+template <>
+struct metric_abi<float> {
+  typedef fraglink_metric_state_f32 state;
+  static __device__ FRAGLINK_INLINE void init(state* s) { fraglink_metric_init_f32(s); }
+  static __device__ FRAGLINK_INLINE void accumulate(state* s, float q, float x) {
+    fraglink_metric_accumulate_f32(s, q, x);
+  }
+  static __device__ FRAGLINK_INLINE float finalize(const state* s) { return fraglink_metric_finalize_f32(s); }
+};
+template <>
+struct metric_abi<__half> {
+  typedef fraglink_metric_state_f16 state;
+  static __device__ FRAGLINK_INLINE void init(state* s) { fraglink_metric_init_f16(s); }
+  static __device__ FRAGLINK_INLINE void accumulate(state* s, __half q, __half x) {
+    fraglink_metric_accumulate_f16(s, q, x);
+  }
+  static __device__ FRAGLINK_INLINE float finalize(const state* s) { return fraglink_metric_finalize_f16(s); }
+};
+template <>
+struct metric_abi<int8_t> {
+  typedef fraglink_metric_state_i8 state;
+  static __device__ FRAGLINK_INLINE void init(state* s) { fraglink_metric_init_i8(s); }
+  static __device__ FRAGLINK_INLINE void accumulate(state* s, int8_t q, int8_t x) {
+    fraglink_metric_accumulate_i8(s, q, x);
+  }
+  static __device__ FRAGLINK_INLINE float finalize(const state* s) { return fraglink_metric_finalize_i8(s); }
+};
+template <>
+struct metric_abi<uint8_t> {
+  typedef fraglink_metric_state_u8 state;
+  static __device__ FRAGLINK_INLINE void init(state* s) { fraglink_metric_init_u8(s); }
+  static __device__ FRAGLINK_INLINE void accumulate(state* s, uint8_t q, uint8_t x) {
+    fraglink_metric_accumulate_u8(s, q, x);
+  }
+  static __device__ FRAGLINK_INLINE float finalize(const state* s) { return fraglink_metric_finalize_u8(s); }
+};
+
+// ----- the linked filter and the id conventions, by index type --------------------
+template <typename Idx>
+struct idx_abi;
+
+template <>
+struct idx_abi<uint32_t> {
+  typedef uint32_t ukey;                                // ids compare as this type
+  static constexpr uint32_t invalid = 0xFFFFFFFFu;      // padding id: all ones
+  static __device__ FRAGLINK_INLINE bool allows(const uint32_t* bits, uint32_t query, uint32_t row) {
+    return fraglink_filter_u32(bits, query, row);
+  }
+};
+template <>
+struct idx_abi<int64_t> {
+  typedef uint64_t ukey;
+  static constexpr int64_t invalid = -1;                // all ones: largest as unsigned
+  static __device__ FRAGLINK_INLINE bool allows(const uint32_t* bits, uint32_t query, int64_t row) {
+    return fraglink_filter_i64(bits, query, row);
+  }
+};
+
+// ----- helpers ---------------------------------------------------------------------
+__device__ FRAGLINK_INLINE float pos_inf() { return __int_as_float(0x7f800000); }
+
+__host__ __device__ constexpr int next_pow2(int v) {
+  int p = 1;
+  while (p < v) {
+    p <<= 1;
+  }
+  return p;
+}
+
+// (da, ia) < (db, ib): by distance, then by id as unsigned. Distances are never NaN.
+template <typename Idx>
+__device__ FRAGLINK_INLINE bool key_less(float da, Idx ia, float db, Idx ib) {
+  typedef typename idx_abi<Idx>::ukey U;
+  return da < db || (da == db && static_cast<U>(ia) < static_cast<U>(ib));
+}
+
+// VL consecutive elements, aligned to their total size (16 bytes for the vector
+// variants), so one row chunk is a single vector load.
+template <typename T, int VL>
+struct alignas(sizeof(T) * VL) vec {
+  T v[VL];
+};
+
+template <typename T, int VL>
+__device__ FRAGLINK_INLINE vec<T, VL> load_vec(const T* __restrict__ p) {
+  return *reinterpret_cast<const vec<T, VL>*>(p);
+}
+
+// Distance between a query and a row of `dim` elements through the linked metric.
+// Elements are folded strictly in order j = 0 .. dim-1 (whatever VL is).
+// Requires dim % VL == 0 and both pointers aligned to sizeof(T) * VL.
+template <typename T, int VL>
+__device__ FRAGLINK_INLINE float distance(const T* __restrict__ q, const T* __restrict__ x, uint32_t dim) {
+  typedef metric_abi<T> M;
+  typename M::state st;
+  M::init(&st);
+  for (uint32_t j = 0; j < dim; j += VL) {
+    const vec<T, VL> qv = load_vec<T, VL>(q + j);
+    const vec<T, VL> xv = load_vec<T, VL>(x + j);
+#pragma unroll
+    for (int e = 0; e < VL; ++e) {
+      M::accumulate(&st, qv.v[e], xv.v[e]);
+    }
+  }
+  return M::finalize(&st);
+}
+
+// Ascending bitonic sort of S (a power of two) keys in shared memory by BLOCK
+// threads. Must be called by all threads of the block; ends with a barrier.
+template <int S, int BLOCK, typename Idx>
+__device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
+  for (int size = 2; size <= S; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = static_cast<int>(threadIdx.x); t < S / 2; t += BLOCK) {
+        const int lo = 2 * t - (t & (stride - 1));  // pair t: lo, lo + stride
+        const int hi = lo + stride;
+        const bool ascending = (lo & size) == 0;
+        const float dl = d[lo];
+        const float dh = d[hi];
+        const Idx il = id[lo];
+        const Idx ih = id[hi];
+        const bool swap = ascending ? key_less(dh, ih, dl, il) : key_less(dl, il, dh, ih);
+        if (swap) {
+          d[lo] = dh;
+          d[hi] = dl;
+          id[lo] = ih;
+          id[hi] = il;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The whole scan; see the top of this file and fragments/README.md for the contract.
+template <typename T, typename Idx, int VL, int CAP>
+__device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __restrict__ queries,
+                                    const uint32_t* __restrict__ filter_bits, uint64_t n_rows, uint32_t dim,
+                                    uint32_t n_queries, uint32_t k, Idx* __restrict__ out_ids,
+                                    float* __restrict__ out_dists) {
+  constexpr int BLOCK = FRAGLINK_SCAN_BLOCK;
+  constexpr int S = next_pow2(CAP + BLOCK);
+  static_assert(VL >= 1 && (VL & (VL - 1)) == 0, "veclen must be a power of two");
+  static_assert(CAP >= 1 && (CAP & (CAP - 1)) == 0, "capacity must be a power of two");
+  static_assert(S - CAP >= BLOCK, "scratch must hold one candidate per thread");
+
+  __shared__ float s_dist[S];
+  __shared__ Idx s_id[S];
+
+  // Contract violations (uniform across the block): write nothing.
+  if (k == 0 || k > static_cast<uint32_t>(CAP) || blockDim.x != BLOCK || blockDim.y != 1 || blockDim.z != 1) {
+    return;
+  }
+  const int tid = static_cast<int>(threadIdx.x);
+  const float inf = pos_inf();
+  const Idx invalid = idx_abi<Idx>::invalid;
+
+  for (uint32_t q = blockIdx.x; q < n_queries; q += gridDim.x) {
+    for (int i = tid; i < S; i += BLOCK) {
+      s_dist[i] = inf;
+      s_id[i] = invalid;
+    }
+    __syncthreads();
+
+    const T* __restrict__ qrow = queries + static_cast<uint64_t>(q) * dim;
+    for (uint64_t tile = 0; tile < n_rows; tile += BLOCK) {
+      const uint64_t row = tile + static_cast<uint64_t>(tid);
+      float d = inf;
+      Idx id = invalid;
+      bool candidate = false;
+      if (row < n_rows && idx_abi<Idx>::allows(filter_bits, q, static_cast<Idx>(row))) {
+        d = distance<T, VL>(qrow, dataset + row * dim, dim);
+        if (d != d) {
+          d = inf;  // NaN → +inf: the row stays a valid (last-ranked) result
+        }
+        id = static_cast<Idx>(row);
+        candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
+      }
+      if (__syncthreads_or(candidate)) {
+        for (int i = CAP + tid; i < S; i += BLOCK) {
+          const bool mine = (i == CAP + tid) && candidate;
+          s_dist[i] = mine ? d : inf;
+          s_id[i] = mine ? id : invalid;
+        }
+        __syncthreads();
+        bitonic_sort<S, BLOCK>(s_dist, s_id);
+      }
+    }
+
+    const uint64_t out = static_cast<uint64_t>(q) * k;
+    for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {
+      out_ids[out + j] = s_id[j];
+      out_dists[out + j] = s_dist[j];
+    }
+    __syncthreads();  // the next query re-initialises the shared keys
+  }
+}
+
+}  // namespace scan
+}  // namespace fraglink

@@ -1,0 +1,31 @@
+//! The fraglink command line.
+
+mod catalog;
+mod expand;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "fraglink", version, about = "CUDA JIT link-time optimisation for Rust GPU libraries")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Expand a parameter matrix (cuVS semantics) into its entries.
+    Expand(expand::ExpandArgs),
+    /// List every embedded fragment.
+    Catalog(catalog::CatalogArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match &cli.command {
+        Command::Expand(a) => expand::run(a),
+        Command::Catalog(a) => catalog::run(a),
+    }
+}

@@ -1,0 +1,87 @@
+//! What the generated registry is made of: fragment descriptions and the
+//! traits that make a fragment's existence a compile-time fact.
+
+/// One embedded fragment: an LTO-IR fatbin and where it came from.
+#[derive(Debug)]
+pub struct FragmentInfo {
+    pub name: &'static str,
+    pub family: &'static str,
+    /// Every key of the matrix entry that produced it, values as text.
+    pub params: &'static [(&'static str, &'static str)],
+    /// Architectures whose LTO-IR the fatbin holds (`compute_75`, `sm_90`).
+    pub archs: &'static [&'static str],
+    /// nvFatbin output, aligned to 16 bytes.
+    pub fatbin: &'static [u8],
+    /// blake3 of `fatbin`, hex: the fragment's part of a link key.
+    pub hash: &'static str,
+}
+
+impl FragmentInfo {
+    pub fn param(&self, key: &str) -> Option<&'static str> {
+        self.params.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+}
+
+/// Implemented by a fragment tag type only when its matrix produced that
+/// combination: asking for another one does not compile.
+pub trait StaticFragment {
+    fn info() -> &'static FragmentInfo;
+}
+
+/// A zero-sized parameter value (`F32`, `L2`, …).
+pub trait Tag: 'static {
+    /// The matrix value the tag stands for.
+    const VALUE: &'static str;
+}
+
+/// Bytes with an alignment nvJitLink and nvFatbin are happy with.
+#[repr(C, align(16))]
+pub struct AlignedBytes<const N: usize>(pub [u8; N]);
+
+/// Looks a fragment up by name in a catalog.
+pub fn find_in(
+    catalog: &'static [&'static FragmentInfo],
+    name: &str,
+) -> Option<&'static FragmentInfo> {
+    catalog.iter().copied().find(|f| f.name == name)
+}
+
+/// Names in `catalog` closest to `name` (edit distance), best first.
+pub fn nearest_names(
+    catalog: &'static [&'static FragmentInfo],
+    name: &str,
+    n: usize,
+) -> Vec<&'static str> {
+    let mut scored: Vec<(usize, &'static str)> = catalog
+        .iter()
+        .map(|f| (edit_distance(name, f.name), f.name))
+        .collect();
+    scored.sort();
+    scored.into_iter().take(n).map(|(_, s)| s).collect()
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distance_basics() {
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("same", "same"), 0);
+    }
+}
