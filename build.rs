@@ -51,6 +51,7 @@ fn main() {
     };
     let t = &report.toolkit;
     for (var, path) in [
+        ("FRAGLINK_BAKED_CUDA_ROOT", &t.root),
         ("FRAGLINK_BAKED_NVRTC_PATH", &t.nvrtc),
         ("FRAGLINK_BAKED_NVJITLINK_PATH", &t.nvjitlink),
         ("FRAGLINK_BAKED_NVFATBIN_PATH", &t.nvfatbin),

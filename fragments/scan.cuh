@@ -195,20 +195,20 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
   const float inf = pos_inf();
   const Idx invalid = idx_abi<Idx>::invalid;
 
-  for (uint32_t q = blockIdx.x; q < n_queries; q += gridDim.x) {
+  for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
     for (int i = tid; i < S; i += BLOCK) {
       s_dist[i] = inf;
       s_id[i] = invalid;
     }
     __syncthreads();
 
-    const T* __restrict__ qrow = queries + static_cast<uint64_t>(q) * dim;
+    const T* __restrict__ qrow = queries + q * dim;
     for (uint64_t tile = 0; tile < n_rows; tile += BLOCK) {
       const uint64_t row = tile + static_cast<uint64_t>(tid);
       float d = inf;
       Idx id = invalid;
       bool candidate = false;
-      if (row < n_rows && idx_abi<Idx>::allows(filter_bits, q, static_cast<Idx>(row))) {
+      if (row < n_rows && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row))) {
         d = distance<T, VL>(qrow, dataset + row * dim, dim);
         if (d != d) {
           d = inf;  // NaN → +inf: the row stays a valid (last-ranked) result
@@ -227,7 +227,7 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
       }
     }
 
-    const uint64_t out = static_cast<uint64_t>(q) * k;
+    const uint64_t out = q * k;
     for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {
       out_ids[out + j] = s_id[j];
       out_dists[out + j] = s_dist[j];

@@ -24,8 +24,18 @@ impl FragmentInfo {
 
 /// Implemented by a fragment tag type only when its matrix produced that
 /// combination: asking for another one does not compile.
+#[diagnostic::on_unimplemented(
+    message = "no fragment `{Self}` was built: its matrix does not produce this combination",
+    label = "not in the fragment matrices",
+    note = "`fraglink catalog` lists the fragments that exist; add the combination to the family's matrix to build it"
+)]
 pub trait StaticFragment {
     fn info() -> &'static FragmentInfo;
+}
+
+/// The description of fragment `F`; `F` must exist (see [`StaticFragment`]).
+pub fn info_of<F: StaticFragment>() -> &'static FragmentInfo {
+    F::info()
 }
 
 /// A zero-sized parameter value (`F32`, `L2`, …).

@@ -154,7 +154,7 @@ impl fmt::Display for Warning {
 }
 
 /// The product of a matrix: its entries in generation order and its warnings.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Product {
     /// Entries in generation order.
     pub entries: Vec<Entry>,
@@ -979,6 +979,63 @@ mod tests {
             serde_json::to_string(&product).unwrap(),
             r#"{"entries":[{"_a":"1"}],"warnings":[{"kind":"used","key":"_a","path":[]}]}"#
         );
+    }
+
+    #[test]
+    fn file_errors_are_one_line_naming_the_file() {
+        let dir = std::env::temp_dir().join(format!("fraglink-matrix-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let ok = write("ok.json", r#"{"a": ["1", "2"]}"#);
+        assert_eq!(expand_file(&ok).unwrap().entries.len(), 2);
+
+        let bad = write("bad.json", "{\n  \"a\": [1,\n}");
+        let err = expand_file(&bad).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MatrixFileError::Parse {
+                    line: 3,
+                    column: 1,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("{}:3:1: invalid JSON: expected value", bad.display())
+        );
+
+        let no_key = write("nokey.json", r#"[{"a": "1"}, ["x"]]"#);
+        let err = expand_file(&no_key).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: leaf value at root[1][0] has no object key above it",
+                no_key.display()
+            )
+        );
+
+        let missing = dir.join("missing.json");
+        let err = expand_file(&missing).unwrap_err();
+        assert!(matches!(err, MatrixFileError::Read { .. }));
+        assert!(err
+            .to_string()
+            .starts_with(&format!("{}: cannot read matrix file: ", missing.display())));
+
+        for err in [
+            expand_file(&bad),
+            expand_file(&no_key),
+            expand_file(&missing),
+        ] {
+            assert!(!err.unwrap_err().to_string().contains('\n'));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

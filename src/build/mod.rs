@@ -459,12 +459,18 @@ fn env_usize(var: &str) -> Option<usize> {
     std::env::var(var).ok()?.trim().parse().ok().filter(|n| *n > 0)
 }
 
-/// `target/` (or `target/<triple>/`) from `OUT_DIR`
-/// (`…/<profile>/build/<crate>-<hash>/out`), shared by every profile.
+/// cargo's target directory from `OUT_DIR` (`…/<profile>/build/<crate>-<hash>/out`):
+/// the outermost ancestor holding cargo's `CACHEDIR.TAG`, so nested target
+/// directories (trybuild's `target/tests/trybuild`, an example built with
+/// `CARGO_TARGET_DIR=target/x`) share one provisioned toolkit and one cache.
 fn cargo_target_dir(out_dir: &Path) -> Option<PathBuf> {
-    let build = out_dir.parent()?.parent()?;
-    if build.file_name()? != "build" {
-        return None;
-    }
-    Some(build.parent()?.parent()?.to_path_buf())
+    let tagged = out_dir
+        .ancestors()
+        .filter(|a| a.join("CACHEDIR.TAG").is_file())
+        .last()
+        .map(Path::to_path_buf);
+    tagged.or_else(|| {
+        let build = out_dir.parent()?.parent()?;
+        (build.file_name()? == "build").then(|| build.parent()?.parent().map(Path::to_path_buf))?
+    })
 }

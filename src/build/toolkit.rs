@@ -65,6 +65,9 @@ pub enum Origin {
 /// Absolute paths of everything the build and run time need.
 #[derive(Debug, Clone)]
 pub struct Toolkit {
+    /// The root that was probed (a toolkit or a directory holding `nvidia/`);
+    /// `FRAGLINK_CUDA_ROOT` set to it finds the same libraries again.
+    pub root: PathBuf,
     pub nvrtc: PathBuf,
     pub nvjitlink: PathBuf,
     pub nvfatbin: PathBuf,
@@ -277,10 +280,13 @@ fn python_site_packages(python: &str) -> Vec<PathBuf> {
 /// Checks one root in both layouts; `Err` says what is missing.
 pub fn probe_root(root: &Path, origin: Origin) -> Result<Toolkit, String> {
     let wheel = root.join("nvidia");
-    if wheel.is_dir() {
-        return probe_wheels(&wheel, origin);
-    }
-    probe_toolkit(root, origin)
+    let mut t = if wheel.is_dir() {
+        probe_wheels(&wheel, origin)?
+    } else {
+        probe_toolkit(root, origin)?
+    };
+    t.root = root.to_path_buf();
+    Ok(t)
 }
 
 fn probe_wheels(nv: &Path, origin: Origin) -> Result<Toolkit, String> {
@@ -296,6 +302,7 @@ fn probe_wheels(nv: &Path, origin: Origin) -> Result<Toolkit, String> {
         return Err(missing.join(", "));
     }
     Ok(Toolkit {
+        root: PathBuf::new(),
         nvrtc: nvrtc.unwrap(),
         nvjitlink: nvjitlink.unwrap(),
         nvfatbin: nvfatbin.unwrap(),
@@ -327,6 +334,7 @@ fn probe_toolkit(root: &Path, origin: Origin) -> Result<Toolkit, String> {
         return Err(missing.join(", "));
     }
     Ok(Toolkit {
+        root: PathBuf::new(),
         nvrtc: nvrtc.unwrap(),
         nvjitlink: nvjitlink.unwrap(),
         nvfatbin: nvfatbin.unwrap(),

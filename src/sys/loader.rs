@@ -159,8 +159,8 @@ fn open_path(lib: Library, path: &Path) -> Result<libloading::Library, SysError>
 /// ascending (a newer library keeping our ABI, closest first). libnvJitLink
 /// 12.9 from the wheels exports both forms; all of them jump to the same code.
 pub const VERSION_SUFFIXES: &[&str] = &[
-    "12_9", "12_8", "12_7", "12_6", "12_5", "12_4", "12_3", "12_2", "12_1", "12_0", "13_0",
-    "13_1", "13_2",
+    "12_9", "12_8", "12_7", "12_6", "12_5", "12_4", "12_3", "12_2", "12_1", "12_0", "13_0", "13_1",
+    "13_2",
 ];
 
 /// The names tried for `symbol`: itself, then `__{symbol}_{suffix}` for each
@@ -255,7 +255,11 @@ mod tests {
     fn explicit_missing_path_is_library_not_found() {
         let p = Path::new("/nonexistent/fraglink/libnvJitLink.so.12");
         match open(Library::NvJitLink, Some(p)) {
-            Err(SysError::LibraryNotFound { library, tried, env_var }) => {
+            Err(SysError::LibraryNotFound {
+                library,
+                tried,
+                env_var,
+            }) => {
                 assert_eq!(library, "nvJitLink");
                 assert_eq!(tried, vec![p.to_path_buf()]);
                 assert_eq!(env_var, "FRAGLINK_NVJITLINK_PATH");

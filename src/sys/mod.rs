@@ -252,7 +252,9 @@ mod tests {
             log: "bad option\nsecond line\n".into(),
         };
         let s = e.to_string();
-        assert!(s.starts_with("nvJitLink nvJitLinkCreate failed: NVJITLINK_ERROR_UNRECOGNIZED_OPTION (1)\nbad option"));
+        assert!(s.starts_with(
+            "nvJitLink nvJitLinkCreate failed: NVJITLINK_ERROR_UNRECOGNIZED_OPTION (1)\nbad option"
+        ));
         let e = SysError::Api {
             library: "nvJitLink",
             call: "nvJitLinkCreate",
@@ -266,7 +268,13 @@ mod tests {
     #[test]
     fn interior_nul_is_rejected() {
         let err = cstrings("NVRTC option", &["-O3".into(), "a\0b".into()]).unwrap_err();
-        assert!(matches!(err, SysError::InvalidString { what: "NVRTC option", .. }));
+        assert!(matches!(
+            err,
+            SysError::InvalidString {
+                what: "NVRTC option",
+                ..
+            }
+        ));
     }
 
     #[test]

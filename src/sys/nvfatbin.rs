@@ -70,7 +70,8 @@ pub fn result_name(code: NvFatbinResult) -> String {
 #[allow(non_snake_case)]
 #[derive(Clone, Copy)]
 pub struct NvFatbinFns {
-    pub nvFatbinVersion: unsafe extern "C" fn(major: *mut c_uint, minor: *mut c_uint) -> NvFatbinResult,
+    pub nvFatbinVersion:
+        unsafe extern "C" fn(major: *mut c_uint, minor: *mut c_uint) -> NvFatbinResult,
     /// Returns a message (null for success).
     pub nvFatbinGetErrorString: unsafe extern "C" fn(result: NvFatbinResult) -> *const c_char,
     pub nvFatbinCreate: unsafe extern "C" fn(
@@ -102,8 +103,10 @@ pub struct NvFatbinFns {
         arch: *const c_char,
         identifier: *const c_char,
     ) -> NvFatbinResult,
-    pub nvFatbinSize: unsafe extern "C" fn(handle: NvFatbinHandle, size: *mut usize) -> NvFatbinResult,
-    pub nvFatbinGet: unsafe extern "C" fn(handle: NvFatbinHandle, buffer: *mut c_void) -> NvFatbinResult,
+    pub nvFatbinSize:
+        unsafe extern "C" fn(handle: NvFatbinHandle, size: *mut usize) -> NvFatbinResult,
+    pub nvFatbinGet:
+        unsafe extern "C" fn(handle: NvFatbinHandle, buffer: *mut c_void) -> NvFatbinResult,
 }
 
 impl NvFatbinFns {
@@ -146,7 +149,9 @@ pub struct Nvfatbin {
 
 impl std::fmt::Debug for Nvfatbin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nvfatbin").field("path", &self.inner.path).finish()
+        f.debug_struct("Nvfatbin")
+            .field("path", &self.inner.path)
+            .finish()
     }
 }
 
@@ -198,7 +203,11 @@ impl Nvfatbin {
         let r = unsafe {
             (fns.nvFatbinCreate)(
                 &mut handle,
-                if ptrs.is_empty() { ptr::null() } else { ptrs.as_ptr() },
+                if ptrs.is_empty() {
+                    ptr::null()
+                } else {
+                    ptrs.as_ptr()
+                },
                 ptrs.len(),
             )
         };
@@ -292,7 +301,9 @@ unsafe impl Send for FatbinBuilder {}
 
 impl std::fmt::Debug for FatbinBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FatbinBuilder").field("handle", &self.handle).finish()
+        f.debug_struct("FatbinBuilder")
+            .field("handle", &self.handle)
+            .finish()
     }
 }
 
@@ -374,7 +385,12 @@ impl FatbinBuilder {
     }
 
     /// `nvFatbinAddCubin`.
-    pub fn add_cubin(&mut self, cubin: &[u8], arch: &str, identifier: &str) -> Result<(), SysError> {
+    pub fn add_cubin(
+        &mut self,
+        cubin: &[u8],
+        arch: &str,
+        identifier: &str,
+    ) -> Result<(), SysError> {
         let arch_c = cstring("nvFatbin arch", fatbin_arch(arch)?)?;
         let id_c = cstring("nvFatbin identifier", identifier)?;
         // SAFETY: live handle; `cubin` is `cubin.len()` readable bytes.
@@ -421,7 +437,9 @@ impl FatbinBuilder {
         let fns = &self.inner.fns;
         let mut size = 0usize;
         // SAFETY: live handle, valid out-pointer.
-        check(fns, "nvFatbinSize", unsafe { (fns.nvFatbinSize)(self.handle, &mut size) })?;
+        check(fns, "nvFatbinSize", unsafe {
+            (fns.nvFatbinSize)(self.handle, &mut size)
+        })?;
         let mut buf = vec![0u8; size];
         // SAFETY: `buf` holds the `size` bytes nvFatbinSize reported.
         check(fns, "nvFatbinGet", unsafe {

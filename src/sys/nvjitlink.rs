@@ -101,7 +101,8 @@ impl InputType {
 #[allow(non_snake_case)]
 #[derive(Clone, Copy)]
 pub struct NvJitLinkFns {
-    pub nvJitLinkVersion: unsafe extern "C" fn(major: *mut c_uint, minor: *mut c_uint) -> NvJitLinkResult,
+    pub nvJitLinkVersion:
+        unsafe extern "C" fn(major: *mut c_uint, minor: *mut c_uint) -> NvJitLinkResult,
     pub nvJitLinkCreate: unsafe extern "C" fn(
         handle: *mut NvJitLinkHandle,
         num_options: u32,
@@ -124,13 +125,19 @@ pub struct NvJitLinkFns {
         ) -> NvJitLinkResult,
     >,
     pub nvJitLinkComplete: unsafe extern "C" fn(handle: NvJitLinkHandle) -> NvJitLinkResult,
-    pub nvJitLinkGetLinkedCubinSize: unsafe extern "C" fn(NvJitLinkHandle, *mut usize) -> NvJitLinkResult,
-    pub nvJitLinkGetLinkedCubin: unsafe extern "C" fn(NvJitLinkHandle, *mut c_void) -> NvJitLinkResult,
-    pub nvJitLinkGetLinkedPtxSize: unsafe extern "C" fn(NvJitLinkHandle, *mut usize) -> NvJitLinkResult,
-    pub nvJitLinkGetLinkedPtx: unsafe extern "C" fn(NvJitLinkHandle, *mut c_char) -> NvJitLinkResult,
-    pub nvJitLinkGetErrorLogSize: unsafe extern "C" fn(NvJitLinkHandle, *mut usize) -> NvJitLinkResult,
+    pub nvJitLinkGetLinkedCubinSize:
+        unsafe extern "C" fn(NvJitLinkHandle, *mut usize) -> NvJitLinkResult,
+    pub nvJitLinkGetLinkedCubin:
+        unsafe extern "C" fn(NvJitLinkHandle, *mut c_void) -> NvJitLinkResult,
+    pub nvJitLinkGetLinkedPtxSize:
+        unsafe extern "C" fn(NvJitLinkHandle, *mut usize) -> NvJitLinkResult,
+    pub nvJitLinkGetLinkedPtx:
+        unsafe extern "C" fn(NvJitLinkHandle, *mut c_char) -> NvJitLinkResult,
+    pub nvJitLinkGetErrorLogSize:
+        unsafe extern "C" fn(NvJitLinkHandle, *mut usize) -> NvJitLinkResult,
     pub nvJitLinkGetErrorLog: unsafe extern "C" fn(NvJitLinkHandle, *mut c_char) -> NvJitLinkResult,
-    pub nvJitLinkGetInfoLogSize: unsafe extern "C" fn(NvJitLinkHandle, *mut usize) -> NvJitLinkResult,
+    pub nvJitLinkGetInfoLogSize:
+        unsafe extern "C" fn(NvJitLinkHandle, *mut usize) -> NvJitLinkResult,
     pub nvJitLinkGetInfoLog: unsafe extern "C" fn(NvJitLinkHandle, *mut c_char) -> NvJitLinkResult,
 }
 
@@ -147,9 +154,13 @@ impl NvJitLinkFns {
             };
         }
         Ok(NvJitLinkFns {
-            // nvJitLinkVersion has no versioned form; `true` is harmless.
-            nvJitLinkVersion: req!("nvJitLinkVersion"),
+            // Resolved first so that a wrong library is reported with the
+            // versioned names tried.
             nvJitLinkCreate: req!("nvJitLinkCreate"),
+            // The only entry point without a versioned form.
+            nvJitLinkVersion: unsafe {
+                loader::resolve(lib, Library::NvJitLink, path, "nvJitLinkVersion", false)?
+            },
             nvJitLinkDestroy: req!("nvJitLinkDestroy"),
             nvJitLinkAddData: req!("nvJitLinkAddData"),
             nvJitLinkAddFile: unsafe { loader::resolve_optional(lib, "nvJitLinkAddFile", true) },
@@ -231,7 +242,11 @@ pub fn check_arch_options(version: (u32, u32), options: &[String]) -> Result<(),
                 library: "nvJitLink",
                 version: format!("{}.{}", version.0, version.1),
                 arch: value.to_owned(),
-                supported: known.iter().map(|a| format!("sm_{a}")).collect::<Vec<_>>().join(", "),
+                supported: known
+                    .iter()
+                    .map(|a| format!("sm_{a}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             });
         }
     }
@@ -247,7 +262,9 @@ pub struct NvJitLink {
 
 impl std::fmt::Debug for NvJitLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NvJitLink").field("path", &self.inner.path).finish()
+        f.debug_struct("NvJitLink")
+            .field("path", &self.inner.path)
+            .finish()
     }
 }
 
@@ -299,8 +316,8 @@ impl NvJitLink {
     /// `-arch=` this nvJitLink does not know returns
     /// [`SysError::UnsupportedArch`] without calling it (see [`known_archs`]).
     pub fn create(&self, options: &[String]) -> Result<LinkHandle, SysError> {
-        check_arch_options(self.inner.version, options)?;
         let (_opts, ptrs) = cstrings("nvJitLink option", options)?;
+        check_arch_options(self.inner.version, options)?;
         let num = u32::try_from(ptrs.len())
             .map_err(|_| SysError::InvalidArgument("too many nvJitLink options".into()))?;
         let mut raw: NvJitLinkHandle = ptr::null_mut();
@@ -309,7 +326,11 @@ impl NvJitLink {
             (self.inner.fns.nvJitLinkCreate)(
                 &mut raw,
                 num,
-                if ptrs.is_empty() { ptr::null() } else { ptrs.as_ptr() },
+                if ptrs.is_empty() {
+                    ptr::null()
+                } else {
+                    ptrs.as_ptr()
+                },
             )
         };
         // Own whatever came back so it is destroyed on every path.
@@ -326,7 +347,11 @@ impl NvJitLink {
             return Err(api_error("nvJitLinkCreate", r, log));
         }
         if handle.handle.is_null() {
-            return Err(api_error("nvJitLinkCreate", NVJITLINK_ERROR_INTERNAL, "returned a null handle".into()));
+            return Err(api_error(
+                "nvJitLinkCreate",
+                NVJITLINK_ERROR_INTERNAL,
+                "returned a null handle".into(),
+            ));
         }
         Ok(handle)
     }
@@ -358,7 +383,9 @@ unsafe impl Send for LinkHandle {}
 
 impl std::fmt::Debug for LinkHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LinkHandle").field("handle", &self.handle).finish()
+        f.debug_struct("LinkHandle")
+            .field("handle", &self.handle)
+            .finish()
     }
 }
 
@@ -477,14 +504,26 @@ impl LinkHandle {
     pub fn info_log(&self) -> Result<String, SysError> {
         let fns = &self.inner.fns;
         // SAFETY: live handle; size/get pair of the same log.
-        unsafe { self.read_log(fns.nvJitLinkGetInfoLogSize, fns.nvJitLinkGetInfoLog, "nvJitLinkGetInfoLog") }
+        unsafe {
+            self.read_log(
+                fns.nvJitLinkGetInfoLogSize,
+                fns.nvJitLinkGetInfoLog,
+                "nvJitLinkGetInfoLog",
+            )
+        }
     }
 
     /// The error log.
     pub fn error_log(&self) -> Result<String, SysError> {
         let fns = &self.inner.fns;
         // SAFETY: live handle; size/get pair of the same log.
-        unsafe { self.read_log(fns.nvJitLinkGetErrorLogSize, fns.nvJitLinkGetErrorLog, "nvJitLinkGetErrorLog") }
+        unsafe {
+            self.read_log(
+                fns.nvJitLinkGetErrorLogSize,
+                fns.nvJitLinkGetErrorLog,
+                "nvJitLinkGetErrorLog",
+            )
+        }
     }
 
     fn error_log_lossy(&self) -> String {
@@ -521,7 +560,12 @@ impl LinkHandle {
         Ok(log_to_string(buf))
     }
 
-    fn check_with_log(&self, call: &'static str, r: NvJitLinkResult, input: Option<&str>) -> Result<(), SysError> {
+    fn check_with_log(
+        &self,
+        call: &'static str,
+        r: NvJitLinkResult,
+        input: Option<&str>,
+    ) -> Result<(), SysError> {
         if r == NVJITLINK_SUCCESS {
             return Ok(());
         }
@@ -573,7 +617,10 @@ mod tests {
         assert!(check_arch_options(v, &o(&["-arch=sm_abc"])).is_ok());
         let e = check_arch_options(v, &o(&["-lto", "-arch=sm_999"])).unwrap_err();
         let s = e.to_string();
-        assert!(s.contains("sm_999") && s.contains("12.9") && s.contains("sm_90a"), "{s}");
+        assert!(
+            s.contains("sm_999") && s.contains("12.9") && s.contains("sm_90a"),
+            "{s}"
+        );
         assert!(check_arch_options(v, &o(&["-arch=compute_122"])).is_err());
         assert!(check_arch_options((12, 4), &o(&["-arch=sm_100"])).is_err());
         assert!(check_arch_options((12, 8), &o(&["-arch=sm_100"])).is_ok());

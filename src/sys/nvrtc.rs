@@ -146,7 +146,9 @@ pub struct Nvrtc {
 
 impl std::fmt::Debug for Nvrtc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nvrtc").field("path", &self.inner.path).finish()
+        f.debug_struct("Nvrtc")
+            .field("path", &self.inner.path)
+            .finish()
     }
 }
 
@@ -304,8 +306,16 @@ impl Nvrtc {
                 c_source.as_ptr(),
                 c_name.as_ptr(),
                 num_headers,
-                if headers.is_empty() { ptr::null() } else { body_ptrs.as_ptr() },
-                if headers.is_empty() { ptr::null() } else { name_ptrs.as_ptr() },
+                if headers.is_empty() {
+                    ptr::null()
+                } else {
+                    body_ptrs.as_ptr()
+                },
+                if headers.is_empty() {
+                    ptr::null()
+                } else {
+                    name_ptrs.as_ptr()
+                },
             )
         };
         self.check("nvrtcCreateProgram", r)?;
@@ -315,7 +325,11 @@ impl Nvrtc {
             (fns.nvrtcCompileProgram)(
                 guard.prog,
                 num_options,
-                if options.is_empty() { ptr::null() } else { opt_ptrs.as_ptr() },
+                if options.is_empty() {
+                    ptr::null()
+                } else {
+                    opt_ptrs.as_ptr()
+                },
             )
         };
         let log = self.program_log(guard.prog)?;
@@ -334,7 +348,12 @@ impl Nvrtc {
                 "nvrtcGetLTOIRSize",
                 "nvrtcGetLTOIR",
             ),
-            Output::Ptx => (fns.nvrtcGetPTXSize, fns.nvrtcGetPTX, "nvrtcGetPTXSize", "nvrtcGetPTX"),
+            Output::Ptx => (
+                fns.nvrtcGetPTXSize,
+                fns.nvrtcGetPTX,
+                "nvrtcGetPTXSize",
+                "nvrtcGetPTX",
+            ),
             Output::Cubin => (
                 fns.nvrtcGetCUBINSize,
                 fns.nvrtcGetCUBIN,
