@@ -2,6 +2,7 @@
 
 mod catalog;
 mod expand;
+mod link;
 
 use std::process::ExitCode;
 
@@ -20,6 +21,11 @@ enum Command {
     Expand(expand::ExpandArgs),
     /// List every embedded fragment.
     Catalog(catalog::CatalogArgs),
+    /// Link fragments into a cubin with nvJitLink (cached in memory and on disk).
+    Link(link::LinkArgs),
+    /// Inspect or clear the disk cache of linked cubins.
+    #[command(subcommand)]
+    Cache(link::CacheCommand),
 }
 
 fn main() -> ExitCode {
@@ -27,5 +33,7 @@ fn main() -> ExitCode {
     match &cli.command {
         Command::Expand(a) => expand::run(a),
         Command::Catalog(a) => catalog::run(a),
+        Command::Link(a) => link::run(a),
+        Command::Cache(c) => link::run_cache(c),
     }
 }

@@ -1,0 +1,185 @@
+//! `fraglink link` and `fraglink cache`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use fraglink::build::Arch;
+use fraglink::link::{LinkRuntime, Linked, Planner};
+use serde_json::json;
+
+#[derive(clap::Args, Debug)]
+pub struct LinkArgs {
+    /// Target architecture (sm_XX); default: the current GPU's.
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Entry point symbol; default: the first fragment's name.
+    #[arg(long)]
+    pub entry: Option<String>,
+    /// Print machine-readable JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the cubin here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Also print nvJitLink's info log.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Fragment names (see `fraglink catalog`).
+    #[arg(required = true)]
+    pub fragments: Vec<String>,
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::from(2)
+}
+
+/// The architecture to link for: `--arch`, else the current device's.
+pub fn target_arch(arch: Option<&str>) -> Result<Arch, String> {
+    match arch {
+        Some(a) => {
+            let parsed = Arch::parse(a, "--arch").map_err(|e| e.to_string())?;
+            Ok(Arch::sm(parsed.number))
+        }
+        None => fraglink::gpu::GpuContext::default_arch()
+            .map_err(|e| format!("{e}; pass --arch sm_XX to link without a GPU")),
+    }
+}
+
+/// The `link` object of `--json` outputs (also used by `fraglink search`).
+pub fn link_json(l: &Linked) -> serde_json::Value {
+    let m = &l.kernel.metadata;
+    json!({
+        "entry": l.kernel.entry,
+        "arch": l.kernel.arch,
+        "cubin_bytes": l.kernel.cubin.len(),
+        "registers": m.registers,
+        "spill_stores": m.spill_stores,
+        "spill_loads": m.spill_loads,
+        "stack_bytes": m.stack_bytes,
+        "shared_bytes": m.shared_bytes,
+        "link_ms": m.link_ms,
+        "elapsed_ms": l.elapsed.as_secs_f64() * 1e3,
+        "source": l.source,
+        "key": l.key.hex(),
+    })
+}
+
+pub fn run(args: &LinkArgs) -> ExitCode {
+    let arch = match target_arch(args.arch.as_deref()) {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let entry = args.entry.clone().unwrap_or_else(|| args.fragments[0].clone());
+    let mut plan = Planner::new(entry);
+    for name in &args.fragments {
+        plan = match plan.add_named(name) {
+            Ok(p) => p,
+            Err(e) => return fail(e),
+        };
+    }
+    let rt = match LinkRuntime::global() {
+        Ok(rt) => rt,
+        Err(e) => return fail(e),
+    };
+    let linked = match rt.link(&plan, arch) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    if let Some(out) = &args.out {
+        if let Err(e) = std::fs::write(out, &linked.kernel.cubin) {
+            return fail(format!("writing {}: {e}", out.display()));
+        }
+    }
+    if args.json {
+        println!("{}", link_json(&linked));
+    } else {
+        let m = &linked.kernel.metadata;
+        println!("entry        {}", linked.kernel.entry);
+        println!("arch         {}", linked.kernel.arch);
+        println!("fragments    {}", linked.kernel.fragments.join(" "));
+        println!("cubin        {} bytes", linked.kernel.cubin.len());
+        println!(
+            "resources    {} registers, {} spill stores, {} spill loads, {} stack bytes, {} shared bytes",
+            m.registers,
+            m.spill_stores,
+            m.spill_loads,
+            m.stack_bytes,
+            m.shared_bytes.map_or("?".to_string(), |b| b.to_string())
+        );
+        println!(
+            "link         {:.1} ms; this request: {} in {:.2} ms",
+            m.link_ms,
+            match linked.source {
+                fraglink::link::Source::Linked => "linked",
+                fraglink::link::Source::Memory => "memory cache hit",
+                fraglink::link::Source::Disk => "disk cache hit",
+            },
+            linked.elapsed.as_secs_f64() * 1e3
+        );
+        println!("key          {}", linked.key);
+        if let Some(out) = &args.out {
+            println!("written      {}", out.display());
+        }
+    }
+    if args.verbose {
+        eprintln!("{}", linked.kernel.info_log);
+    }
+    ExitCode::SUCCESS
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum CacheCommand {
+    /// Show the disk cache's location, size and limits.
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove every entry of the disk cache.
+    Clear,
+}
+
+pub fn run_cache(cmd: &CacheCommand) -> ExitCode {
+    let config = match fraglink::link::disk::DiskCacheConfig::from_env() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let cache = match fraglink::link::disk::DiskCache::open(config.clone()) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    match cmd {
+        CacheCommand::Stats { json } => {
+            let s = cache.stats();
+            if *json {
+                println!(
+                    "{}",
+                    json!({
+                        "dir": cache.dir(),
+                        "enabled": cache.is_enabled(),
+                        "warning": cache.warning(),
+                        "entries": s.entries,
+                        "bytes": s.bytes,
+                        "max_bytes": cache.max_bytes(),
+                    })
+                );
+            } else {
+                println!("dir        {}", cache.dir().display());
+                println!("enabled    {}", cache.is_enabled());
+                if let Some(w) = cache.warning() {
+                    println!("warning    {w}");
+                }
+                println!("entries    {}", s.entries);
+                println!("bytes      {} of {} max", s.bytes, cache.max_bytes());
+            }
+            ExitCode::SUCCESS
+        }
+        CacheCommand::Clear => match cache.clear() {
+            Ok(bytes) => {
+                println!("removed {bytes} bytes from {}", cache.dir().display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+    }
+}

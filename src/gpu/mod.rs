@@ -1,0 +1,142 @@
+//! The GPU execution contract: a device context, pooled typed device memory,
+//! explicit transfers, kernel launch from a linked cubin, and the per-family
+//! dispatch strategy (direct launches or CUDA graph replay).
+//!
+//! The layer is deliberately thin over cudarc's driver API (`cudarc::driver`),
+//! so that the part which cannot run without a GPU stays small:
+//!
+//! * [`context`]: [`GpuContext`] wraps a `cudarc::driver::CudaContext` and one
+//!   non-blocking stream; [`GpuContext::available`] answers "is there a
+//!   driver and a device?" **before** the first driver call, because cudarc
+//!   panics when `libcuda` cannot be loaded.
+//! * [`memory`]: [`MemoryPool`] hands out typed [`GpuBuffer`]s from size
+//!   classes and takes them back on drop; its bookkeeping is generic over
+//!   [`DeviceMemory`], so the pool logic is tested on the CPU with
+//!   [`HostMemory`] while [`CudaMemory`] is the real backend.
+//! * [`transfer`]: [`Transfer`] moves data between host and device, only when
+//!   asked; [`DeviceInput`] turns "a host slice was handed to a GPU
+//!   operation" into [`GpuError::ImplicitTransfer`] with a hint.
+//! * [`launch`]: [`Launcher`] loads a cubin and launches its entry point;
+//!   [`LaunchConfig`] is validated against the kernel's resources on the CPU.
+//! * [`dispatch`]: [`DispatchRegistry`] decides direct launch vs graph
+//!   capture per kernel family, with `FRAGLINK_CUDA_DISPATCH` overrides.
+//!
+//! Everything that does not touch the driver (pool bookkeeping, views, launch
+//! configuration checks, dispatch decisions, the implicit-transfer guard) is
+//! unit-tested without a GPU; the device paths are exercised by the ignored
+//! tests in `tests/gpu_device.rs` on a CUDA machine.
+//!
+//! No function of this module panics because the driver or the device is
+//! missing: every entry point that reaches the driver goes through
+//! [`GpuContext::available`] first and returns
+//! [`GpuError::DeviceNotAvailable`] instead.
+
+pub mod context;
+pub mod dispatch;
+pub mod launch;
+pub mod memory;
+pub mod transfer;
+
+pub use context::{DeviceInfo, DeviceLimits, GpuContext};
+pub use dispatch::{
+    parse_override, CapturedGraph, Decision, DecisionSource, DispatchOverrides, DispatchPolicy,
+    DispatchRegistry, DispatchStrategy, KernelCharacteristics, OverrideError, OverrideErrorKind,
+    DISPATCH_ENV,
+};
+pub use launch::{KernelArgs, KernelResources, KernelStats, LaunchConfig, Launcher};
+pub use memory::{
+    AllocationStats, CudaMemory, DeviceMemory, EvictionPolicy, GpuBuffer, GpuView, GpuViewMut,
+    HostMemory, MemoryPool, PoolConfig, SizeClasses,
+};
+pub use transfer::{
+    DeviceInput, PendingTransfer, PinnedBuffer, Placement, Transfer, TransferDirection,
+    TransferStats,
+};
+
+use cudarc::driver::DriverError;
+
+/// Result of the GPU layer.
+pub type GpuResult<T> = Result<T, GpuError>;
+
+/// Everything the GPU layer reports. Byte counts are `u64`, element
+/// offsets and lengths `usize`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GpuError {
+    /// No CUDA driver library, a driver too old for the API cudarc was built
+    /// against, `cuInit` failing, or no device (or not the asked-for one).
+    /// Callers take the CPU path.
+    #[error("no usable CUDA device: {reason}")]
+    DeviceNotAvailable { reason: String },
+
+    /// The device (or the in-memory backend) could not provide `requested`
+    /// bytes; `available` is what it reported free at that moment.
+    #[error("out of device memory: requested {requested} bytes, {available} bytes available")]
+    OutOfMemory { requested: u64, available: u64 },
+
+    /// A single allocation above [`PoolConfig::max_allocation`].
+    #[error("allocation of {requested} bytes exceeds the pool's max_allocation of {max_allocation} bytes")]
+    AllocationTooLarge { requested: u64, max_allocation: u64 },
+
+    /// A view or copy outside its buffer: elements `offset..offset + len` of
+    /// a region of `size` elements.
+    #[error("invalid access: elements {offset}..{offset}+{len} of a region of {size} elements")]
+    InvalidAccess {
+        offset: usize,
+        len: usize,
+        size: usize,
+    },
+
+    /// Source and destination of a copy differ in length.
+    #[error("length mismatch in {what}: source has {source_len} elements, destination {destination_len}")]
+    LengthMismatch {
+        what: &'static str,
+        source_len: usize,
+        destination_len: usize,
+    },
+
+    /// Host data handed to a GPU operation (or device data to a host one).
+    /// Nothing is copied behind the caller's back; `hint` names the explicit
+    /// call that moves the data.
+    #[error("implicit transfer refused: {what}; {hint}")]
+    ImplicitTransfer { what: String, hint: String },
+
+    /// A kernel launch (or module load) the driver rejected.
+    #[error("launch of `{kernel}` failed: {message}")]
+    Launch { kernel: String, message: String },
+
+    /// Any other driver call that failed; `message` is cudarc's
+    /// `DriverError` text (error name and description).
+    #[error("CUDA driver call {call} failed: {message}")]
+    Driver { call: &'static str, message: String },
+
+    /// A configuration that cannot work (launch dimensions, resources, pool
+    /// settings, a malformed cubin), detected before reaching the driver.
+    #[error("invalid configuration: {reason}")]
+    InvalidConfig { reason: String },
+
+    /// `FRAGLINK_CUDA_DISPATCH` (or an override string) could not be parsed.
+    #[error(transparent)]
+    Override(#[from] OverrideError),
+}
+
+impl GpuError {
+    /// True for [`GpuError::DeviceNotAvailable`]: the caller should take the
+    /// CPU path rather than report an error.
+    pub fn is_device_not_available(&self) -> bool {
+        matches!(self, GpuError::DeviceNotAvailable { .. })
+    }
+
+    pub(crate) fn invalid_config(reason: impl Into<String>) -> Self {
+        GpuError::InvalidConfig {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Wraps a cudarc [`DriverError`] from `call` into [`GpuError::Driver`].
+pub(crate) fn driver_error(call: &'static str) -> impl FnOnce(DriverError) -> GpuError {
+    move |e| GpuError::Driver {
+        call,
+        message: e.to_string(),
+    }
+}

@@ -1,0 +1,659 @@
+//! Explicit host ↔ device transfers.
+//!
+//! Nothing in this layer copies data between host and device unless one of
+//! [`Transfer`]'s methods is called. Device operations take
+//! [`GpuView`]/[`GpuViewMut`] (a host slice does not type-check); an API
+//! that must accept either placement at run time takes a [`DeviceInput`] and
+//! calls [`DeviceInput::require_device`], which refuses host data with
+//! [`GpuError::ImplicitTransfer`] and a hint naming the upload call.
+//!
+//! Synchronous transfers (`upload`, `download`) return when the data has
+//! arrived: `CudaStream::memcpy_htod` / `memcpy_dtoh` (`cuMemcpyHtoDAsync` /
+//! `cuMemcpyDtoHAsync`) followed by `cuStreamSynchronize`. Asynchronous ones
+//! need page-locked host memory ([`PinnedBuffer`], cudarc's
+//! `PinnedHostSlice`, whose event keeps host access ordered after the copy)
+//! and return a [`PendingTransfer`] timed with two CUDA events.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
+
+use super::memory::{CudaMemory, DeviceMemory, GpuBuffer, GpuView, GpuViewMut, MemoryPool};
+use super::{driver_error, GpuContext, GpuError, GpuResult};
+
+/// Which way bytes moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransferDirection {
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+}
+
+/// Transfer statistics of one [`Transfer`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TransferStats {
+    pub bytes_to_device: u64,
+    pub bytes_to_host: u64,
+    pub bytes_device_to_device: u64,
+    /// Transfers issued (including zero-length ones, which move nothing).
+    pub transfers: u64,
+    /// Time spent in timed transfers: host wall time of synchronous ones
+    /// (including the stream synchronisation), event time of waited
+    /// asynchronous ones.
+    pub duration: Duration,
+    /// Bytes of the timed transfers (the numerator of [`Self::gbps`]).
+    pub timed_bytes: u64,
+}
+
+impl TransferStats {
+    /// Throughput of the timed transfers in GB/s (10⁹ bytes per second); 0
+    /// before anything was timed.
+    pub fn gbps(&self) -> f64 {
+        let secs = self.duration.as_secs_f64();
+        if secs <= 0.0 {
+            0.0
+        } else {
+            self.timed_bytes as f64 / secs / 1e9
+        }
+    }
+
+    fn issued(&mut self, direction: TransferDirection, bytes: u64) {
+        self.transfers += 1;
+        match direction {
+            TransferDirection::HostToDevice => self.bytes_to_device += bytes,
+            TransferDirection::DeviceToHost => self.bytes_to_host += bytes,
+            TransferDirection::DeviceToDevice => self.bytes_device_to_device += bytes,
+        }
+    }
+
+    fn timed(&mut self, bytes: u64, duration: Duration) {
+        self.timed_bytes += bytes;
+        self.duration += duration;
+    }
+}
+
+/// Where a [`DeviceInput`]'s data lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Placement {
+    Host,
+    Device,
+}
+
+/// Data an operation receives whose placement is only known at run time.
+/// Converting into it never moves data; [`Self::require_device`] and
+/// [`Self::require_host`] turn a wrong placement into
+/// [`GpuError::ImplicitTransfer`].
+pub enum DeviceInput<'a, T, M: DeviceMemory = CudaMemory> {
+    Host(&'a [T]),
+    Device(GpuView<'a, T, M>),
+}
+
+impl<T, M: DeviceMemory> Clone for DeviceInput<'_, T, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, M: DeviceMemory> Copy for DeviceInput<'_, T, M> {}
+
+impl<T, M: DeviceMemory> std::fmt::Debug for DeviceInput<'_, T, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceInput::Host(s) => write!(f, "DeviceInput::Host({} elements)", s.len()),
+            DeviceInput::Device(v) => f.debug_tuple("DeviceInput::Device").field(v).finish(),
+        }
+    }
+}
+
+impl<'a, T, M: DeviceMemory> From<&'a [T]> for DeviceInput<'a, T, M> {
+    fn from(s: &'a [T]) -> Self {
+        DeviceInput::Host(s)
+    }
+}
+
+impl<'a, T, M: DeviceMemory> From<&'a Vec<T>> for DeviceInput<'a, T, M> {
+    fn from(s: &'a Vec<T>) -> Self {
+        DeviceInput::Host(s.as_slice())
+    }
+}
+
+impl<'a, T, M: DeviceMemory> From<GpuView<'a, T, M>> for DeviceInput<'a, T, M> {
+    fn from(v: GpuView<'a, T, M>) -> Self {
+        DeviceInput::Device(v)
+    }
+}
+
+impl<'a, T, M: DeviceMemory> From<&'a GpuBuffer<T, M>> for DeviceInput<'a, T, M> {
+    fn from(b: &'a GpuBuffer<T, M>) -> Self {
+        DeviceInput::Device(b.view())
+    }
+}
+
+/// The hint of a host → GPU refusal.
+pub const UPLOAD_HINT: &str = "upload it explicitly first: `Transfer::upload_new(&pool, data)` \
+     for a new buffer, or `Transfer::upload(data, &mut buffer)` into an existing one";
+/// The hint of a device → CPU refusal.
+pub const DOWNLOAD_HINT: &str = "download it explicitly first: `Transfer::download_vec(view)`, \
+     or `Transfer::download(view, &mut host)` into an existing slice";
+
+impl<'a, T, M: DeviceMemory> DeviceInput<'a, T, M> {
+    pub fn placement(&self) -> Placement {
+        match self {
+            DeviceInput::Host(_) => Placement::Host,
+            DeviceInput::Device(_) => Placement::Device,
+        }
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            DeviceInput::Host(s) => s.len(),
+            DeviceInput::Device(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The device view, or [`GpuError::ImplicitTransfer`] when the data is
+    /// on the host. `what` names the argument in the message.
+    pub fn require_device(self, what: &str) -> GpuResult<GpuView<'a, T, M>> {
+        match self {
+            DeviceInput::Device(v) => Ok(v),
+            DeviceInput::Host(s) => Err(GpuError::ImplicitTransfer {
+                what: format!(
+                    "`{what}` ({} elements) is in host memory but the operation runs on the GPU",
+                    s.len()
+                ),
+                hint: UPLOAD_HINT.into(),
+            }),
+        }
+    }
+
+    /// The host slice, or [`GpuError::ImplicitTransfer`] when the data is on
+    /// the device.
+    pub fn require_host(self, what: &str) -> GpuResult<&'a [T]> {
+        match self {
+            DeviceInput::Host(s) => Ok(s),
+            DeviceInput::Device(v) => Err(GpuError::ImplicitTransfer {
+                what: format!(
+                    "`{what}` ({} elements) is in device memory but the operation runs on the CPU",
+                    v.len()
+                ),
+                hint: DOWNLOAD_HINT.into(),
+            }),
+        }
+    }
+}
+
+fn require_same_len(
+    what: &'static str,
+    source_len: usize,
+    destination_len: usize,
+) -> GpuResult<()> {
+    if source_len == destination_len {
+        Ok(())
+    } else {
+        Err(GpuError::LengthMismatch {
+            what,
+            source_len,
+            destination_len,
+        })
+    }
+}
+
+/// Page-locked host memory (`cuMemHostAlloc` through cudarc's
+/// `CudaContext::alloc_pinned`, write-combined: fast to upload from, slow
+/// for the host to read). Host access waits for pending copies.
+pub struct PinnedBuffer<T> {
+    /// `None` for length 0 (the driver does not allocate zero bytes).
+    inner: Option<PinnedHostSlice<T>>,
+}
+
+impl<T> std::fmt::Debug for PinnedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedBuffer<T> {
+    /// `len` zeroed elements.
+    pub fn zeroed(ctx: &GpuContext, len: usize) -> GpuResult<Self> {
+        if len == 0 {
+            return Ok(PinnedBuffer { inner: None });
+        }
+        len.checked_mul(std::mem::size_of::<T>())
+            .filter(|&b| b < isize::MAX as usize)
+            .ok_or_else(|| GpuError::invalid_config(format!("pinned buffer of {len} elements")))?;
+        // SAFETY: the memory is zeroed below before anything reads it, and
+        // zero bits are a valid `T` (`ValidAsZeroBits`).
+        let mut slice =
+            unsafe { ctx.cuda().alloc_pinned::<T>(len) }.map_err(driver_error("cuMemHostAlloc"))?;
+        let ptr = slice
+            .as_mut_ptr()
+            .map_err(driver_error("cuEventSynchronize"))?;
+        // SAFETY: `ptr` points to `len` elements of freshly allocated memory.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(PinnedBuffer { inner: Some(slice) })
+    }
+
+    /// A copy of `data` in pinned memory.
+    pub fn from_slice(ctx: &GpuContext, data: &[T]) -> GpuResult<Self> {
+        let mut b = Self::zeroed(ctx, data.len())?;
+        b.as_mut_slice()?.copy_from_slice(data);
+        Ok(b)
+    }
+
+    /// The contents, after any pending copy into them has finished.
+    pub fn as_slice(&self) -> GpuResult<&[T]> {
+        match &self.inner {
+            None => Ok(&[]),
+            Some(s) => s.as_slice().map_err(driver_error("cuEventSynchronize")),
+        }
+    }
+
+    /// The contents, writable, after pending copies have finished.
+    pub fn as_mut_slice(&mut self) -> GpuResult<&mut [T]> {
+        match &mut self.inner {
+            None => Ok(&mut []),
+            Some(s) => s.as_mut_slice().map_err(driver_error("cuEventSynchronize")),
+        }
+    }
+}
+
+impl<T> PinnedBuffer<T> {
+    pub fn len(&self) -> usize {
+        self.inner.as_ref().map_or(0, |s| s.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cudarc slice (`None` when empty).
+    pub fn as_cuda(&self) -> Option<&PinnedHostSlice<T>> {
+        self.inner.as_ref()
+    }
+}
+
+/// An asynchronous copy in flight. [`Self::wait`] blocks until it is done
+/// and adds its event-measured time to the [`Transfer`]'s statistics;
+/// dropping it does not wait (the copy still completes in stream order).
+#[must_use = "a pending transfer is only timed when waited for"]
+pub struct PendingTransfer<'t> {
+    stats: &'t Mutex<TransferStats>,
+    events: Option<(CudaEvent, CudaEvent)>,
+    bytes: u64,
+    direction: TransferDirection,
+}
+
+impl std::fmt::Debug for PendingTransfer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingTransfer")
+            .field("bytes", &self.bytes)
+            .field("direction", &self.direction)
+            .finish()
+    }
+}
+
+impl PendingTransfer<'_> {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn direction(&self) -> TransferDirection {
+        self.direction
+    }
+
+    /// Whether the copy has finished (`cuEventQuery`).
+    pub fn is_complete(&self) -> bool {
+        self.events
+            .as_ref()
+            .is_none_or(|(_, end)| end.is_complete())
+    }
+
+    /// Waits for the copy (`cuEventSynchronize`) and returns its device
+    /// time (`cuEventElapsedTime`).
+    pub fn wait(mut self) -> GpuResult<Duration> {
+        let Some((start, end)) = self.events.take() else {
+            return Ok(Duration::ZERO);
+        };
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(driver_error("cuEventElapsedTime"))?;
+        let d = Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+        lock(self.stats).timed(self.bytes, d);
+        Ok(d)
+    }
+}
+
+fn lock(m: &Mutex<TransferStats>) -> std::sync::MutexGuard<'_, TransferStats> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Issues transfers on one stream and counts them.
+#[derive(Debug)]
+pub struct Transfer {
+    stream: Arc<CudaStream>,
+    stats: Mutex<TransferStats>,
+}
+
+impl Transfer {
+    /// Transfers on `ctx`'s stream.
+    pub fn new(ctx: &GpuContext) -> Self {
+        Self::on_stream(ctx.stream().clone())
+    }
+
+    /// Transfers on `stream`.
+    pub fn on_stream(stream: Arc<CudaStream>) -> Self {
+        Transfer {
+            stream,
+            stats: Mutex::new(TransferStats::default()),
+        }
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn stats(&self) -> TransferStats {
+        lock(&self.stats).clone()
+    }
+
+    pub fn reset_stats(&self) {
+        *lock(&self.stats) = TransferStats::default();
+    }
+
+    /// Waits for everything issued on the stream.
+    pub fn synchronize(&self) -> GpuResult<()> {
+        self.stream
+            .synchronize()
+            .map_err(driver_error("cuStreamSynchronize"))?;
+        self.check_deferred()
+    }
+
+    fn check_deferred(&self) -> GpuResult<()> {
+        self.stream
+            .context()
+            .check_err()
+            .map_err(driver_error("(deferred, recorded by cudarc)"))
+    }
+
+    fn timed_sync(
+        &self,
+        direction: TransferDirection,
+        bytes: u64,
+        f: impl FnOnce() -> GpuResult<()>,
+    ) -> GpuResult<()> {
+        let t0 = Instant::now();
+        f()?;
+        self.synchronize()?;
+        let d = t0.elapsed();
+        let mut s = lock(&self.stats);
+        s.issued(direction, bytes);
+        s.timed(bytes, d);
+        Ok(())
+    }
+
+    /// Copies `src` into `dst` (equal lengths) and waits for it.
+    pub fn upload<'b, T: DeviceRepr + 'b>(
+        &self,
+        src: &[T],
+        dst: impl Into<GpuViewMut<'b, T>>,
+    ) -> GpuResult<()> {
+        let mut dst = dst.into();
+        require_same_len("upload", src.len(), dst.len())?;
+        if src.is_empty() {
+            lock(&self.stats).issued(TransferDirection::HostToDevice, 0);
+            return Ok(());
+        }
+        let bytes = dst.size_bytes();
+        self.timed_sync(TransferDirection::HostToDevice, bytes, || {
+            let mut view = dst.as_cuda_mut()?;
+            self.stream
+                .memcpy_htod(src, &mut view)
+                .map_err(driver_error("cuMemcpyHtoDAsync"))
+        })
+    }
+
+    /// A new buffer from `pool` holding a copy of `src`.
+    pub fn upload_new<T: DeviceRepr>(
+        &self,
+        pool: &MemoryPool<CudaMemory>,
+        src: &[T],
+    ) -> GpuResult<GpuBuffer<T>> {
+        let mut buf = pool.alloc::<T>(src.len())?;
+        self.upload(src, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Copies `src` into `dst` (equal lengths) and waits for it.
+    pub fn download<'b, T: DeviceRepr + 'b>(
+        &self,
+        src: impl Into<GpuView<'b, T>>,
+        dst: &mut [T],
+    ) -> GpuResult<()> {
+        let src = src.into();
+        require_same_len("download", src.len(), dst.len())?;
+        if dst.is_empty() {
+            lock(&self.stats).issued(TransferDirection::DeviceToHost, 0);
+            return Ok(());
+        }
+        self.timed_sync(TransferDirection::DeviceToHost, src.size_bytes(), || {
+            let view = src.as_cuda()?;
+            self.stream
+                .memcpy_dtoh(&view, dst)
+                .map_err(driver_error("cuMemcpyDtoHAsync"))
+        })
+    }
+
+    /// A host copy of `src`.
+    pub fn download_vec<'b, T: DeviceRepr + Default + Clone + 'b>(
+        &self,
+        src: impl Into<GpuView<'b, T>>,
+    ) -> GpuResult<Vec<T>> {
+        let src = src.into();
+        let mut out = vec![T::default(); src.len()];
+        self.download(src, &mut out)?;
+        Ok(out)
+    }
+
+    fn pending(
+        &self,
+        direction: TransferDirection,
+        bytes: u64,
+        f: impl FnOnce() -> GpuResult<()>,
+    ) -> GpuResult<PendingTransfer<'_>> {
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self
+            .stream
+            .record_event(flags)
+            .map_err(driver_error("cuEventRecord"))?;
+        f()?;
+        let end = self
+            .stream
+            .record_event(flags)
+            .map_err(driver_error("cuEventRecord"))?;
+        self.check_deferred()?;
+        lock(&self.stats).issued(direction, bytes);
+        Ok(PendingTransfer {
+            stats: &self.stats,
+            events: Some((start, end)),
+            bytes,
+            direction,
+        })
+    }
+
+    fn empty(&self, direction: TransferDirection) -> PendingTransfer<'_> {
+        lock(&self.stats).issued(direction, 0);
+        PendingTransfer {
+            stats: &self.stats,
+            events: None,
+            bytes: 0,
+            direction,
+        }
+    }
+
+    /// Starts copying pinned `src` into `dst` (equal lengths); returns at
+    /// once. `src` cannot be written from the host until the copy is done
+    /// (its accessors wait).
+    pub fn upload_async<'b, T: DeviceRepr + ValidAsZeroBits + Copy + 'b>(
+        &self,
+        src: &PinnedBuffer<T>,
+        dst: impl Into<GpuViewMut<'b, T>>,
+    ) -> GpuResult<PendingTransfer<'_>> {
+        let mut dst = dst.into();
+        require_same_len("upload_async", src.len(), dst.len())?;
+        let Some(host) = src.as_cuda() else {
+            return Ok(self.empty(TransferDirection::HostToDevice));
+        };
+        let bytes = dst.size_bytes();
+        self.pending(TransferDirection::HostToDevice, bytes, || {
+            let mut view = dst.as_cuda_mut()?;
+            self.stream
+                .memcpy_htod(host, &mut view)
+                .map_err(driver_error("cuMemcpyHtoDAsync"))
+        })
+    }
+
+    /// Starts copying `src` into pinned `dst` (equal lengths); returns at
+    /// once. `dst`'s accessors wait for the copy.
+    pub fn download_async<'b, T: DeviceRepr + ValidAsZeroBits + Copy + 'b>(
+        &self,
+        src: impl Into<GpuView<'b, T>>,
+        dst: &mut PinnedBuffer<T>,
+    ) -> GpuResult<PendingTransfer<'_>> {
+        let src = src.into();
+        require_same_len("download_async", src.len(), dst.len())?;
+        let Some(host) = dst.inner.as_mut() else {
+            return Ok(self.empty(TransferDirection::DeviceToHost));
+        };
+        self.pending(TransferDirection::DeviceToHost, src.size_bytes(), || {
+            let view = src.as_cuda()?;
+            self.stream
+                .memcpy_dtoh(&view, host)
+                .map_err(driver_error("cuMemcpyDtoHAsync"))
+        })
+    }
+
+    /// Device-to-device copy (`cuMemcpyDtoDAsync`), ordered on the stream;
+    /// does not wait.
+    pub fn copy<'b, 'c, T: DeviceRepr + 'b + 'c>(
+        &self,
+        src: impl Into<GpuView<'b, T>>,
+        dst: impl Into<GpuViewMut<'c, T>>,
+    ) -> GpuResult<()> {
+        let (src, mut dst) = (src.into(), dst.into());
+        require_same_len("copy", src.len(), dst.len())?;
+        if !src.is_empty() {
+            let from = src.as_cuda()?;
+            let mut to = dst.as_cuda_mut()?;
+            self.stream
+                .memcpy_dtod(&from, &mut to)
+                .map_err(driver_error("cuMemcpyDtoDAsync"))?;
+            self.check_deferred()?;
+        }
+        lock(&self.stats).issued(TransferDirection::DeviceToDevice, src.size_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{HostMemory, MemoryPool, PoolConfig};
+
+    fn host_pool() -> MemoryPool<HostMemory> {
+        MemoryPool::new(HostMemory::new(1 << 20), PoolConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn host_data_for_a_gpu_operation_is_refused_with_an_upload_hint() {
+        let data = vec![1.0f32, 2.0, 3.0];
+        let input: DeviceInput<'_, f32, HostMemory> = (&data).into();
+        assert_eq!(input.placement(), Placement::Host);
+        assert_eq!(input.len(), 3);
+        let e = input.require_device("queries").unwrap_err();
+        match &e {
+            GpuError::ImplicitTransfer { what, hint } => {
+                assert!(
+                    what.contains("`queries`") && what.contains("3 elements"),
+                    "{what}"
+                );
+                assert!(hint.contains("Transfer::upload_new"), "{hint}");
+                assert!(hint.contains("Transfer::upload("), "{hint}");
+            }
+            other => panic!("expected ImplicitTransfer, got {other:?}"),
+        }
+        let text = e.to_string();
+        assert!(text.starts_with("implicit transfer refused"), "{text}");
+        assert!(text.contains("upload"), "{text}");
+        // A slice converts the same way.
+        let input: DeviceInput<'_, f32, HostMemory> = data[..2].into();
+        assert!(matches!(
+            input.require_device("x"),
+            Err(GpuError::ImplicitTransfer { .. })
+        ));
+    }
+
+    #[test]
+    fn device_data_passes_the_device_check_and_fails_the_host_one() {
+        let pool = host_pool();
+        let buf = pool.alloc::<u32>(10).unwrap();
+        let input: DeviceInput<'_, u32, HostMemory> = (&buf).into();
+        assert_eq!(input.placement(), Placement::Device);
+        let v = input.require_device("dataset").unwrap();
+        assert_eq!((v.offset(), v.len()), (0, 10));
+        let sub: DeviceInput<'_, u32, HostMemory> = buf.subview(2, 5).unwrap().into();
+        assert_eq!(sub.len(), 5);
+        let e = sub.require_host("dataset").unwrap_err();
+        match e {
+            GpuError::ImplicitTransfer { what, hint } => {
+                assert!(what.contains("device memory"), "{what}");
+                assert!(hint.contains("Transfer::download_vec"), "{hint}");
+            }
+            other => panic!("expected ImplicitTransfer, got {other:?}"),
+        }
+        let host = [1u32, 2];
+        let h: DeviceInput<'_, u32, HostMemory> = host[..].into();
+        assert_eq!(h.require_host("ids").unwrap(), &[1, 2]);
+        assert!(format!("{h:?}").contains("Host(2 elements)"));
+    }
+
+    #[test]
+    fn length_mismatch_is_checked_before_any_driver_call() {
+        assert!(require_same_len("upload", 4, 4).is_ok());
+        let e = require_same_len("upload", 3, 4).unwrap_err();
+        assert_eq!(
+            e,
+            GpuError::LengthMismatch {
+                what: "upload",
+                source_len: 3,
+                destination_len: 4
+            }
+        );
+        assert!(e
+            .to_string()
+            .contains("source has 3 elements, destination 4"));
+    }
+
+    #[test]
+    fn stats_bookkeeping_and_gbps() {
+        let mut s = TransferStats::default();
+        assert_eq!(s.gbps(), 0.0);
+        s.issued(TransferDirection::HostToDevice, 1_000_000_000);
+        s.timed(1_000_000_000, Duration::from_millis(500));
+        s.issued(TransferDirection::DeviceToHost, 500);
+        s.issued(TransferDirection::DeviceToDevice, 7);
+        assert_eq!(s.transfers, 3);
+        assert_eq!(
+            (s.bytes_to_device, s.bytes_to_host, s.bytes_device_to_device),
+            (1_000_000_000, 500, 7)
+        );
+        assert!((s.gbps() - 2.0).abs() < 1e-9, "{}", s.gbps());
+    }
+}

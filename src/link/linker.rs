@@ -1,0 +1,215 @@
+//! The safe linker: nvJitLink options as a type, one link as one call, the
+//! handle destroyed on every path (by [`crate::sys::LinkHandle`]'s `Drop`).
+
+use std::time::{Duration, Instant};
+
+use crate::build::arch::Arch;
+use crate::sys::{InputType, NvJitLink};
+
+use super::LinkError;
+
+/// nvJitLink options. `-lto` and `-verbose` (for resource usage) are always
+/// passed; the rest map one to one onto nvJitLink's flags.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LinkOptions {
+    /// The real architecture to produce a cubin for.
+    pub arch: Arch,
+    /// `-O0` … `-O3`.
+    pub opt_level: u8,
+    pub lineinfo: bool,
+    pub max_registers: Option<u32>,
+    /// `-kernels-used=<entry>`: lets LTO drop every other kernel.
+    pub kernels_used: Vec<String>,
+    /// `-split-compile=<threads>` (0 = as many as the machine has).
+    pub split_compile: Option<u32>,
+    pub ftz: Option<bool>,
+    pub prec_div: Option<bool>,
+    pub prec_sqrt: Option<bool>,
+    pub fma: Option<bool>,
+}
+
+impl LinkOptions {
+    pub fn new(arch: Arch) -> Self {
+        LinkOptions {
+            arch: Arch::sm(arch.number),
+            opt_level: 3,
+            lineinfo: false,
+            max_registers: None,
+            kernels_used: Vec::new(),
+            split_compile: None,
+            ftz: None,
+            prec_div: None,
+            prec_sqrt: None,
+            fma: None,
+        }
+    }
+
+    /// The command line handed to `nvJitLinkCreate`.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "-lto".to_string(),
+            format!("-arch=sm_{}", self.arch.number),
+            format!("-O{}", self.opt_level.min(3)),
+            "-verbose".to_string(),
+        ];
+        if self.lineinfo {
+            a.push("-lineinfo".into());
+        }
+        if let Some(r) = self.max_registers {
+            a.push(format!("-maxrregcount={r}"));
+        }
+        for k in &self.kernels_used {
+            a.push(format!("-kernels-used={k}"));
+        }
+        if let Some(n) = self.split_compile {
+            a.push(format!("-split-compile={n}"));
+        }
+        for (flag, v) in [
+            ("-ftz", self.ftz),
+            ("-prec-div", self.prec_div),
+            ("-prec-sqrt", self.prec_sqrt),
+            ("-fma", self.fma),
+        ] {
+            if let Some(v) = v {
+                a.push(format!("{flag}={v}"));
+            }
+        }
+        a
+    }
+}
+
+/// One input of a link.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkInput<'a> {
+    pub name: &'a str,
+    pub kind: InputType,
+    pub bytes: &'a [u8],
+}
+
+/// What nvJitLink produced.
+#[derive(Debug, Clone)]
+pub struct LinkOutput {
+    pub cubin: Vec<u8>,
+    pub info_log: String,
+    pub link_time: Duration,
+}
+
+/// nvJitLink, version-checked against the NVRTC that built the fragments.
+#[derive(Clone)]
+pub struct Linker {
+    nvjitlink: NvJitLink,
+    version: (u32, u32),
+}
+
+impl std::fmt::Debug for Linker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Linker")
+            .field("path", &self.nvjitlink.path())
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+/// LTO-IR must be linked by an nvJitLink of the same major version and an
+/// equal or newer minor than the NVRTC that produced it (DESIGN.md 10).
+pub fn check_versions(nvjitlink: (u32, u32), nvrtc: (u32, u32)) -> Result<(), LinkError> {
+    if nvjitlink.0 != nvrtc.0 || nvjitlink.1 < nvrtc.1 {
+        return Err(LinkError::VersionMismatch {
+            nvjitlink: format!("{}.{}", nvjitlink.0, nvjitlink.1),
+            nvrtc: format!("{}.{}", nvrtc.0, nvrtc.1),
+        });
+    }
+    Ok(())
+}
+
+/// `"12.9"` → `(12, 9)`.
+pub fn parse_version(s: &str) -> Option<(u32, u32)> {
+    let (a, b) = s.trim().split_once('.')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+impl Linker {
+    /// Opens nvJitLink (`FRAGLINK_NVJITLINK_PATH`, else the path found at
+    /// build time) and checks it can link the embedded LTO-IR.
+    pub fn open() -> Result<Self, LinkError> {
+        Self::with_library(NvJitLink::open(None)?)
+    }
+
+    pub fn with_library(nvjitlink: NvJitLink) -> Result<Self, LinkError> {
+        let version = nvjitlink.version()?;
+        if let Some(nvrtc) = parse_version(crate::fragments::BUILD_NVRTC_VERSION) {
+            check_versions(version, nvrtc)?;
+        }
+        Ok(Linker { nvjitlink, version })
+    }
+
+    pub fn version(&self) -> (u32, u32) {
+        self.version
+    }
+
+    pub fn library(&self) -> &NvJitLink {
+        &self.nvjitlink
+    }
+
+    /// Links `inputs` into a cubin. A failure carries nvJitLink's error log.
+    pub fn link(
+        &self,
+        inputs: &[LinkInput<'_>],
+        options: &LinkOptions,
+    ) -> Result<LinkOutput, LinkError> {
+        let started = Instant::now();
+        let mut handle = self.nvjitlink.create(&options.to_args())?;
+        for input in inputs {
+            handle.add(input.kind, input.bytes, input.name)?;
+        }
+        handle.complete()?;
+        let cubin = handle.cubin()?;
+        let info_log = handle.info_log().unwrap_or_default();
+        Ok(LinkOutput {
+            cubin,
+            info_log,
+            link_time: started.elapsed(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_args() {
+        let o = LinkOptions::new(Arch::sm(80));
+        assert_eq!(o.to_args(), ["-lto", "-arch=sm_80", "-O3", "-verbose"]);
+    }
+
+    #[test]
+    fn every_option_maps_to_its_flag() {
+        let mut o = LinkOptions::new(Arch::compute(90));
+        o.opt_level = 1;
+        o.lineinfo = true;
+        o.max_registers = Some(64);
+        o.kernels_used = vec!["scan".into()];
+        o.split_compile = Some(0);
+        o.ftz = Some(false);
+        o.prec_div = Some(true);
+        o.prec_sqrt = Some(true);
+        o.fma = Some(true);
+        assert_eq!(
+            o.to_args().join(" "),
+            "-lto -arch=sm_90 -O1 -verbose -lineinfo -maxrregcount=64 -kernels-used=scan \
+             -split-compile=0 -ftz=false -prec-div=true -prec-sqrt=true -fma=true"
+        );
+    }
+
+    #[test]
+    fn version_rules() {
+        assert!(check_versions((12, 9), (12, 9)).is_ok());
+        assert!(check_versions((12, 9), (12, 4)).is_ok());
+        let e = check_versions((12, 4), (12, 9)).unwrap_err().to_string();
+        assert!(e.contains("12.4") && e.contains("12.9"), "{e}");
+        assert!(check_versions((13, 0), (12, 9)).is_err());
+        assert_eq!(parse_version("12.9"), Some((12, 9)));
+        assert_eq!(parse_version("x"), None);
+    }
+}

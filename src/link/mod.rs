@@ -1,0 +1,79 @@
+//! The run-time side: plan a link of embedded (and run-time) fragments, link
+//! with nvJitLink, check the cubin, read its resource usage, and cache the
+//! result in memory (single flight per key) and on disk.
+//!
+//! ```no_run
+//! use fraglink::fragments::{F32, L2, NoneFilter, U32, FilterFragment, MetricFragment, ScanFragment};
+//! use fraglink::link::Planner;
+//! use fraglink::build::Arch;
+//! let linked = Planner::new("scan_f32_u32_v4_k128")
+//!     .add::<ScanFragment<F32, U32, 4, 128>>()
+//!     .add::<MetricFragment<L2, F32>>()
+//!     .add::<FilterFragment<NoneFilter, U32>>()
+//!     .link_for(Arch::sm(90))?;
+//! println!("{} registers, {:?}", linked.kernel.metadata.registers, linked.source);
+//! # Ok::<(), fraglink::link::LinkError>(())
+//! ```
+
+pub mod cache;
+pub mod disk;
+pub mod key;
+pub mod linker;
+pub mod metadata;
+pub mod planner;
+pub mod runtime;
+
+use std::sync::Arc;
+
+pub use cache::{CacheStats, Source};
+pub use key::LinkKey;
+pub use linker::{LinkOptions, Linker};
+pub use metadata::KernelMetadata;
+pub use planner::Planner;
+pub use runtime::{LinkRuntime, Linked, LinkedKernel, RuntimeConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error(transparent)]
+    Sys(#[from] crate::sys::SysError),
+    #[error("unknown fragment `{name}`; nearest: {}", nearest.join(", "))]
+    UnknownFragment { name: String, nearest: Vec<String> },
+    #[error("nvJitLink {nvjitlink} cannot link LTO-IR from NVRTC {nvrtc}: it needs the same major version and an equal or newer minor; set FRAGLINK_NVJITLINK_PATH to a matching libnvJitLink")]
+    VersionMismatch { nvjitlink: String, nvrtc: String },
+    #[error("fragment `{fragment}` holds LTO-IR for {built}, none of which links for {arch}")]
+    ArchNotCovered {
+        fragment: String,
+        arch: String,
+        built: String,
+    },
+    #[error("plan for entry `{entry}` has no fragments")]
+    EmptyPlan { entry: String },
+    #[error("linked cubin for `{entry}` failed its check: {source}")]
+    Cubin {
+        entry: String,
+        source: metadata::CubinError,
+    },
+    #[error(transparent)]
+    Metadata(#[from] metadata::MetadataError),
+    #[error("no GPU to link for: {reason}; pass an explicit architecture (e.g. sm_90)")]
+    NoDevice { reason: String },
+    #[error("disk cache: {0}")]
+    Disk(#[from] disk::DiskCacheError),
+    #[error(transparent)]
+    Shared(Arc<LinkError>),
+}
+
+impl LinkError {
+    /// Unwraps an error shared by the waiters of one failed link.
+    pub fn from_shared(e: Arc<LinkError>) -> LinkError {
+        Arc::try_unwrap(e).unwrap_or_else(LinkError::Shared)
+    }
+
+    /// The innermost error (through `Shared`).
+    pub fn root(&self) -> &LinkError {
+        match self {
+            LinkError::Shared(e) => e.root(),
+            e => e,
+        }
+    }
+}

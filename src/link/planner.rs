@@ -1,0 +1,192 @@
+//! The planner: which fragments one kernel needs, and with which options.
+
+use crate::build::arch::Arch;
+use crate::fragment::{FragmentInfo, StaticFragment};
+
+use super::linker::LinkOptions;
+use super::runtime::{LinkRuntime, Linked};
+use super::LinkError;
+
+/// A link plan: an entry point and its fragments, in link order.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    entry: String,
+    statics: Vec<&'static FragmentInfo>,
+    sources: Vec<(String, String)>,
+    opt_level: u8,
+    lineinfo: bool,
+    max_registers: Option<u32>,
+    split_compile: Option<u32>,
+    ftz: Option<bool>,
+    prec_div: Option<bool>,
+    prec_sqrt: Option<bool>,
+    fma: Option<bool>,
+}
+
+impl Planner {
+    /// A plan for the kernel whose symbol is `entry`.
+    pub fn new(entry: impl Into<String>) -> Self {
+        Planner {
+            entry: entry.into(),
+            statics: Vec::new(),
+            sources: Vec::new(),
+            opt_level: 3,
+            lineinfo: false,
+            max_registers: None,
+            split_compile: None,
+            ftz: None,
+            prec_div: None,
+            prec_sqrt: None,
+            fma: None,
+        }
+    }
+
+    /// Adds an embedded fragment chosen at compile time; a combination the
+    /// matrices did not produce does not compile.
+    pub fn add<F: StaticFragment>(self) -> Self {
+        self.add_fragment(F::info())
+    }
+
+    /// Adds an embedded fragment by description (any catalog).
+    pub fn add_fragment(mut self, info: &'static FragmentInfo) -> Self {
+        self.statics.push(info);
+        self
+    }
+
+    /// Adds one of fraglink's own fragments by name, for configurations
+    /// chosen at run time. An unknown name lists the nearest ones.
+    pub fn add_named(self, name: &str) -> Result<Self, LinkError> {
+        self.add_named_in(&crate::fragments::CATALOG, name)
+    }
+
+    /// Like [`Planner::add_named`], in another crate's catalog.
+    pub fn add_named_in(
+        self,
+        catalog: &'static [&'static FragmentInfo],
+        name: &str,
+    ) -> Result<Self, LinkError> {
+        match crate::fragment::find_in(catalog, name) {
+            Some(info) => Ok(self.add_fragment(info)),
+            None => Err(LinkError::UnknownFragment {
+                name: name.to_string(),
+                nearest: crate::fragment::nearest_names(catalog, name, 3)
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+            }),
+        }
+    }
+
+    /// Adds a user-defined fragment, compiled by NVRTC to LTO-IR at run time
+    /// (once per content, arch and NVRTC version). It may include fraglink's
+    /// fragment headers and CUDA's (`cuda_fp16.h`, `cuda/std/...`).
+    pub fn add_source(mut self, name: impl Into<String>, cuda_source: impl Into<String>) -> Self {
+        self.sources.push((name.into(), cuda_source.into()));
+        self
+    }
+
+    pub fn opt_level(mut self, level: u8) -> Self {
+        self.opt_level = level.min(3);
+        self
+    }
+    pub fn lineinfo(mut self, on: bool) -> Self {
+        self.lineinfo = on;
+        self
+    }
+    pub fn max_registers(mut self, n: u32) -> Self {
+        self.max_registers = Some(n);
+        self
+    }
+    pub fn split_compile(mut self, threads: u32) -> Self {
+        self.split_compile = Some(threads);
+        self
+    }
+    pub fn ftz(mut self, on: bool) -> Self {
+        self.ftz = Some(on);
+        self
+    }
+    pub fn prec_div(mut self, on: bool) -> Self {
+        self.prec_div = Some(on);
+        self
+    }
+    pub fn prec_sqrt(mut self, on: bool) -> Self {
+        self.prec_sqrt = Some(on);
+        self
+    }
+    pub fn fma(mut self, on: bool) -> Self {
+        self.fma = Some(on);
+        self
+    }
+
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+    pub fn static_fragments(&self) -> &[&'static FragmentInfo] {
+        &self.statics
+    }
+    pub fn sources(&self) -> &[(String, String)] {
+        &self.sources
+    }
+    pub fn is_empty(&self) -> bool {
+        self.statics.is_empty() && self.sources.is_empty()
+    }
+    /// Names of every fragment, in link order.
+    pub fn fragment_names(&self) -> Vec<String> {
+        self.statics
+            .iter()
+            .map(|f| f.name.to_string())
+            .chain(self.sources.iter().map(|(n, _)| n.clone()))
+            .collect()
+    }
+
+    /// The nvJitLink options for `arch`.
+    pub fn options(&self, arch: Arch) -> LinkOptions {
+        let mut o = LinkOptions::new(arch);
+        o.opt_level = self.opt_level;
+        o.lineinfo = self.lineinfo;
+        o.max_registers = self.max_registers;
+        o.split_compile = self.split_compile;
+        o.ftz = self.ftz;
+        o.prec_div = self.prec_div;
+        o.prec_sqrt = self.prec_sqrt;
+        o.fma = self.fma;
+        o.kernels_used = vec![self.entry.clone()];
+        o
+    }
+
+    /// Links for `arch` through the process-wide runtime.
+    pub fn link_for(&self, arch: Arch) -> Result<Linked, LinkError> {
+        LinkRuntime::global()?.link(self, arch)
+    }
+
+    /// Links for `arch` through `runtime`.
+    pub fn link_with(&self, runtime: &LinkRuntime, arch: Arch) -> Result<Linked, LinkError> {
+        runtime.link(self, arch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_name_lists_nearest() {
+        let e = Planner::new("x").add_named("metric_l2_f33").unwrap_err().to_string();
+        assert!(e.contains("unknown fragment `metric_l2_f33`"), "{e}");
+        assert!(e.contains("metric_l2_f32"), "{e}");
+    }
+
+    #[test]
+    fn options_carry_the_entry_and_settings() {
+        let p = Planner::new("scan_f32_u32_v4_k128")
+            .add_named("scan_f32_u32_v4_k128")
+            .unwrap()
+            .max_registers(64)
+            .lineinfo(true);
+        assert_eq!(
+            p.options(Arch::sm(80)).to_args().join(" "),
+            "-lto -arch=sm_80 -O3 -verbose -lineinfo -maxrregcount=64 -kernels-used=scan_f32_u32_v4_k128"
+        );
+        assert_eq!(p.fragment_names(), ["scan_f32_u32_v4_k128"]);
+    }
+}

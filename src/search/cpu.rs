@@ -1,0 +1,1143 @@
+//! Exact k-NN on the CPU: the fallback of the GPU path and its reference.
+//!
+//! Two implementations of one definition (fragments/README.md, "The scan kernel"
+//! and "Numerics"):
+//!
+//! - [`search_reference`]: for every query and every allowed row, the distance by
+//!   the README's in-order fold ([`distance`]), NaN → +inf, then a sort by
+//!   `(distance, id)`. Simple and slow; the oracle.
+//! - [`search_cpu`]: the same results, bit for bit, fast. Dot products of query
+//!   blocks × row blocks come from the `gemm` crate (tasks in parallel with
+//!   rayon); with precomputed norms they give approximate distances, which pick a
+//!   few candidates per query; the candidates are then **re-ranked with the exact
+//!   in-order fold**, so every returned distance is the reference's (and the
+//!   GPU's) to the bit and ties resolve by the same `(distance, id)` key.
+//!
+//! # Why no true neighbour is lost (the margin)
+//!
+//! Write `d` for the reference distance of a (query, row) pair (the fold, f32,
+//! one rounding per operation) and `g` for the GEMM-based approximation. For
+//! every pair the code computes, in f32, `lo = g - e` and `hi = g + e` with an
+//! error bound `e` such that `lo ≤ d ≤ hi` (below). A row is kept as a candidate
+//! while `lo < T`, where `T` is the k-th smallest `hi` among the rows seen
+//! before it. If `lo ≥ T`, there are k earlier rows (smaller ids) with
+//! `d' ≤ hi' ≤ T ≤ lo ≤ d`, so k keys `(d', id')` precede `(d, id)` and the row
+//! cannot be in the answer. The candidates of all row shards are merged, pruned
+//! to `lo ≤ U` (U = k-th smallest `hi` of the merged set, non-strict because
+//! shards interleave nothing but ties may cross shards), their exact `d`
+//! computed and sorted by `(d, id)`: the first k are exactly the reference's.
+//! To bound memory on inputs with many equal distances (duplicate rows), a
+//! query's candidate list that grows past `4k + 64` is pruned and, if that does
+//! not halve it, replaced by the exact best k of its members (the same argument
+//! with `hi = lo = d`).
+//!
+//! The bound `e` (u = 2⁻²⁴, γ(m) = m·u / (1 − m·u), n = dim, `|q|`, `|x|` the
+//! Euclidean norms; every sum of n products computed in f32 in any order, with
+//! or without fma, is within γ(n)·Σ|q_j x_j| ≤ γ(n)·|q||x| of the exact value;
+//! this covers GEMM's blocked order and the reference's in-order fold):
+//!
+//! - **l2**: reference `|d − D| ≤ γ(n+2)·D` (the differences are rounded once,
+//!   squared exactly inside the fma) with `D = |q − x|² ≤ (|q|+|x|)²`;
+//!   approximation `g = (|q|² + |x|²) − 2·dot` with the squared norms summed in
+//!   f64 and rounded to f32: `|g − D| ≤ 2γ(n)|q||x| + 4.1u(|q|+|x|)²`;
+//!   computing `g ± e` costs another `1.01u(|q|+|x|)²`. Used:
+//!   `e = (3γ(n+2) + 12u)·(|q|+|x|)² + A`, about twice the sum.
+//! - **inner_product**: `|d − g| ≤ 2γ(n)|q||x|`, plus `1.02u|q||x|` for `g ± e`.
+//!   Used: `e = (4γ(n) + 4u)·|q||x| + A`.
+//! - **cosine**: with `c = dot/(|q||x|)`, the reference's `1 − a/(√qq·√xx)` is
+//!   within `2.02γ(n+6) + 2.01u` of `1 − c`; the approximation
+//!   `1 − dot·(1/|q|)·(1/|x|)` within `γ(n) + 6.1u`; `g ± e` another `2.1u`.
+//!   Used: `e = 7γ(n+6) + 24u + A`.
+//! - `A = (n + 8)·2⁻¹²⁶` absorbs underflow (each rounding into the subnormal
+//!   range errs by at most 2⁻¹⁵⁰ absolutely instead of relatively).
+//!
+//! The factor ≈ 2 over the derived sums also covers the relative rounding of
+//! the f32 norms and of `e` itself. The bounds need every intermediate finite
+//! and normal-ranged, so rows and queries with a non-finite element, a squared
+//! norm above 2¹⁰⁰, or (cosine) a squared norm below 2⁻⁶⁰ (zero vectors
+//! included) are "special": special rows are evaluated exactly for every query
+//! and join the merge; special queries are answered by the reference scan.
+//! dim = 0 and dims where γ is not small (n·u ≥ 1/2) use the reference.
+//!
+//! For i8/u8 the GEMM is exact: its inputs are small integers widened to f32,
+//! and with the inner dimension split into chunks of at most 1024 (i8,
+//! |q·x| ≤ 2¹⁴) or 258 (u8, q·x ≤ 65025) elements every partial sum is an
+//! integer of magnitude ≤ 2²⁴, so each chunk's dot product is exact whatever
+//! the summation order; chunks add up in i64. From the exact dot product and the
+//! exact integer squared norms, `qq + xx − 2·dot`, `−dot` and the cosine formula
+//! give the reference's integer accumulators exactly, and converting them to f32
+//! as the reference does reproduces its distances bit for bit (e = 0, no
+//! re-rank needed).
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::{
+    validate, DType, Filter, Matrix, Metric, Neighbors, SearchError, SearchParams, Vectors,
+};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for i8 {}
+    impl Sealed for u8 {}
+}
+
+/// An element type the searches support (f32, f16, i8, u8).
+pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
+    const DTYPE: DType;
+    /// The distance of one (query, row) pair by the README's fold: elements in
+    /// order, f32 fma / exact integer accumulation, finalised once. No NaN
+    /// mapping (the searches map NaN to +inf).
+    fn distance(metric: Metric, q: &[Self], x: &[Self]) -> f32;
+}
+
+/// The reference distance of one pair (see [`Element::distance`]); `q` and `x`
+/// must have the same length.
+pub fn distance<T: Element>(metric: Metric, q: &[T], x: &[T]) -> f32 {
+    assert_eq!(q.len(), x.len(), "distance: vectors of different lengths");
+    T::distance(metric, q, x)
+}
+
+#[inline(always)]
+fn finalize_cosine(a: f32, qq: f32, xx: f32) -> f32 {
+    if qq == 0.0 || xx == 0.0 {
+        1.0
+    } else {
+        1.0 - a / (qq.sqrt() * xx.sqrt())
+    }
+}
+
+#[inline(always)]
+fn float_fold<T: Copy>(metric: Metric, q: &[T], x: &[T], w: impl Fn(T) -> f32) -> f32 {
+    match metric {
+        Metric::L2 => {
+            let mut a = 0.0f32;
+            for (&qe, &xe) in q.iter().zip(x) {
+                let d = w(qe) - w(xe);
+                a = d.mul_add(d, a);
+            }
+            a
+        }
+        Metric::InnerProduct => {
+            let mut a = 0.0f32;
+            for (&qe, &xe) in q.iter().zip(x) {
+                a = w(qe).mul_add(w(xe), a);
+            }
+            -a
+        }
+        Metric::Cosine => {
+            let (mut a, mut qq, mut xx) = (0.0f32, 0.0f32, 0.0f32);
+            for (&qe, &xe) in q.iter().zip(x) {
+                let (qf, xf) = (w(qe), w(xe));
+                a = qf.mul_add(xf, a);
+                qq = qf.mul_add(qf, qq);
+                xx = xf.mul_add(xf, xx);
+            }
+            finalize_cosine(a, qq, xx)
+        }
+    }
+}
+
+// The same fold compiled with hardware fma (mul_add is a correctly rounded fma
+// either way; without the feature it is a libm call).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn float_fold_fma_f32(metric: Metric, q: &[f32], x: &[f32]) -> f32 {
+    float_fold(metric, q, x, |v| v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,f16c")]
+unsafe fn float_fold_fma_f16(metric: Metric, q: &[f16], x: &[f16]) -> f32 {
+    float_fold(metric, q, x, |v| v.to_f32())
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn distance(metric: Metric, q: &[f32], x: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports fma (checked above).
+            return unsafe { float_fold_fma_f32(metric, q, x) };
+        }
+        float_fold(metric, q, x, |v| v)
+    }
+}
+
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    fn distance(metric: Metric, q: &[f16], x: &[f16]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: the CPU supports fma and f16c (checked above).
+            return unsafe { float_fold_fma_f16(metric, q, x) };
+        }
+        float_fold(metric, q, x, |v| v.to_f32())
+    }
+}
+
+impl Element for i8 {
+    const DTYPE: DType = DType::I8;
+    fn distance(metric: Metric, q: &[i8], x: &[i8]) -> f32 {
+        // int32 accumulators (exact for dim ≤ 33025; wrapping like the device beyond).
+        match metric {
+            Metric::L2 => {
+                let mut a = 0i32;
+                for (&qe, &xe) in q.iter().zip(x) {
+                    let d = qe as i32 - xe as i32;
+                    a = a.wrapping_add(d * d);
+                }
+                a as f32
+            }
+            Metric::InnerProduct => {
+                let mut a = 0i32;
+                for (&qe, &xe) in q.iter().zip(x) {
+                    a = a.wrapping_add(qe as i32 * xe as i32);
+                }
+                -(a as f32)
+            }
+            Metric::Cosine => {
+                let (mut a, mut qq, mut xx) = (0i32, 0i32, 0i32);
+                for (&qe, &xe) in q.iter().zip(x) {
+                    let (qi, xi) = (qe as i32, xe as i32);
+                    a = a.wrapping_add(qi * xi);
+                    qq = qq.wrapping_add(qi * qi);
+                    xx = xx.wrapping_add(xi * xi);
+                }
+                finalize_cosine(a as f32, qq as f32, xx as f32)
+            }
+        }
+    }
+}
+
+impl Element for u8 {
+    const DTYPE: DType = DType::U8;
+    fn distance(metric: Metric, q: &[u8], x: &[u8]) -> f32 {
+        // uint32 accumulators (exact for dim ≤ 66051).
+        match metric {
+            Metric::L2 => {
+                let mut a = 0u32;
+                for (&qe, &xe) in q.iter().zip(x) {
+                    let d = qe as i32 - xe as i32;
+                    a = a.wrapping_add((d * d) as u32);
+                }
+                a as f32
+            }
+            Metric::InnerProduct => {
+                let mut a = 0u32;
+                for (&qe, &xe) in q.iter().zip(x) {
+                    a = a.wrapping_add(qe as u32 * xe as u32);
+                }
+                -(a as f32)
+            }
+            Metric::Cosine => {
+                let (mut a, mut qq, mut xx) = (0u32, 0u32, 0u32);
+                for (&qe, &xe) in q.iter().zip(x) {
+                    let (qi, xi) = (qe as u32, xe as u32);
+                    a = a.wrapping_add(qi * xi);
+                    qq = qq.wrapping_add(qi * qi);
+                    xx = xx.wrapping_add(xi * xi);
+                }
+                finalize_cosine(a as f32, qq as f32, xx as f32)
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn nan_to_inf(d: f32) -> f32 {
+    if d.is_nan() {
+        f32::INFINITY
+    } else {
+        d
+    }
+}
+
+/// The result order: by distance (IEEE, so -0 == +0; never NaN here), then id.
+#[inline(always)]
+fn key_cmp(da: f32, ia: usize, db: f32, ib: usize) -> Ordering {
+    match da.partial_cmp(&db) {
+        Some(Ordering::Equal) | None => ia.cmp(&ib),
+        Some(o) => o,
+    }
+}
+
+fn padded(nq: usize, k: usize) -> Neighbors {
+    Neighbors {
+        nq,
+        k,
+        ids: vec![Neighbors::PAD_ID; nq * k],
+        distances: vec![f32::INFINITY; nq * k],
+    }
+}
+
+fn allowed_rows(n: usize, filter: &Filter) -> Vec<usize> {
+    match filter {
+        Filter::None => (0..n).collect(),
+        Filter::Bitset(b) => (0..n).filter(|&i| b.get(i)).collect(),
+    }
+}
+
+/// Exact top-k of one query over `rows` by the reference fold, written to the
+/// output slots (which are pre-padded).
+fn reference_query<T: Element>(
+    metric: Metric,
+    qrow: &[T],
+    base: &Matrix<T>,
+    rows: &[usize],
+    ids: &mut [i64],
+    dists: &mut [f32],
+) {
+    let k = ids.len();
+    let mut all: Vec<(f32, usize)> = rows
+        .iter()
+        .map(|&r| (nan_to_inf(T::distance(metric, qrow, base.row(r))), r))
+        .collect();
+    let cmp = |a: &(f32, usize), b: &(f32, usize)| key_cmp(a.0, a.1, b.0, b.1);
+    if all.len() > k {
+        all.select_nth_unstable_by(k - 1, cmp);
+        all.truncate(k);
+    }
+    all.sort_unstable_by(cmp);
+    for (j, (d, r)) in all.into_iter().enumerate() {
+        ids[j] = r as i64;
+        dists[j] = d;
+    }
+}
+
+/// The plain scalar search: every allowed row's distance by the README fold
+/// ([`distance`]), NaN → +inf, sorted by `(distance, id)`, padded. Parallel over
+/// queries only. The oracle [`search_cpu`] is tested against.
+pub fn search_reference(
+    base: &Vectors,
+    queries: &Vectors,
+    params: &SearchParams,
+) -> Result<Neighbors, SearchError> {
+    validate(base, queries, params)?;
+    Ok(match (base, queries) {
+        (Vectors::F32(b), Vectors::F32(q)) => reference_all(b, q, params),
+        (Vectors::F16(b), Vectors::F16(q)) => reference_all(b, q, params),
+        (Vectors::I8(b), Vectors::I8(q)) => reference_all(b, q, params),
+        (Vectors::U8(b), Vectors::U8(q)) => reference_all(b, q, params),
+        _ => unreachable!("validate() checked the dtypes"),
+    })
+}
+
+fn reference_all<T: Element>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Neighbors {
+    let mut out = padded(q.rows(), p.k);
+    let rows = allowed_rows(b.rows(), &p.filter);
+    out.ids
+        .par_chunks_mut(p.k)
+        .zip(out.distances.par_chunks_mut(p.k))
+        .enumerate()
+        .for_each(|(qi, (ids, dists))| reference_query(p.metric, q.row(qi), b, &rows, ids, dists));
+    out
+}
+
+/// Exact k-nearest neighbours with the GPU scan's semantics, fast: GEMM-based
+/// candidate selection with a rigorous error margin, then an exact re-rank with
+/// the reference fold (module docs). Results equal [`search_reference`] bit for
+/// bit. Uses rayon's current thread pool.
+pub fn search_cpu(
+    base: &Vectors,
+    queries: &Vectors,
+    params: &SearchParams,
+) -> Result<Neighbors, SearchError> {
+    validate(base, queries, params)?;
+    Ok(match (base, queries) {
+        (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params),
+        (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params),
+        (Vectors::I8(b), Vectors::I8(q)) => int_search(b, q, params),
+        (Vectors::U8(b), Vectors::U8(q)) => int_search(b, q, params),
+        _ => unreachable!("validate() checked the dtypes"),
+    })
+}
+
+// --------------------------------------------------------------------------------
+// Candidate selection
+// --------------------------------------------------------------------------------
+
+/// A candidate row: bounds on its reference distance (equal when exact).
+#[derive(Debug, Clone, Copy)]
+struct Cand {
+    lo: f32,
+    hi: f32,
+    id: usize,
+    exact: bool,
+}
+
+/// f32 ordered for the max-heap of upper bounds (never NaN).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Hi(f32);
+impl Eq for Hi {}
+impl PartialOrd for Hi {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Hi {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.partial_cmp(&other.0).unwrap_or(Ordering::Equal)
+    }
+}
+
+/// Streaming candidate selection for one query over rows in ascending id order.
+struct TopK {
+    k: usize,
+    cap: usize,
+    /// The k smallest upper bounds seen (max-heap).
+    heap: BinaryHeap<Hi>,
+    cands: Vec<Cand>,
+}
+
+impl TopK {
+    fn new(k: usize) -> Self {
+        TopK {
+            k,
+            cap: 4 * k + 64,
+            heap: BinaryHeap::with_capacity(k + 1),
+            cands: Vec::new(),
+        }
+    }
+
+    /// The k-th smallest upper bound so far (+inf until k rows were seen).
+    #[inline(always)]
+    fn threshold(&self) -> f32 {
+        if self.heap.len() < self.k {
+            f32::INFINITY
+        } else {
+            self.heap.peek().map_or(f32::INFINITY, |h| h.0)
+        }
+    }
+
+    /// Offers a row whose id is larger than every row offered before.
+    #[inline]
+    fn offer(&mut self, c: Cand, exact: &mut dyn FnMut(usize) -> f32) {
+        let t = self.threshold();
+        if self.heap.len() < self.k {
+            self.heap.push(Hi(c.hi));
+        } else if c.lo < t {
+            if c.hi < t {
+                self.heap.pop();
+                self.heap.push(Hi(c.hi));
+            }
+        } else {
+            return;
+        }
+        self.cands.push(c);
+        if self.cands.len() >= self.cap {
+            self.compact(exact);
+        }
+    }
+
+    fn compact(&mut self, exact: &mut dyn FnMut(usize) -> f32) {
+        let t = self.threshold();
+        self.cands.retain(|c| c.lo <= t);
+        if self.cands.len() * 2 <= self.cap {
+            return;
+        }
+        for c in self.cands.iter_mut().filter(|c| !c.exact) {
+            let d = nan_to_inf(exact(c.id));
+            *c = Cand {
+                lo: d,
+                hi: d,
+                id: c.id,
+                exact: true,
+            };
+        }
+        self.cands
+            .sort_unstable_by(|a, b| key_cmp(a.lo, a.id, b.lo, b.id));
+        self.cands.truncate(self.k);
+        self.heap.clear();
+        self.heap.extend(self.cands.iter().map(|c| Hi(c.hi)));
+    }
+}
+
+/// Merges the candidates of one query (all shards, plus special rows as exact
+/// candidates), re-ranks exactly and writes the k best.
+fn finish_query(
+    mut pool: Vec<Cand>,
+    k: usize,
+    exact: &mut dyn FnMut(usize) -> f32,
+    ids: &mut [i64],
+    dists: &mut [f32],
+) {
+    if pool.len() > k {
+        let mut his: Vec<f32> = pool.iter().map(|c| c.hi).collect();
+        let (_, u, _) =
+            his.select_nth_unstable_by(k - 1, |a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
+        let u = *u;
+        pool.retain(|c| c.lo <= u);
+    }
+    for c in pool.iter_mut().filter(|c| !c.exact) {
+        let d = nan_to_inf(exact(c.id));
+        c.lo = d;
+        c.hi = d;
+        c.exact = true;
+    }
+    let cmp = |a: &Cand, b: &Cand| key_cmp(a.lo, a.id, b.lo, b.id);
+    if pool.len() > k {
+        pool.select_nth_unstable_by(k - 1, cmp);
+        pool.truncate(k);
+    }
+    pool.sort_unstable_by(cmp);
+    for (j, c) in pool.iter().enumerate() {
+        ids[j] = c.id as i64;
+        dists[j] = c.lo;
+    }
+}
+
+/// Per (query, row) distance bounds from a dot product; `j` indexes the block's
+/// row data. `EXACT`: the bounds are the reference distance itself.
+trait Approx {
+    type Dot: Copy;
+    const EXACT: bool;
+    fn bounds(&self, dot: Self::Dot, j: usize) -> (f32, f32);
+}
+
+/// Offers a block of rows to a query's selection. `ids[j]` is the dataset id of
+/// block row j; rows are in ascending id order.
+#[inline(always)]
+fn scan_block<A: Approx>(
+    a: &A,
+    dots: &[A::Dot],
+    ids: &[usize],
+    top: &mut TopK,
+    exact: &mut dyn FnMut(usize) -> f32,
+) {
+    const CHUNK: usize = 16;
+    let m = dots.len().min(ids.len());
+    let mut j0 = 0;
+    while j0 < m {
+        let j1 = (j0 + CHUNK).min(m);
+        let t = top.threshold();
+        let mut min_lo = f32::INFINITY;
+        for j in j0..j1 {
+            let (d, e) = a.bounds(dots[j], j);
+            min_lo = min_lo.min(d - e);
+        }
+        if min_lo < t || top.heap.len() < top.k {
+            for j in j0..j1 {
+                let (d, e) = a.bounds(dots[j], j);
+                let c = Cand {
+                    lo: d - e,
+                    hi: d + e,
+                    id: ids[j],
+                    exact: A::EXACT,
+                };
+                top.offer(c, exact);
+            }
+        }
+        j0 = j1;
+    }
+}
+
+// ----- float approximations -------------------------------------------------------
+
+struct L2Approx<'a> {
+    qq: f32,
+    qn: f32,
+    xx: &'a [f32],
+    xn: &'a [f32],
+    c: f32,
+    abs: f32,
+}
+impl Approx for L2Approx<'_> {
+    type Dot = f32;
+    const EXACT: bool = false;
+    #[inline(always)]
+    fn bounds(&self, dot: f32, j: usize) -> (f32, f32) {
+        let d = (self.qq + self.xx[j]) - 2.0 * dot;
+        let s = self.qn + self.xn[j];
+        (d, self.c * (s * s) + self.abs)
+    }
+}
+
+struct IpApprox<'a> {
+    cq: f32,
+    xn: &'a [f32],
+    abs: f32,
+}
+impl Approx for IpApprox<'_> {
+    type Dot = f32;
+    const EXACT: bool = false;
+    #[inline(always)]
+    fn bounds(&self, dot: f32, j: usize) -> (f32, f32) {
+        (-dot, self.cq * self.xn[j] + self.abs)
+    }
+}
+
+struct CosApprox<'a> {
+    qinv: f32,
+    xinv: &'a [f32],
+    e: f32,
+}
+impl Approx for CosApprox<'_> {
+    type Dot = f32;
+    const EXACT: bool = false;
+    #[inline(always)]
+    fn bounds(&self, dot: f32, j: usize) -> (f32, f32) {
+        (1.0 - (dot * self.qinv) * self.xinv[j], self.e)
+    }
+}
+
+// ----- exact integer distances ----------------------------------------------------
+
+struct IntL2<'a> {
+    qq: i64,
+    xx: &'a [i64],
+}
+impl Approx for IntL2<'_> {
+    type Dot = i64;
+    const EXACT: bool = true;
+    #[inline(always)]
+    fn bounds(&self, dot: i64, j: usize) -> (f32, f32) {
+        ((self.qq + self.xx[j] - 2 * dot) as f32, 0.0)
+    }
+}
+
+struct IntIp;
+impl Approx for IntIp {
+    type Dot = i64;
+    const EXACT: bool = true;
+    #[inline(always)]
+    fn bounds(&self, dot: i64, _j: usize) -> (f32, f32) {
+        (-(dot as f32), 0.0)
+    }
+}
+
+struct IntCos<'a> {
+    qq: f32,
+    xx: &'a [f32],
+}
+impl Approx for IntCos<'_> {
+    type Dot = i64;
+    const EXACT: bool = true;
+    #[inline(always)]
+    fn bounds(&self, dot: i64, j: usize) -> (f32, f32) {
+        (finalize_cosine(dot as f32, self.qq, self.xx[j]), 0.0)
+    }
+}
+
+// --------------------------------------------------------------------------------
+// GEMM and the task grid
+// --------------------------------------------------------------------------------
+
+/// `dst[i * n + j] = Σ_l lhs[i * ld + l] · rhs[j * ld + l]` for `l < kk`
+/// (row-major `m × kk` times the transpose of row-major `n × kk`, both with row
+/// stride `ld`), single-threaded (the callers parallelise over tasks).
+fn gemm_nt(m: usize, n: usize, kk: usize, lhs: &[f32], rhs: &[f32], ld: usize, dst: &mut [f32]) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(kk <= ld && lhs.len() >= (m - 1) * ld + kk && rhs.len() >= (n - 1) * ld + kk);
+    assert!(dst.len() >= m * n);
+    if kk == 0 {
+        dst[..m * n].fill(0.0);
+        return;
+    }
+    // SAFETY: the asserts above keep every access of the m×kk lhs, the kk×n rhs
+    // (column j = row j of `rhs`) and the m×n dst inside the slices; dst does
+    // not alias the inputs (distinct borrows).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            kk,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            ld as isize,
+            rhs.as_ptr(),
+            ld as isize,
+            1,
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Queries per task and rows per GEMM block.
+fn block_sizes(dim: usize) -> (usize, usize) {
+    let qb = 128;
+    let rb = (262_144 / dim.max(1)).clamp(128, 2048);
+    (qb, rb)
+}
+
+/// Contiguous ranges covering `0..n` in `parts` nearly equal pieces.
+fn split(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
+    let parts = parts.max(1).min(n.max(1));
+    (0..parts)
+        .map(|i| (n * i / parts)..(n * (i + 1) / parts))
+        .collect()
+}
+
+/// Row shards for `n_qblocks` query blocks over `n_rows` rows: enough tasks for
+/// every thread, shards of at least one GEMM block.
+fn shard_count(n_qblocks: usize, n_rows: usize, rb: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let want = (4 * threads).div_ceil(n_qblocks.max(1));
+    want.clamp(1, (n_rows / rb).max(1))
+}
+
+// ----- floats ---------------------------------------------------------------------
+
+trait FloatElem: Element {
+    fn widen(src: &[Self], dst: &mut [f32]);
+    fn as_f32(src: &[Self]) -> Option<&[f32]>;
+}
+impl FloatElem for f32 {
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn as_f32(src: &[f32]) -> Option<&[f32]> {
+        Some(src)
+    }
+}
+impl FloatElem for f16 {
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+    fn as_f32(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
+}
+
+/// Squared-norm limits of "normal" vectors (module docs).
+const MAX_SQ: f64 = 1.2676506002282294e30; // 2^100
+const MIN_SQ_COSINE: f64 = 8.673617379884035e-19; // 2^-60
+
+/// Per-vector data of the float path: `None` = special.
+fn float_info<T: FloatElem>(v: &[T], metric: Metric, buf: &mut Vec<f32>) -> Option<f64> {
+    buf.resize(v.len(), 0.0);
+    T::widen(v, buf);
+    let mut sq = 0.0f64;
+    for &x in buf.iter() {
+        if !x.is_finite() {
+            return None;
+        }
+        sq += (x as f64) * (x as f64);
+    }
+    if sq > MAX_SQ || (metric == Metric::Cosine && sq < MIN_SQ_COSINE) {
+        return None;
+    }
+    Some(sq)
+}
+
+/// The three error-bound constants (rounded up generously to f32).
+fn float_bound_consts(dim: usize) -> (f32, f32, f32, f32) {
+    let u = f64::powi(2.0, -24);
+    let gamma = |m: usize| (m as f64 * u) / (1.0 - m as f64 * u);
+    let up = |v: f64| (v * (1.0 + 1e-6)) as f32;
+    let c_l2 = up(3.0 * gamma(dim + 2) + 12.0 * u);
+    let c_ip = up(4.0 * gamma(dim) + 4.0 * u);
+    let c_cos = up(7.0 * gamma(dim + 6) + 24.0 * u);
+    let abs = up((dim as f64 + 8.0) * f64::powi(2.0, -126));
+    (c_l2, c_ip, c_cos, abs)
+}
+
+/// Two per-row f32 values the approximations use: l2 (|x|², |x|), inner
+/// product (|x|, 0), cosine (1/|x|, 0).
+fn float_aux(metric: Metric, sq: f64) -> (f32, f32) {
+    match metric {
+        Metric::L2 => (sq as f32, sq.sqrt() as f32),
+        Metric::InnerProduct => (sq.sqrt() as f32, 0.0),
+        Metric::Cosine => ((1.0 / sq.sqrt()) as f32, 0.0),
+    }
+}
+
+fn float_search<T: FloatElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Neighbors {
+    let (nq, dim, k, metric) = (q.rows(), b.dim(), p.k, p.metric);
+    if nq == 0 {
+        return padded(0, k);
+    }
+    if dim == 0 || (dim as f64 + 8.0) * f64::powi(2.0, -24) >= 0.5 {
+        return reference_all(b, q, p);
+    }
+    let rows = allowed_rows(b.rows(), &p.filter);
+
+    // Classify rows: normal ones get their norm data, special ones are exact.
+    let row_info: Vec<Option<f64>> = rows
+        .par_iter()
+        .map_init(Vec::new, |buf, &r| float_info(b.row(r), metric, buf))
+        .collect();
+    let mut normal = Vec::with_capacity(rows.len());
+    let (mut aux0, mut aux1) = (
+        Vec::with_capacity(rows.len()),
+        Vec::with_capacity(rows.len()),
+    );
+    let mut special = Vec::new();
+    for (&r, info) in rows.iter().zip(&row_info) {
+        match info {
+            Some(sq) => {
+                let (a0, a1) = float_aux(metric, *sq);
+                normal.push(r);
+                aux0.push(a0);
+                aux1.push(a1);
+            }
+            None => special.push(r),
+        }
+    }
+    drop(row_info);
+    let q_info: Vec<Option<f64>> = (0..nq)
+        .into_par_iter()
+        .map_init(Vec::new, |buf, i| float_info(q.row(i), metric, buf))
+        .collect();
+    let normal_q: Vec<usize> = (0..nq).filter(|&i| q_info[i].is_some()).collect();
+
+    let (c_l2, c_ip, c_cos, abs) = float_bound_consts(dim);
+    let (qb, rb) = block_sizes(dim);
+    let qblocks = split(normal_q.len(), normal_q.len().div_ceil(qb));
+    let shards = if normal.is_empty() {
+        Vec::new()
+    } else {
+        split(normal.len(), shard_count(qblocks.len(), normal.len(), rb))
+    };
+    let n_shards = shards.len();
+    let tasks: Vec<(usize, usize)> = (0..qblocks.len())
+        .flat_map(|qi| (0..n_shards).map(move |s| (qi, s)))
+        .collect();
+
+    let results: Vec<Vec<Vec<Cand>>> = tasks
+        .par_iter()
+        .map(|&(qbi, si)| {
+            let qr = &normal_q[qblocks[qbi].clone()];
+            let sr = shards[si].clone();
+            let nqb = qr.len();
+            let mut qbuf = vec![0.0f32; nqb * dim];
+            for (i, &qi) in qr.iter().enumerate() {
+                T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
+            }
+            let mut tops: Vec<TopK> = (0..nqb).map(|_| TopK::new(k)).collect();
+            let mut xbuf = vec![0.0f32; rb.min(sr.len()) * dim];
+            let mut dots = vec![0.0f32; nqb * rb.min(sr.len())];
+            let mut r0 = sr.start;
+            while r0 < sr.end {
+                let r1 = (r0 + rb).min(sr.end);
+                let m = r1 - r0;
+                let ids = &normal[r0..r1];
+                let contiguous = ids[m - 1] - ids[0] == m - 1;
+                let xs: &[f32] = match T::as_f32(b.data()) {
+                    Some(all) if contiguous => &all[ids[0] * dim..(ids[0] + m) * dim],
+                    _ => {
+                        for (j, &r) in ids.iter().enumerate() {
+                            T::widen(b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
+                        }
+                        &xbuf[..m * dim]
+                    }
+                };
+                gemm_nt(nqb, m, dim, &qbuf, xs, dim, &mut dots);
+                let (a0, a1) = (&aux0[r0..r1], &aux1[r0..r1]);
+                for (i, top) in tops.iter_mut().enumerate() {
+                    let qi = qr[i];
+                    let qrow = q.row(qi);
+                    let mut exact = |id: usize| T::distance(metric, qrow, b.row(id));
+                    let sq = q_info[qi].unwrap();
+                    let (q0, q1) = float_aux(metric, sq);
+                    let drow = &dots[i * m..(i + 1) * m];
+                    match metric {
+                        Metric::L2 => {
+                            let a = L2Approx {
+                                qq: q0,
+                                qn: q1,
+                                xx: a0,
+                                xn: a1,
+                                c: c_l2,
+                                abs,
+                            };
+                            scan_block(&a, drow, ids, top, &mut exact);
+                        }
+                        Metric::InnerProduct => {
+                            let a = IpApprox {
+                                cq: c_ip * q0,
+                                xn: a0,
+                                abs,
+                            };
+                            scan_block(&a, drow, ids, top, &mut exact);
+                        }
+                        Metric::Cosine => {
+                            let a = CosApprox {
+                                qinv: q0,
+                                xinv: a0,
+                                e: c_cos + abs,
+                            };
+                            scan_block(&a, drow, ids, top, &mut exact);
+                        }
+                    }
+                }
+                r0 = r1;
+            }
+            tops.into_iter().map(|t| t.cands).collect()
+        })
+        .collect();
+
+    let mut out = padded(nq, k);
+    out.ids
+        .par_chunks_mut(k)
+        .zip(out.distances.par_chunks_mut(k))
+        .enumerate()
+        .for_each(|(qi, (ids, dists))| {
+            let qrow = q.row(qi);
+            if q_info[qi].is_none() {
+                reference_query(metric, qrow, b, &rows, ids, dists);
+                return;
+            }
+            let (bi, i) = block_of(&qblocks, &normal_q, qi);
+            let mut pool: Vec<Cand> = Vec::new();
+            for s in 0..n_shards {
+                pool.extend_from_slice(&results[bi * n_shards + s][i]);
+            }
+            for &r in &special {
+                let d = nan_to_inf(T::distance(metric, qrow, b.row(r)));
+                pool.push(Cand {
+                    lo: d,
+                    hi: d,
+                    id: r,
+                    exact: true,
+                });
+            }
+            let mut exact = |id: usize| T::distance(metric, qrow, b.row(id));
+            finish_query(pool, k, &mut exact, ids, dists);
+        });
+    out
+}
+
+/// (query block, index inside it) of normal query `qi`.
+fn block_of(qblocks: &[std::ops::Range<usize>], normal_q: &[usize], qi: usize) -> (usize, usize) {
+    let pos = normal_q.binary_search(&qi).expect("a normal query");
+    let bi = qblocks.partition_point(|r| r.end <= pos);
+    (bi, pos - qblocks[bi].start)
+}
+
+// ----- integers -------------------------------------------------------------------
+
+trait IntElem: Element {
+    /// Inner-dimension chunk over which an f32 GEMM of these values is exact.
+    const CHUNK: usize;
+    fn widen(src: &[Self], dst: &mut [f32]);
+    fn sq(src: &[Self]) -> i64;
+}
+impl IntElem for i8 {
+    const CHUNK: usize = 1024; // 1024 · 128² = 2²⁴
+    fn widen(src: &[i8], dst: &mut [f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s as f32;
+        }
+    }
+    fn sq(src: &[i8]) -> i64 {
+        src.iter().map(|&v| (v as i64) * (v as i64)).sum()
+    }
+}
+impl IntElem for u8 {
+    const CHUNK: usize = 258; // 258 · 255² ≤ 2²⁴
+    fn widen(src: &[u8], dst: &mut [f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s as f32;
+        }
+    }
+    fn sq(src: &[u8]) -> i64 {
+        src.iter().map(|&v| (v as i64) * (v as i64)).sum()
+    }
+}
+
+fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Neighbors {
+    let (nq, dim, k, metric) = (q.rows(), b.dim(), p.k, p.metric);
+    if nq == 0 {
+        return padded(0, k);
+    }
+    if dim == 0 {
+        return reference_all(b, q, p);
+    }
+    let rows = allowed_rows(b.rows(), &p.filter);
+    let xx: Vec<i64> = rows.par_iter().map(|&r| T::sq(b.row(r))).collect();
+    let xxf: Vec<f32> = xx.iter().map(|&v| v as f32).collect();
+    let qq: Vec<i64> = (0..nq).into_par_iter().map(|i| T::sq(q.row(i))).collect();
+
+    let (qb, rb) = block_sizes(dim);
+    let qblocks = split(nq, nq.div_ceil(qb));
+    let shards = if rows.is_empty() {
+        Vec::new()
+    } else {
+        split(rows.len(), shard_count(qblocks.len(), rows.len(), rb))
+    };
+    let n_shards = shards.len();
+    let tasks: Vec<(usize, usize)> = (0..qblocks.len())
+        .flat_map(|qi| (0..n_shards).map(move |s| (qi, s)))
+        .collect();
+    let results: Vec<Vec<Vec<Cand>>> = tasks
+        .par_iter()
+        .map(|&(qbi, si)| {
+            let qr = qblocks[qbi].clone();
+            let sr = shards[si].clone();
+            let nqb = qr.len();
+            let mut qbuf = vec![0.0f32; nqb * dim];
+            for (i, qi) in qr.clone().enumerate() {
+                T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
+            }
+            let mut tops: Vec<TopK> = (0..nqb).map(|_| TopK::new(k)).collect();
+            let blk = rb.min(sr.len());
+            let mut xbuf = vec![0.0f32; blk * dim];
+            let mut dots = vec![0.0f32; nqb * blk];
+            let mut idots = vec![0i64; nqb * blk];
+            let mut r0 = sr.start;
+            while r0 < sr.end {
+                let r1 = (r0 + rb).min(sr.end);
+                let m = r1 - r0;
+                let ids = &rows[r0..r1];
+                for (j, &r) in ids.iter().enumerate() {
+                    T::widen(b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
+                }
+                idots[..nqb * m].fill(0);
+                let mut c0 = 0;
+                while c0 < dim {
+                    let c1 = (c0 + T::CHUNK).min(dim);
+                    gemm_nt(
+                        nqb,
+                        m,
+                        c1 - c0,
+                        &qbuf[c0..],
+                        &xbuf[c0..m * dim],
+                        dim,
+                        &mut dots,
+                    );
+                    for (acc, &v) in idots[..nqb * m].iter_mut().zip(&dots[..nqb * m]) {
+                        *acc += v as i64; // v is an exact integer (module docs)
+                    }
+                    c0 = c1;
+                }
+                let (xs, xsf) = (&xx[r0..r1], &xxf[r0..r1]);
+                let mut never =
+                    |_: usize| -> f32 { unreachable!("exact candidates are never recomputed") };
+                for (i, top) in tops.iter_mut().enumerate() {
+                    let qi = qr.start + i;
+                    let drow = &idots[i * m..(i + 1) * m];
+                    match metric {
+                        Metric::L2 => {
+                            scan_block(&IntL2 { qq: qq[qi], xx: xs }, drow, ids, top, &mut never)
+                        }
+                        Metric::InnerProduct => scan_block(&IntIp, drow, ids, top, &mut never),
+                        Metric::Cosine => scan_block(
+                            &IntCos {
+                                qq: qq[qi] as f32,
+                                xx: xsf,
+                            },
+                            drow,
+                            ids,
+                            top,
+                            &mut never,
+                        ),
+                    }
+                }
+                r0 = r1;
+            }
+            tops.into_iter().map(|t| t.cands).collect()
+        })
+        .collect();
+
+    let mut out = padded(nq, k);
+    out.ids
+        .par_chunks_mut(k)
+        .zip(out.distances.par_chunks_mut(k))
+        .enumerate()
+        .for_each(|(qi, (ids, dists))| {
+            let bi = qblocks.partition_point(|r| r.end <= qi);
+            let i = qi - qblocks[bi].start;
+            let mut pool: Vec<Cand> = Vec::new();
+            for s in 0..n_shards {
+                pool.extend_from_slice(&results[bi * n_shards + s][i]);
+            }
+            let mut never =
+                |_: usize| -> f32 { unreachable!("exact candidates are never recomputed") };
+            finish_query(pool, k, &mut never, ids, dists);
+        });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::data::synthetic;
+    use crate::search::Bitset;
+
+    fn check(base: &Vectors, queries: &Vectors, p: &SearchParams) {
+        let a = search_cpu(base, queries, p).unwrap();
+        let r = search_reference(base, queries, p).unwrap();
+        assert!(
+            a.bitwise_eq(&r),
+            "{:?} {} k={}: first difference at {:?}",
+            base.dtype(),
+            p.metric,
+            p.k,
+            a.first_difference(&r)
+        );
+    }
+
+    #[test]
+    fn matches_reference_small() {
+        for dt in DType::ALL {
+            let (b, q) = synthetic(700, 20, 9, dt, 11);
+            for m in Metric::ALL {
+                for k in [1, 7, 800] {
+                    check(&b, &q, &SearchParams::new(k, m));
+                    let f = Filter::Bitset(Bitset::random(700, 0.3, 2));
+                    check(&b, &q, &SearchParams::new(k, m).with_filter(f));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn duplicates_bound_the_candidates() {
+        // 5000 identical rows: every distance ties; ids decide.
+        let b = Vectors::f32(vec![0.5; 5000 * 8], 8).unwrap();
+        let q = Vectors::f32(vec![0.25; 3 * 8], 8).unwrap();
+        for m in Metric::ALL {
+            let p = SearchParams::new(5, m);
+            check(&b, &q, &p);
+            let r = search_cpu(&b, &q, &p).unwrap();
+            assert_eq!(r.ids_of(0), &[0, 1, 2, 3, 4]);
+        }
+    }
+
+    #[test]
+    fn bounds_are_generous_but_small() {
+        let (l2, ip, cos, abs) = float_bound_consts(128);
+        assert!(l2 > 0.0 && l2 < 1e-4 && ip < 1e-4 && cos < 1e-4 && abs > 0.0);
+        assert_eq!(split(10, 3), vec![0..3, 3..6, 6..10]);
+        assert_eq!(split(0, 3), vec![0..0]);
+    }
+
+    #[test]
+    fn pair_distances_follow_the_readme() {
+        assert_eq!(distance(Metric::L2, &[1.0f32, 2.0], &[3.0, 5.0]), 13.0);
+        assert_eq!(
+            distance(Metric::InnerProduct, &[1.0f32, 2.0], &[3.0, 5.0]),
+            -13.0
+        );
+        assert_eq!(distance(Metric::Cosine, &[0.0f32, 0.0], &[3.0, 5.0]), 1.0);
+        assert_eq!(distance::<i8>(Metric::L2, &[-128], &[127]), 65025.0);
+        assert_eq!(
+            distance::<u8>(Metric::InnerProduct, &[255], &[255]),
+            -65025.0
+        );
+        let e: [f32; 0] = [];
+        assert_eq!(
+            distance(Metric::InnerProduct, &e, &e).to_bits(),
+            (-0.0f32).to_bits()
+        );
+    }
+}

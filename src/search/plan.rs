@@ -1,0 +1,151 @@
+//! Which fragments a search configuration links: chosen from the catalog,
+//! so the plan follows the matrices instead of a hard-coded list.
+
+use crate::fragment::FragmentInfo;
+use crate::fragments;
+use crate::link::Planner;
+
+use super::{DType, Metric};
+
+/// Why no GPU plan exists for a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("k = {k} exceeds the largest top-k capacity of the {dtype}/{idx} scan fragments ({max}); the CPU path handles it")]
+    KTooLarge {
+        k: usize,
+        max: u32,
+        dtype: DType,
+        idx: &'static str,
+    },
+    #[error("no scan fragment for dtype {dtype} with {idx} ids in the catalog")]
+    NoScan { dtype: DType, idx: &'static str },
+    #[error("fragment `{0}` is not in the catalog")]
+    Missing(String),
+}
+
+/// The fragments and launch parameters of one GPU scan.
+#[derive(Debug, Clone)]
+pub struct ScanPlan {
+    pub scan: &'static FragmentInfo,
+    pub metric: &'static FragmentInfo,
+    pub filter: &'static FragmentInfo,
+    pub veclen: u32,
+    pub capacity: u32,
+    /// `u32` or `i64` ids.
+    pub idx: &'static str,
+}
+
+impl ScanPlan {
+    /// The planner linking this scan; its entry is the scan fragment.
+    pub fn planner(&self) -> Planner {
+        Planner::new(self.scan.name)
+            .add_fragment(self.scan)
+            .add_fragment(self.metric)
+            .add_fragment(self.filter)
+    }
+
+    pub fn fragment_names(&self) -> Vec<&'static str> {
+        vec![self.scan.name, self.metric.name, self.filter.name]
+    }
+}
+
+fn param_u32(f: &FragmentInfo, key: &str) -> Option<u32> {
+    f.param(key)?.parse().ok()
+}
+
+/// The scan for `dtype` with ids of `idx` (u32 while row ids fit, else i64),
+/// the widest vector loads `dim` allows (rows must start on a `veclen`
+/// boundary), and the smallest top-k capacity holding `k`.
+pub fn plan(
+    dtype: DType,
+    metric: Metric,
+    filter: &str,
+    n_rows: usize,
+    dim: usize,
+    k: usize,
+) -> Result<ScanPlan, PlanError> {
+    // 0xFFFFFFFF is the u32 padding id.
+    let idx: &'static str = if n_rows < u32::MAX as usize {
+        "u32"
+    } else {
+        "i64"
+    };
+    let scans: Vec<&'static FragmentInfo> = fragments::catalog()
+        .iter()
+        .copied()
+        .filter(|f| {
+            f.family == "scan"
+                && f.param("dtype") == Some(dtype.name())
+                && f.param("idx") == Some(idx)
+        })
+        .collect();
+    let max_cap = scans.iter().filter_map(|f| param_u32(f, "capacity")).max();
+    let Some(max_cap) = max_cap else {
+        return Err(PlanError::NoScan { dtype, idx });
+    };
+    let capacity = scans
+        .iter()
+        .filter_map(|f| param_u32(f, "capacity"))
+        .filter(|&c| c as usize >= k)
+        .min()
+        .ok_or(PlanError::KTooLarge {
+            k,
+            max: max_cap,
+            dtype,
+            idx,
+        })?;
+    let scan = scans
+        .iter()
+        .copied()
+        .filter(|f| param_u32(f, "capacity") == Some(capacity))
+        .filter(|f| param_u32(f, "veclen").is_some_and(|v| v > 0 && dim % v as usize == 0))
+        .max_by_key(|f| param_u32(f, "veclen"))
+        .ok_or(PlanError::NoScan { dtype, idx })?;
+    let veclen = param_u32(scan, "veclen").unwrap_or(1);
+    let metric_name = format!("metric_{}_{}", metric.fragment_name(), dtype.name());
+    let filter_name = format!("filter_{filter}_{idx}");
+    Ok(ScanPlan {
+        scan,
+        metric: fragments::find(&metric_name).ok_or(PlanError::Missing(metric_name))?,
+        filter: fragments::find(&filter_name).ok_or(PlanError::Missing(filter_name))?,
+        veclen,
+        capacity,
+        idx,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_widest_veclen_and_smallest_capacity() {
+        let p = plan(DType::F32, Metric::L2, "none", 1000, 128, 10).unwrap();
+        assert_eq!(
+            p.fragment_names(),
+            ["scan_f32_u32_v4_k32", "metric_l2_f32", "filter_none_u32"]
+        );
+        let p = plan(DType::F32, Metric::Cosine, "bitset", 1000, 129, 100).unwrap();
+        assert_eq!(
+            p.fragment_names(),
+            [
+                "scan_f32_u32_v1_k128",
+                "metric_cosine_f32",
+                "filter_bitset_u32"
+            ]
+        );
+        let p = plan(DType::U8, Metric::InnerProduct, "none", 10, 32, 256).unwrap();
+        assert_eq!(p.fragment_names()[0], "scan_u8_u32_v16_k256");
+        let p = plan(DType::F16, Metric::L2, "none", u32::MAX as usize + 5, 8, 1).unwrap();
+        assert_eq!(
+            p.fragment_names(),
+            ["scan_f16_i64_v8_k32", "metric_l2_f16", "filter_none_i64"]
+        );
+    }
+
+    #[test]
+    fn k_beyond_capacity_is_an_error() {
+        let e = plan(DType::I8, Metric::L2, "none", 10, 16, 257).unwrap_err();
+        assert!(e.to_string().contains("256"), "{e}");
+    }
+}

@@ -1,0 +1,456 @@
+//! The GPU execution contract against a real device.
+//!
+//! Tests marked `#[ignore = "needs a CUDA GPU"]` run with
+//! `cargo test --test gpu_device -- --ignored` on a machine with an NVIDIA
+//! driver (≥ CUDA 12.9) and a GPU; they compare device results with Rust
+//! references. The others run everywhere: the no-driver contract (checked
+//! strictly where no driver library exists, as on fraglink's CI) and the
+//! CPU-side half of loading a kernel — a real nvJitLink link of the shipped
+//! scan whose cubin and resources pass the launcher's checks.
+
+use fraglink::gpu::launch::{check_cubin, EM_CUDA};
+use fraglink::gpu::{
+    CapturedGraph, GpuContext, GpuError, KernelArgs, KernelResources, LaunchConfig, Launcher,
+    MemoryPool, PinnedBuffer, PoolConfig, Transfer,
+};
+use fraglink::sys::{InputType, NvJitLink};
+
+const SCAN: &str = "scan_f32_u32_v1_k32";
+const METRIC: &str = "metric_l2_f32";
+const FILTER: &str = "filter_none_u32";
+const SCAN_BLOCK: u32 = 128;
+const CAPACITY: u32 = 32;
+
+fn driver_library_present() -> bool {
+    fraglink::gpu::context::DRIVER_LIBRARY_NAMES
+        .iter()
+        // SAFETY: only probing whether the library loads.
+        .any(|name| unsafe { libloading::Library::new(name) }.is_ok())
+}
+
+#[test]
+fn no_driver_means_device_not_available_not_a_panic() {
+    let available = GpuContext::available();
+    let new = GpuContext::new(0);
+    let devices = GpuContext::devices();
+    if !driver_library_present() {
+        // This machine: no libcuda. Every entry point says so, typed.
+        let e = available.unwrap_err();
+        let GpuError::DeviceNotAvailable { reason } = &e else {
+            panic!("expected DeviceNotAvailable, got {e:?}");
+        };
+        assert!(reason.contains("driver library"), "{reason}");
+        assert_eq!(new.unwrap_err(), e);
+        assert_eq!(devices.unwrap_err(), e);
+        assert_eq!(GpuContext::default().unwrap_err(), e);
+        assert_eq!(GpuContext::device_count().unwrap_err(), e);
+        assert!(e.is_device_not_available());
+        assert!(e.to_string().starts_with("no usable CUDA device"), "{e}");
+    } else {
+        // A driver exists: the answers agree with each other either way.
+        match available {
+            Ok(()) => assert!(!devices.unwrap().is_empty()),
+            Err(e) => {
+                assert!(e.is_device_not_available(), "{e}");
+                assert_eq!(new.unwrap_err(), e);
+            }
+        }
+    }
+    // Asking for a device far beyond any machine's count never panics.
+    assert!(GpuContext::new(usize::MAX).is_err());
+}
+
+/// Links scan + metric + filter for `arch` like the planner does; returns
+/// the cubin and nvJitLink's info log.
+fn link_scan(arch: &str) -> (Vec<u8>, String) {
+    let jl = NvJitLink::open(None).unwrap_or_else(|e| panic!("{e}"));
+    let options: Vec<String> = [
+        "-lto".to_string(),
+        format!("-arch={arch}"),
+        "-O3".into(),
+        "-verbose".into(),
+        format!("-kernels-used={SCAN}"),
+    ]
+    .into();
+    let mut h = jl.create(&options).unwrap_or_else(|e| panic!("{e}"));
+    for name in [SCAN, METRIC, FILTER] {
+        let f = fraglink::fragments::find(name)
+            .unwrap_or_else(|| panic!("fragment {name} is not embedded"));
+        h.add(InputType::Fatbin, f.fatbin, name)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    h.complete().unwrap_or_else(|e| panic!("{e}"));
+    (h.cubin().unwrap(), h.info_log().unwrap())
+}
+
+/// Registers and static shared bytes of `entry` from ptxas' lines in an
+/// nvJitLink `-verbose` log ("Used 40 registers, … 2048 bytes smem, …").
+fn resources_from_log(log: &str, entry: &str) -> KernelResources {
+    let mut in_entry = false;
+    let mut res = KernelResources {
+        max_threads_per_block: Some(SCAN_BLOCK), // __launch_bounds__(128)
+        ..Default::default()
+    };
+    for line in log.lines() {
+        if line.contains("Compiling entry function") || line.contains("Function properties for") {
+            in_entry = line.contains(entry);
+        }
+        if in_entry && line.contains("Used ") && line.contains("registers") {
+            let number_before = |suffix: &str| -> Option<u32> {
+                let i = line.find(suffix)?;
+                line[..i].split_whitespace().last()?.parse().ok()
+            };
+            res.registers = number_before(" registers").unwrap_or(0);
+            res.static_shared_bytes = number_before(" bytes smem").unwrap_or(0);
+        }
+    }
+    res
+}
+
+#[test]
+fn linked_scan_passes_the_launcher_checks_without_a_gpu() {
+    for arch in ["sm_75", "sm_90"] {
+        let (cubin, log) = link_scan(arch);
+        check_cubin(&cubin, SCAN).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert_eq!(u16::from_le_bytes([cubin[18], cubin[19]]), EM_CUDA);
+        // The other fragments' symbols were inlined away; the entry is not
+        // something else's prefix.
+        assert!(check_cubin(&cubin, "scan_f32_u32_v1").is_err());
+        let res = resources_from_log(&log, SCAN);
+        assert!(
+            (16..=255).contains(&res.registers),
+            "{arch}: no register count in the log:\n{log}"
+        );
+        // Static shared memory: S × (4 + sizeof(u32)) with S = 256.
+        assert_eq!(res.static_shared_bytes, 2048, "{arch}:\n{log}");
+        // The launch the README prescribes (block 128, grid = queries) fits.
+        for nq in [1u64, 7, 100_000] {
+            let cfg = LaunchConfig::for_kernel(&res, nq * u64::from(SCAN_BLOCK), SCAN_BLOCK)
+                .unwrap_or_else(|e| panic!("{arch}: {e}"));
+            assert_eq!(cfg.grid, (nq as u32, 1, 1));
+            assert_eq!(cfg.block, (SCAN_BLOCK, 1, 1));
+        }
+        // More threads than the kernel's launch bound are refused.
+        assert!(LaunchConfig::for_kernel(&res, 1024, 256).is_err());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// On a GPU
+// ---------------------------------------------------------------------------
+
+fn ctx() -> GpuContext {
+    GpuContext::new(0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn small_pool(ctx: &GpuContext) -> MemoryPool {
+    MemoryPool::cuda(ctx, PoolConfig::default()).unwrap()
+}
+
+/// Deterministic test data in [-1, 1).
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn devices_are_described() {
+    GpuContext::available().unwrap();
+    let devices = GpuContext::devices().unwrap();
+    assert!(!devices.is_empty());
+    for d in &devices {
+        assert!(!d.name.is_empty());
+        assert!(d.compute_capability >= (5, 0), "{d:?}");
+        assert!(d.total_memory > 0 && d.sm_count > 0, "{d:?}");
+        assert!(d.limits.registers_per_block >= 32768, "{d:?}");
+    }
+    let ctx = ctx();
+    assert_eq!(ctx.info(), &devices[0]);
+    let (major, minor) = ctx.compute_capability();
+    assert_eq!(ctx.arch().to_string(), format!("sm_{major}{minor}"));
+    let (free, total) = ctx.memory_info().unwrap();
+    assert!(free > 0 && free <= total);
+    ctx.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn upload_download_roundtrip() {
+    let ctx = ctx();
+    let pool = small_pool(&ctx);
+    let t = Transfer::new(&ctx);
+    let host = data(10_000, 1);
+    let buf = t.upload_new(&pool, &host).unwrap();
+    assert_eq!(t.download_vec(&buf).unwrap(), host);
+    // A subview comes back as exactly that slice.
+    let part = t.download_vec(buf.subview(1234, 100).unwrap()).unwrap();
+    assert_eq!(part, &host[1234..1334]);
+    // Writing a window leaves the rest alone.
+    let mut buf = buf;
+    t.upload(&[7.0f32; 10], buf.subview_mut(5, 10).unwrap())
+        .unwrap();
+    let back = t.download_vec(&buf).unwrap();
+    assert_eq!(&back[5..15], &[7.0; 10]);
+    assert_eq!(&back[..5], &host[..5]);
+    assert_eq!(&back[15..], &host[15..]);
+    // Length mismatches are refused before the driver is called.
+    assert!(matches!(
+        t.upload(&host[..3], buf.subview_mut(0, 4).unwrap()),
+        Err(GpuError::LengthMismatch { .. })
+    ));
+    // Device-to-device copy.
+    let mut other = pool.alloc::<f32>(host.len()).unwrap();
+    t.copy(&buf, &mut other).unwrap();
+    assert_eq!(t.download_vec(&other).unwrap(), back);
+    // Bytes, and an empty transfer.
+    let bytes: Vec<u8> = (0..=255).collect();
+    let b = t.upload_new(&pool, &bytes).unwrap();
+    assert_eq!(t.download_vec(&b).unwrap(), bytes);
+    let empty = t.upload_new::<u32>(&pool, &[]).unwrap();
+    assert!(t.download_vec(&empty).unwrap().is_empty());
+    let s = t.stats();
+    assert!(s.bytes_to_device >= 40_000 + 40 + 256);
+    assert!(s.bytes_to_host > 0 && s.transfers >= 8);
+    assert!(s.gbps() > 0.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pinned_async_roundtrip() {
+    let ctx = ctx();
+    let pool = small_pool(&ctx);
+    let t = Transfer::new(&ctx);
+    let host = data(1 << 20, 2);
+    let pinned = PinnedBuffer::from_slice(&ctx, &host).unwrap();
+    let mut dev = pool.alloc::<f32>(host.len()).unwrap();
+    let up = t.upload_async(&pinned, &mut dev).unwrap();
+    let d_up = up.wait().unwrap();
+    let mut out = PinnedBuffer::<f32>::zeroed(&ctx, host.len()).unwrap();
+    let down = t.download_async(&dev, &mut out).unwrap();
+    // The accessor waits for the copy even before `wait`.
+    assert_eq!(out.as_slice().unwrap(), &host[..]);
+    down.wait().unwrap();
+    assert!(d_up.as_nanos() > 0);
+    let s = t.stats();
+    assert_eq!(s.timed_bytes, 2 * 4 * host.len() as u64);
+    assert!(s.gbps() > 0.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pool_on_the_device() {
+    let ctx = ctx();
+    let pool = MemoryPool::cuda(
+        &ctx,
+        PoolConfig {
+            max_allocation: u64::MAX,
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    let a = pool.alloc::<f32>(1000).unwrap();
+    assert_eq!(a.reserved_bytes(), 4096);
+    drop(a);
+    let b = pool.alloc::<u8>(3000).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.pool_hits, s.pool_misses), (1, 1));
+    drop(b);
+    assert_eq!(pool.trim(), 4096);
+    // More than the device has: a typed out-of-memory error with numbers.
+    let total = ctx.info().total_memory;
+    match pool.alloc::<u8>((total * 2) as usize) {
+        Err(GpuError::OutOfMemory {
+            requested,
+            available,
+        }) => {
+            assert!(requested >= total * 2);
+            assert!(available < total);
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    ctx.synchronize().unwrap();
+}
+
+/// The README's reference: squared L2 folded in order with fma, top-k by
+/// (distance, id), NaN as +inf, padded with (+inf, u32::MAX).
+fn reference_scan(dataset: &[f32], queries: &[f32], dim: usize, k: usize) -> (Vec<u32>, Vec<f32>) {
+    let n_rows = dataset.len() / dim.max(1);
+    let nq = queries.len() / dim.max(1);
+    let (mut ids, mut dists) = (Vec::new(), Vec::new());
+    for q in 0..nq {
+        let query = &queries[q * dim..(q + 1) * dim];
+        let mut keys: Vec<(f32, u32)> = (0..n_rows)
+            .map(|r| {
+                let row = &dataset[r * dim..(r + 1) * dim];
+                let mut a = 0.0f32;
+                for (x, y) in query.iter().zip(row) {
+                    let d = x - y;
+                    a = d.mul_add(d, a);
+                }
+                (if a.is_nan() { f32::INFINITY } else { a }, r as u32)
+            })
+            .collect();
+        keys.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        keys.resize(k.max(keys.len()), (f32::INFINITY, u32::MAX));
+        for &(d, i) in &keys[..k] {
+            ids.push(i);
+            dists.push(d);
+        }
+    }
+    (ids, dists)
+}
+
+struct Scan {
+    ctx: GpuContext,
+    launcher: Launcher,
+}
+
+fn load_scan() -> Scan {
+    let ctx = ctx();
+    let (cubin, log) = link_scan(&ctx.arch().to_string());
+    let launcher = Launcher::load(&ctx, &cubin, SCAN, resources_from_log(&log, SCAN)).unwrap();
+    assert_eq!(
+        launcher.param_sizes(),
+        Some(&[8usize, 8, 8, 8, 4, 4, 4, 8, 8][..]),
+        "the scan's documented parameter layout"
+    );
+    Scan { ctx, launcher }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn scan_kernel_matches_the_cpu_reference() {
+    let Scan { ctx, launcher } = load_scan();
+    let pool = small_pool(&ctx);
+    let t = Transfer::new(&ctx);
+    let (n_rows, dim, nq, k) = (1000usize, 24usize, 7usize, 10usize);
+    assert!(k as u32 <= CAPACITY);
+    let mut dataset = data(n_rows * dim, 3);
+    // Equal rows: ties resolve to the smaller id.
+    let row5: Vec<f32> = dataset[5 * dim..6 * dim].to_vec();
+    dataset[700 * dim..701 * dim].copy_from_slice(&row5);
+    let queries = data(nq * dim, 4);
+
+    let d_dataset = t.upload_new(&pool, &dataset).unwrap();
+    let d_queries = t.upload_new(&pool, &queries).unwrap();
+    let mut d_ids = pool.alloc::<u32>(nq * k).unwrap();
+    let mut d_dists = pool.alloc::<f32>(nq * k).unwrap();
+    let cfg = launcher
+        .config_for(nq as u64 * u64::from(SCAN_BLOCK), SCAN_BLOCK)
+        .unwrap();
+    assert_eq!(cfg.grid, (nq as u32, 1, 1));
+    {
+        let mut args = KernelArgs::new();
+        args.input(&d_dataset).unwrap();
+        args.input(&d_queries).unwrap();
+        args.null_ptr()
+            .value(n_rows as u64)
+            .value(dim as u32)
+            .value(nq as u32)
+            .value(k as u32);
+        args.output(&mut d_ids).unwrap();
+        args.output(&mut d_dists).unwrap();
+        // SAFETY: arguments in the order and types of fragments/README.md.
+        unsafe { launcher.launch(&cfg, &mut args) }.unwrap();
+    }
+    let ids = t.download_vec(&d_ids).unwrap();
+    let dists = t.download_vec(&d_dists).unwrap();
+    let (ref_ids, ref_dists) = reference_scan(&dataset, &queries, dim, k);
+    assert_eq!(ids, ref_ids);
+    assert_eq!(
+        dists.iter().map(|d| d.to_bits()).collect::<Vec<_>>(),
+        ref_dists.iter().map(|d| d.to_bits()).collect::<Vec<_>>(),
+        "distances must match bit for bit"
+    );
+    let stats = launcher.stats_synchronized().unwrap();
+    assert_eq!((stats.launches, stats.timed_launches), (1, 1));
+    assert!(stats.last_time.is_some());
+
+    // Fewer rows than k: the tail is padding.
+    let tiny = t.upload_new(&pool, &dataset[..3 * dim]).unwrap();
+    let mut args = KernelArgs::new();
+    args.input(&tiny).unwrap();
+    args.input(&d_queries).unwrap();
+    args.null_ptr()
+        .value(3u64)
+        .value(dim as u32)
+        .value(nq as u32)
+        .value(k as u32);
+    args.output(&mut d_ids).unwrap();
+    args.output(&mut d_dists).unwrap();
+    // SAFETY: as above.
+    unsafe { launcher.launch(&cfg, &mut args) }.unwrap();
+    drop(args);
+    let (ref_ids, _) = reference_scan(&dataset[..3 * dim], &queries, dim, k);
+    assert_eq!(t.download_vec(&d_ids).unwrap(), ref_ids);
+    assert_eq!(ref_ids[3], u32::MAX);
+
+    // A wrong argument list is refused before the launch.
+    let mut bad = KernelArgs::new();
+    bad.value(1u32);
+    // SAFETY: refused by the size check, never launched.
+    let e = unsafe { launcher.launch(&cfg, &mut bad) }.unwrap_err();
+    assert!(e.to_string().contains("takes 9 parameters"), "{e}");
+    // So is a block the kernel's launch bound forbids.
+    let wide = LaunchConfig::new((1, 1, 1), (256, 1, 1));
+    let mut none = KernelArgs::new();
+    // SAFETY: refused by validation, never launched.
+    assert!(matches!(
+        unsafe { launcher.launch(&wide, &mut none) },
+        Err(GpuError::InvalidConfig { .. })
+    ));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn scan_replays_from_a_captured_graph() {
+    let Scan { ctx, launcher } = load_scan();
+    let pool = small_pool(&ctx);
+    let t = Transfer::new(&ctx);
+    let (n_rows, dim, nq, k) = (500usize, 8usize, 3usize, 5usize);
+    let dataset = data(n_rows * dim, 5);
+    let queries = data(nq * dim, 6);
+    let d_dataset = t.upload_new(&pool, &dataset).unwrap();
+    let mut d_queries = t.upload_new(&pool, &queries).unwrap();
+    let mut d_ids = pool.alloc::<u32>(nq * k).unwrap();
+    let mut d_dists = pool.alloc::<f32>(nq * k).unwrap();
+    let cfg = LaunchConfig::new((nq as u32, 1, 1), (SCAN_BLOCK, 1, 1));
+    let stream = ctx.stream().clone();
+    // SAFETY: only the launch is recorded; every buffer exists already and
+    // outlives the replays below; no other thread uses the context.
+    let graph = unsafe {
+        CapturedGraph::capture(&stream, |s| {
+            let mut args = KernelArgs::new();
+            args.input(&d_dataset)?;
+            args.input(&d_queries)?;
+            args.null_ptr()
+                .value(n_rows as u64)
+                .value(dim as u32)
+                .value(nq as u32)
+                .value(k as u32);
+            args.output(&mut d_ids)?;
+            args.output(&mut d_dists)?;
+            launcher.launch_on(s, &cfg, &mut args)
+        })
+    }
+    .unwrap();
+    for round in 0..2u64 {
+        let queries = data(nq * dim, 10 + round);
+        t.upload(&queries, &mut d_queries).unwrap();
+        // SAFETY: the captured buffers are alive and unmoved.
+        unsafe { graph.replay() }.unwrap();
+        ctx.synchronize().unwrap();
+        let (ref_ids, _) = reference_scan(&dataset, &queries, dim, k);
+        assert_eq!(t.download_vec(&d_ids).unwrap(), ref_ids, "round {round}");
+    }
+}

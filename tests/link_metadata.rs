@@ -1,0 +1,309 @@
+//! Resource usage and cubin checks on real links: the embedded fragments,
+//! linked by the real nvJitLink for sm_75, sm_80 and sm_90. No GPU needed.
+
+use fraglink::link::metadata::{
+    check_cubin, entry_resources, parse_info_log, sm_from_e_flags, CubinError, KernelMetadata,
+    MetadataError, EM_CUDA,
+};
+use fraglink::sys::{InputType, NvJitLink};
+
+const SCAN: &str = "scan_f32_u32_v4_k128";
+const METRIC: &str = "metric_l2_f32";
+const FILTER: &str = "filter_bitset_u32";
+
+const ARCHS: [(&str, u32); 3] = [("sm_75", 75), ("sm_80", 80), ("sm_90", 90)];
+
+/// Links scan + metric + filter for `arch`; returns (cubin, info log).
+fn link(arch: &str, fragments: [&str; 3], verbose: bool) -> (Vec<u8>, String) {
+    let nvjitlink = NvJitLink::open(None).expect("nvJitLink (paths baked at build time)");
+    let mut options: Vec<String> = vec![
+        "-lto".into(),
+        format!("-arch={arch}"),
+        "-O3".into(),
+        format!("-kernels-used={}", fragments[0]),
+    ];
+    if verbose {
+        options.push("-verbose".into());
+    }
+    let mut h = nvjitlink.create(&options).expect("nvJitLinkCreate");
+    for name in fragments {
+        let info = fraglink::fragments::find(name)
+            .unwrap_or_else(|| panic!("fragment {name} is not embedded"));
+        h.add(InputType::Fatbin, info.fatbin, info.name)
+            .unwrap_or_else(|e| panic!("adding {name}: {e}"));
+    }
+    h.complete()
+        .unwrap_or_else(|e| panic!("link for {arch}: {e}"));
+    (h.cubin().expect("cubin"), h.info_log().expect("info log"))
+}
+
+fn default_link(arch: &str) -> (Vec<u8>, String) {
+    link(arch, [SCAN, METRIC, FILTER], true)
+}
+
+/// Small deterministic generator (xorshift64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn real_links_have_the_entry_and_sane_resources() {
+    for (arch, sm) in ARCHS {
+        let (cubin, log) = default_link(arch);
+
+        let info = check_cubin(&cubin, SCAN).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert_eq!(info.machine, EM_CUDA, "{arch}");
+        assert_eq!(info.machine, 190, "{arch}");
+        assert_eq!(info.size, cubin.len());
+        assert!(info.functions.iter().any(|f| f == SCAN), "{arch}: {info:?}");
+        assert!(info.entry_global, "{arch}: the kernel symbol is global");
+        assert!(
+            info.entry_is_kernel,
+            "{arch}: the kernel has STO_CUDA_ENTRY"
+        );
+        assert_eq!(info.sm, Some(sm), "{arch}: e_flags {:#x}", info.e_flags);
+
+        let res = entry_resources(&log, SCAN).unwrap_or_else(|e| panic!("{arch}: {e}\n{log}"));
+        assert_eq!(res.entry, SCAN);
+        assert_eq!(res.arch, arch);
+        assert!((1..=255).contains(&res.registers), "{arch}: {res:?}");
+        assert_eq!(
+            (res.spill_stores, res.spill_loads),
+            (0, 0),
+            "{arch}: {res:?}"
+        );
+        assert_eq!(res.stack_bytes, 0, "{arch}: {res:?}");
+        // fragments/README.md: capacity 128 → S = 256 slots × (4 + 4) bytes.
+        if let Some(smem) = res.shared_bytes {
+            assert_eq!(smem, 2048, "{arch}: {res:?}");
+        }
+        // The block-wide top-k synchronises.
+        assert!(res.barriers.unwrap_or(1) >= 1, "{arch}: {res:?}");
+        // 128 threads × registers must fit the 64K register file.
+        assert!(128 * res.registers <= 65536, "{arch}: {res:?}");
+        assert!(res.ptxas_ms.is_some_and(|ms| ms >= 0.0), "{arch}: {res:?}");
+        eprintln!(
+            "{arch}: {} registers, smem {:?}, cmem[0] {:?}, cubin {} bytes, e_flags {:#x}",
+            res.registers,
+            res.shared_bytes,
+            res.cmem0_bytes,
+            cubin.len(),
+            info.e_flags
+        );
+
+        // parse_info_log sees exactly this one entry (-kernels-used).
+        assert_eq!(parse_info_log(&log), vec![res.clone()], "{arch}");
+
+        let meta = KernelMetadata::new(&res, cubin.len(), 1.0);
+        assert_eq!(
+            (meta.registers, meta.cubin_bytes),
+            (res.registers, cubin.len())
+        );
+        assert!(meta.spill_free());
+        let json = serde_json::to_string(&meta).unwrap();
+        let back: KernelMetadata = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, meta);
+    }
+}
+
+#[test]
+fn e_flags_layout_of_real_cubins() {
+    for (arch, sm) in ARCHS {
+        let (cubin, _) = default_link(arch);
+        let info = check_cubin(&cubin, SCAN).unwrap();
+        // CUDA 12 ELF ABI version 7: SM in bits 0-7, virtual SM in bits 16-23,
+        // 0x500 = EF_CUDA_TEXMODE_UNIFIED | EF_CUDA_64BIT_ADDRESS.
+        assert_eq!(info.abi_version, 7, "{arch}");
+        assert_eq!(info.e_flags & 0xff, sm, "{arch}: {:#x}", info.e_flags);
+        assert_eq!(
+            (info.e_flags >> 16) & 0xff,
+            sm,
+            "{arch}: {:#x}",
+            info.e_flags
+        );
+        assert_eq!(info.e_flags, (sm << 16) | 0x500 | sm, "{arch}");
+        assert_eq!(sm_from_e_flags(info.abi_version, info.e_flags), Some(sm));
+    }
+}
+
+#[test]
+fn device_functions_are_listed_but_are_not_kernels() {
+    // f16 cosine pulls in libdevice slow paths (sqrt, division) as device functions.
+    let (cubin, log) = link(
+        "sm_80",
+        [
+            "scan_f16_i64_v8_k256",
+            "metric_cosine_f16",
+            "filter_none_i64",
+        ],
+        true,
+    );
+    let info = check_cubin(&cubin, "scan_f16_i64_v8_k256").unwrap();
+    assert!(info.entry_is_kernel && info.entry_global);
+    for f in info
+        .functions
+        .iter()
+        .filter(|f| *f != "scan_f16_i64_v8_k256")
+    {
+        let other = check_cubin(&cubin, f).unwrap();
+        assert!(!other.entry_is_kernel, "{f} is a device function");
+    }
+    let res = entry_resources(&log, "scan_f16_i64_v8_k256").unwrap();
+    // capacity 256 → S = 512 slots × (4 + 8) bytes.
+    if let Some(smem) = res.shared_bytes {
+        assert_eq!(smem, 6144, "{res:?}");
+    }
+    assert_eq!(
+        (res.spill_stores, res.spill_loads, res.stack_bytes),
+        (0, 0, 0)
+    );
+    eprintln!("sm_80 scan_f16_i64_v8_k256: {} registers", res.registers);
+}
+
+#[test]
+fn missing_entry_is_named_with_what_exists() {
+    let (cubin, log) = default_link("sm_80");
+    match check_cubin(&cubin, "scan_nope") {
+        Err(CubinError::EntryMissing { entry, functions }) => {
+            assert_eq!(entry, "scan_nope");
+            assert!(functions.iter().any(|f| f == SCAN), "{functions:?}");
+        }
+        other => panic!("expected EntryMissing, got {other:?}"),
+    }
+    let e = entry_resources(&log, "scan_nope").unwrap_err();
+    assert_eq!(
+        e,
+        MetadataError::EntryNotFound {
+            entry: "scan_nope".into(),
+            found: vec![SCAN.into()],
+            device_function: false,
+        }
+    );
+    let s = e.to_string();
+    assert!(s.contains("scan_nope") && s.contains(SCAN), "{s}");
+}
+
+#[test]
+fn link_without_verbose_says_so() {
+    let (cubin, log) = link("sm_80", [SCAN, METRIC, FILTER], false);
+    assert!(check_cubin(&cubin, SCAN).is_ok());
+    let e = entry_resources(&log, SCAN).unwrap_err();
+    assert!(e.verbose_missing(), "{e}");
+    assert!(matches!(
+        e,
+        MetadataError::NoPtxasOutput {
+            verbose_missing: true,
+            ..
+        }
+    ));
+    assert!(parse_info_log(&log).is_empty());
+}
+
+#[test]
+fn every_truncation_of_a_real_cubin_is_rejected_without_panic() {
+    let (cubin, _) = default_link("sm_80");
+    let shoff = u64::from_le_bytes(cubin[40..48].try_into().unwrap()) as usize;
+    let shnum = u16::from_le_bytes(cubin[60..62].try_into().unwrap()) as usize;
+    let table_end = shoff + shnum * 64;
+    for len in 0..cubin.len() {
+        let r = check_cubin(&cubin[..len], SCAN);
+        if len < 64 {
+            assert_eq!(r, Err(CubinError::TooShort { len }));
+        } else if len < table_end {
+            assert!(
+                matches!(r, Err(CubinError::Truncated { .. })),
+                "len {len}: {r:?}"
+            );
+        }
+    }
+    assert!(check_cubin(&cubin, SCAN).is_ok());
+}
+
+#[test]
+fn random_corruption_of_real_cubins_never_panics() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for (arch, _) in ARCHS {
+        let (cubin, _) = default_link(arch);
+        // Random bit flips anywhere.
+        for _ in 0..4000 {
+            let mut b = cubin.clone();
+            for _ in 0..1 + rng.below(4) {
+                let i = rng.below(b.len());
+                b[i] ^= 1 << rng.below(8);
+            }
+            let _ = check_cubin(&b, SCAN);
+        }
+        // Extreme values in the fields the reader follows: header offsets and
+        // counts, and every section header's offset/size/link/entsize.
+        let shoff = u64::from_le_bytes(cubin[40..48].try_into().unwrap()) as usize;
+        let shnum = u16::from_le_bytes(cubin[60..62].try_into().unwrap()) as usize;
+        let mut fields: Vec<(usize, usize)> = vec![(40, 8), (58, 2), (60, 2), (62, 2)];
+        for s in 0..shnum {
+            let h = shoff + s * 64;
+            fields.extend([
+                (h + 4, 4),
+                (h + 24, 8),
+                (h + 32, 8),
+                (h + 40, 4),
+                (h + 56, 8),
+            ]);
+        }
+        for (at, len) in fields {
+            for fill in [0x00u8, 0x01, 0x7f, 0x80, 0xff] {
+                let mut b = cubin.clone();
+                b[at..at + len].fill(fill);
+                let _ = check_cubin(&b, SCAN);
+            }
+            for _ in 0..20 {
+                let mut b = cubin.clone();
+                for byte in &mut b[at..at + len] {
+                    *byte = rng.next() as u8;
+                }
+                let _ = check_cubin(&b, SCAN);
+            }
+        }
+    }
+    // And plain noise, with and without a valid-looking header.
+    for _ in 0..2000 {
+        let len = rng.below(512);
+        let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        if len >= 64 && rng.below(2) == 0 {
+            b[..6].copy_from_slice(b"\x7fELF\x02\x01");
+            b[18..20].copy_from_slice(&190u16.to_le_bytes());
+            b[58..60].copy_from_slice(&64u16.to_le_bytes());
+        }
+        let _ = check_cubin(&b, SCAN);
+    }
+}
+
+#[test]
+fn truncated_and_mangled_real_logs_never_panic() {
+    let (_, log) = default_link("sm_90");
+    for (i, _) in log.char_indices() {
+        let _ = entry_resources(&log[..i], SCAN);
+    }
+    let mut rng = Rng(7);
+    let bytes = log.as_bytes();
+    for _ in 0..2000 {
+        let mut b = bytes.to_vec();
+        for _ in 0..1 + rng.below(6) {
+            let i = rng.below(b.len());
+            b[i] = rng.next() as u8;
+        }
+        let s = String::from_utf8_lossy(&b);
+        for r in parse_info_log(&s) {
+            assert!(r.ptxas_ms.is_none_or(f64::is_finite));
+        }
+        let _ = entry_resources(&s, SCAN);
+    }
+}
