@@ -189,8 +189,8 @@ impl LinkRuntime {
             "-default-device".to_string(),
         ];
         options.push(format!("-I{}", concat!(env!("CARGO_MANIFEST_DIR"), "/fragments")));
-        for dir in env!("FRAGLINK_BAKED_CUDA_INCLUDES").lines().filter(|l| !l.is_empty()) {
-            options.push(format!("-I{dir}"));
+        for dir in std::env::split_paths(env!("FRAGLINK_BAKED_CUDA_INCLUDES")) {
+            options.push(format!("-I{}", dir.display()));
         }
         let mut h = blake3::Hasher::new();
         h.update(format!("nvrtc {maj}.{min}\0").as_bytes());

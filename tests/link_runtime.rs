@@ -1,0 +1,228 @@
+//! The runtime linker on real fragments, real nvJitLink, real cubins.
+
+use std::sync::{Arc, Barrier};
+
+use fraglink::build::Arch;
+use fraglink::fragments::{self, FilterFragment, MetricFragment, NoneFilter, ScanFragment, F32, L2, U32};
+use fraglink::link::disk::DiskCacheConfig;
+use fraglink::link::metadata::check_cubin;
+use fraglink::link::{LinkError, LinkRuntime, Planner, RuntimeConfig, Source};
+
+fn runtime(disk: Option<&std::path::Path>) -> LinkRuntime {
+    LinkRuntime::new(RuntimeConfig {
+        memory_capacity: 512,
+        disk: disk.map(DiskCacheConfig::new),
+    })
+    .expect("nvJitLink loads from the path baked at build time")
+}
+
+/// The scan fragment of every (dtype, idx, veclen, capacity) with a metric
+/// and a filter that fit it.
+fn scan_plans(metric: &str, filter: &str) -> Vec<Planner> {
+    fragments::catalog()
+        .iter()
+        .filter(|f| f.family == "scan")
+        .map(|s| {
+            let dtype = s.param("dtype").unwrap();
+            let idx = s.param("idx").unwrap();
+            Planner::new(s.name)
+                .add_named(s.name)
+                .unwrap()
+                .add_named(&format!("metric_{metric}_{dtype}"))
+                .unwrap()
+                .add_named(&format!("filter_{filter}_{idx}"))
+                .unwrap()
+        })
+        .collect()
+}
+
+fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
+    std::thread::scope(|s| {
+        for chunk in plans.chunks(plans.len().div_ceil(4)) {
+            s.spawn(move || {
+                for p in chunk {
+                    let l = rt.link(p, arch).unwrap_or_else(|e| panic!("{} for {arch}: {e}", p.entry()));
+                    let info = check_cubin(&l.kernel.cubin, p.entry()).unwrap();
+                    assert_eq!(info.machine, 190);
+                    assert!(info.entry_is_kernel, "{}", p.entry());
+                    let m = &l.kernel.metadata;
+                    assert_eq!((m.spill_stores, m.spill_loads, m.stack_bytes), (0, 0, 0), "{} {arch}: {m:?}", p.entry());
+                    // The launcher uses 128 threads per block (fragments/README.md).
+                    assert!(m.registers >= 1 && m.registers * 128 <= 65536, "{m:?}");
+                    assert!(m.registers <= 64, "{} {arch}: {} registers", p.entry(), m.registers);
+                    let cap: u32 = p.static_fragments()[0].param("capacity").unwrap().parse().unwrap();
+                    let idx_bytes = if p.entry().contains("_i64_") { 8 } else { 4 };
+                    let slots = (cap + 128).next_power_of_two();
+                    assert_eq!(m.shared_bytes, Some(slots * (4 + idx_bytes)), "{}", p.entry());
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn every_scan_variant_links_spill_free_for_sm75_and_sm90() {
+    let rt = runtime(None);
+    let plans = scan_plans("l2", "bitset");
+    assert_eq!(plans.len(), 48);
+    for arch in [Arch::sm(75), Arch::sm(90)] {
+        link_all_checked(&rt, &plans, arch);
+    }
+    assert_eq!(rt.stats().links, 96);
+}
+
+#[test]
+fn every_metric_and_filter_links_for_sm80() {
+    let rt = runtime(None);
+    let mut plans = Vec::new();
+    for metric in ["l2", "inner_product", "cosine"] {
+        for filter in ["none", "bitset"] {
+            // The widest, largest-capacity scan per dtype and idx.
+            plans.extend(scan_plans(metric, filter).into_iter().filter(|p| p.entry().ends_with("_k256") && !p.entry().contains("_v1_")));
+        }
+    }
+    assert_eq!(plans.len(), 3 * 2 * 8);
+    link_all_checked(&rt, &plans, Arch::sm(80));
+    for p in plans.iter().take(3) {
+        let l = rt.link(p, Arch::sm(80)).unwrap();
+        assert_eq!(check_cubin(&l.kernel.cubin, p.entry()).unwrap().sm, Some(80));
+    }
+}
+
+fn typed_plan() -> Planner {
+    Planner::new("scan_f32_u32_v4_k128")
+        .add::<ScanFragment<F32, U32, 4, 128>>()
+        .add::<MetricFragment<L2, F32>>()
+        .add::<FilterFragment<NoneFilter, U32>>()
+}
+
+#[test]
+fn thirty_two_threads_one_key_one_link() {
+    let rt = runtime(None);
+    let barrier = Barrier::new(32);
+    let plan = typed_plan();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..32)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    rt.link(&plan, Arch::sm(80)).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let st = rt.stats();
+    assert_eq!(st.links, 1, "{st:?}");
+    assert_eq!(st.misses, 1);
+    assert_eq!(st.hits + st.waits, 31);
+    assert!(st.waits >= 1, "the others waited on the in-flight link: {st:?}");
+    assert_eq!(results.iter().filter(|l| l.source == Source::Linked).count(), 1);
+    for l in &results {
+        assert!(Arc::ptr_eq(&l.kernel, &results[0].kernel));
+    }
+}
+
+#[test]
+fn the_key_separates_archs_and_options() {
+    let rt = runtime(None);
+    let a = rt.link(&typed_plan(), Arch::sm(80)).unwrap();
+    let b = rt.link(&typed_plan(), Arch::sm(90)).unwrap();
+    let c = rt.link(&typed_plan().lineinfo(true), Arch::sm(80)).unwrap();
+    assert_ne!(a.key, b.key);
+    assert_ne!(a.key, c.key);
+    assert_eq!(check_cubin(&b.kernel.cubin, "scan_f32_u32_v4_k128").unwrap().sm, Some(90));
+    let again = rt.link(&typed_plan(), Arch::sm(80)).unwrap();
+    assert_eq!((again.key, again.source), (a.key, Source::Memory));
+    assert_eq!(rt.stats().links, 3);
+    rt.clear();
+    assert_eq!(rt.link(&typed_plan(), Arch::sm(80)).unwrap().source, Source::Linked);
+}
+
+#[test]
+fn a_failed_link_carries_nvjitlinks_log_and_is_not_cached() {
+    let rt = runtime(None);
+    // An f16 metric cannot satisfy an f32 scan.
+    let plan = Planner::new("scan_f32_u32_v4_k128")
+        .add_named("scan_f32_u32_v4_k128")
+        .unwrap()
+        .add_named("metric_l2_f16")
+        .unwrap()
+        .add_named("filter_none_u32")
+        .unwrap();
+    for attempt in 1..=2 {
+        let e = rt.link(&plan, Arch::sm(80)).unwrap_err().to_string();
+        assert!(e.contains("Unresolved extern function 'fraglink_metric_init_f32'"), "{e}");
+        assert_eq!(rt.stats().failures, attempt);
+    }
+    assert_eq!(rt.stats().entries, 0);
+}
+
+#[test]
+fn arch_older_than_the_lto_ir_is_a_clear_error() {
+    let rt = runtime(None);
+    let e = rt.link(&typed_plan(), Arch::sm(70)).unwrap_err();
+    assert!(matches!(e, LinkError::ArchNotCovered { .. }), "{e}");
+    assert!(e.to_string().contains("compute_75"), "{e}");
+}
+
+/// An L1 metric written by a user and compiled by NVRTC at run time.
+const L1_F32: &str = r#"
+#include "abi.cuh"
+extern "C" __device__ void fraglink_metric_init_f32(fraglink_metric_state_f32* s) { s->a = 0.0f; s->qq = 0.0f; s->xx = 0.0f; }
+extern "C" __device__ void fraglink_metric_accumulate_f32(fraglink_metric_state_f32* s, float q, float x) { s->a += fabsf(q - x); }
+extern "C" __device__ float fraglink_metric_finalize_f32(const fraglink_metric_state_f32* s) { return s->a; }
+"#;
+
+#[test]
+fn run_time_source_fragments_link_and_are_cached() {
+    let rt = runtime(None);
+    let plan = || {
+        Planner::new("scan_f32_u32_v4_k128")
+            .add::<ScanFragment<F32, U32, 4, 128>>()
+            .add::<FilterFragment<NoneFilter, U32>>()
+            .add_source("metric_l1_f32", L1_F32)
+    };
+    let l = rt.link(&plan(), Arch::sm(86)).unwrap();
+    assert_eq!(l.source, Source::Linked);
+    assert_eq!(l.kernel.fragments, ["scan_f32_u32_v4_k128", "filter_none_u32", "metric_l1_f32"]);
+    check_cubin(&l.kernel.cubin, "scan_f32_u32_v4_k128").unwrap();
+    assert_eq!(rt.link(&plan(), Arch::sm(86)).unwrap().source, Source::Memory);
+    // Another source is another key.
+    let other = Planner::new("scan_f32_u32_v4_k128")
+        .add::<ScanFragment<F32, U32, 4, 128>>()
+        .add::<FilterFragment<NoneFilter, U32>>()
+        .add_source("metric_l1_f32", L1_F32.replace("fabsf(q - x)", "(q - x) * (q - x)"));
+    assert_eq!(rt.link(&other, Arch::sm(86)).unwrap().source, Source::Linked);
+    // A compile error shows NVRTC's log.
+    let broken = typed_plan().add_source("broken", "this is not CUDA");
+    let e = rt.link(&broken, Arch::sm(86)).unwrap_err().to_string();
+    assert!(e.contains("broken"), "{e}");
+}
+
+#[test]
+fn a_second_process_finds_the_cubin_on_disk_and_corruption_relinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = runtime(Some(dir.path()));
+    let a = first.link(&typed_plan(), Arch::sm(80)).unwrap();
+    assert_eq!(a.source, Source::Linked);
+    // A new runtime stands for a new process.
+    let second = runtime(Some(dir.path()));
+    let b = second.link(&typed_plan(), Arch::sm(80)).unwrap();
+    assert_eq!(b.source, Source::Disk);
+    assert_eq!(b.kernel.cubin, a.kernel.cubin);
+    assert_eq!(b.kernel.metadata, a.kernel.metadata);
+    // Flip one payload byte: detected, not loaded, replaced by a fresh link.
+    let path = second.disk().unwrap().entry_path(&a.key.hex());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n - 100] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let third = runtime(Some(dir.path()));
+    let c = third.link(&typed_plan(), Arch::sm(80)).unwrap();
+    assert_eq!(c.source, Source::Linked);
+    assert_eq!(c.kernel.cubin, a.kernel.cubin);
+    assert_eq!(third.disk().unwrap().stats().corrupt, 1);
+    let fourth = runtime(Some(dir.path()));
+    assert_eq!(fourth.link(&typed_plan(), Arch::sm(80)).unwrap().source, Source::Disk);
+}
