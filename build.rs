@@ -60,7 +60,10 @@ fn main() {
     }
     // One line per directive: the list is joined like PATH.
     let includes = std::env::join_paths(&t.include_dirs).expect("include paths contain no ':'");
-    println!("cargo:rustc-env=FRAGLINK_BAKED_CUDA_INCLUDES={}", includes.to_string_lossy());
+    println!(
+        "cargo:rustc-env=FRAGLINK_BAKED_CUDA_INCLUDES={}",
+        includes.to_string_lossy()
+    );
     let (maj, min) = report.nvrtc_version;
     println!("cargo:rustc-env=FRAGLINK_BUILD_NVRTC_VERSION={maj}.{min}");
     let archs: Vec<String> = report.archs.iter().map(|a| a.to_string()).collect();

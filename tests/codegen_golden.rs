@@ -50,10 +50,30 @@ fn fixture() -> (Vec<FamilyDecl>, Vec<FragmentDecl>) {
         hash: format!("hash-of-{name}"),
     };
     let fragments = vec![
-        frag("metric", "metric_l2_f32", json!({"metric": "l2", "dtype": "f32", "acc": "float"}), 100),
-        frag("metric", "metric_inner_product_f16", json!({"metric": "inner_product", "dtype": "f16"}), 120),
-        frag("scan", "scan_f32_v4", json!({"dtype": "f32", "veclen": "4"}), 4000),
-        frag("post", "post_identity", json!({"post": "identity", "flag": true}), 64),
+        frag(
+            "metric",
+            "metric_l2_f32",
+            json!({"metric": "l2", "dtype": "f32", "acc": "float"}),
+            100,
+        ),
+        frag(
+            "metric",
+            "metric_inner_product_f16",
+            json!({"metric": "inner_product", "dtype": "f16"}),
+            120,
+        ),
+        frag(
+            "scan",
+            "scan_f32_v4",
+            json!({"dtype": "f32", "veclen": "4"}),
+            4000,
+        ),
+        frag(
+            "post",
+            "post_identity",
+            json!({"post": "identity", "flag": true}),
+            64,
+        ),
     ];
     (families, fragments)
 }
@@ -66,7 +86,8 @@ fn registry_matches_golden_file() {
     if std::env::var_os("FRAGLINK_UPDATE_GOLDEN").is_some() {
         std::fs::write(path, &code).unwrap();
     }
-    let golden = std::fs::read_to_string(path).expect("golden file (FRAGLINK_UPDATE_GOLDEN=1 writes it)");
+    let golden =
+        std::fs::read_to_string(path).expect("golden file (FRAGLINK_UPDATE_GOLDEN=1 writes it)");
     assert_eq!(code, golden, "generated registry differs from {path}");
 }
 
@@ -74,14 +95,29 @@ fn registry_matches_golden_file() {
 fn a_bad_const_value_names_family_key_and_fragment() {
     let (families, mut fragments) = fixture();
     fragments[2].entry.insert("veclen".into(), json!("four"));
-    let msg = generate("::fraglink", &families, &fragments).unwrap_err().to_string();
-    assert!(msg.contains("scan") && msg.contains("veclen") && msg.contains("scan_f32_v4") && msg.contains("four"), "{msg}");
+    let msg = generate("::fraglink", &families, &fragments)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("scan")
+            && msg.contains("veclen")
+            && msg.contains("scan_f32_v4")
+            && msg.contains("four"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn a_missing_param_names_the_entry() {
     let (families, mut fragments) = fixture();
     fragments[0].entry.remove("dtype");
-    let msg = generate("::fraglink", &families, &fragments).unwrap_err().to_string();
-    assert!(msg.contains("`dtype`") && msg.contains("metric_l2_f32") && msg.contains(r#""metric":"l2""#), "{msg}");
+    let msg = generate("::fraglink", &families, &fragments)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("`dtype`")
+            && msg.contains("metric_l2_f32")
+            && msg.contains(r#""metric":"l2""#),
+        "{msg}"
+    );
 }

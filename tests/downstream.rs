@@ -19,8 +19,14 @@ fn downstream_crate_builds_its_own_fragments() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "downstream build failed:\n{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert!(lines[0].starts_with("axpy_f32 axpy compute_75 "), "{stdout}");
-    assert!(lines[1].starts_with("axpy_f64 axpy compute_75 "), "{stdout}");
+    assert!(
+        lines[0].starts_with("axpy_f32 axpy compute_75 "),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("axpy_f64 axpy compute_75 "),
+        "{stdout}"
+    );
     let bytes: usize = lines[0].rsplit(' ').next().unwrap().parse().unwrap();
     assert!(bytes > 100, "fatbin too small: {stdout}");
     assert_eq!(lines[2], "catalog 2");

@@ -3,7 +3,9 @@
 use std::sync::{Arc, Barrier};
 
 use fraglink::build::Arch;
-use fraglink::fragments::{self, FilterFragment, MetricFragment, NoneFilter, ScanFragment, F32, L2, U32};
+use fraglink::fragments::{
+    self, FilterFragment, MetricFragment, NoneFilter, ScanFragment, F32, L2, U32,
+};
 use fraglink::link::disk::DiskCacheConfig;
 use fraglink::link::metadata::check_cubin;
 use fraglink::link::{LinkError, LinkRuntime, Planner, RuntimeConfig, Source};
@@ -41,19 +43,40 @@ fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
         for chunk in plans.chunks(plans.len().div_ceil(4)) {
             s.spawn(move || {
                 for p in chunk {
-                    let l = rt.link(p, arch).unwrap_or_else(|e| panic!("{} for {arch}: {e}", p.entry()));
+                    let l = rt
+                        .link(p, arch)
+                        .unwrap_or_else(|e| panic!("{} for {arch}: {e}", p.entry()));
                     let info = check_cubin(&l.kernel.cubin, p.entry()).unwrap();
                     assert_eq!(info.machine, 190);
                     assert!(info.entry_is_kernel, "{}", p.entry());
                     let m = &l.kernel.metadata;
-                    assert_eq!((m.spill_stores, m.spill_loads, m.stack_bytes), (0, 0, 0), "{} {arch}: {m:?}", p.entry());
+                    assert_eq!(
+                        (m.spill_stores, m.spill_loads, m.stack_bytes),
+                        (0, 0, 0),
+                        "{} {arch}: {m:?}",
+                        p.entry()
+                    );
                     // The launcher uses 128 threads per block (fragments/README.md).
                     assert!(m.registers >= 1 && m.registers * 128 <= 65536, "{m:?}");
-                    assert!(m.registers <= 64, "{} {arch}: {} registers", p.entry(), m.registers);
-                    let cap: u32 = p.static_fragments()[0].param("capacity").unwrap().parse().unwrap();
+                    assert!(
+                        m.registers <= 64,
+                        "{} {arch}: {} registers",
+                        p.entry(),
+                        m.registers
+                    );
+                    let cap: u32 = p.static_fragments()[0]
+                        .param("capacity")
+                        .unwrap()
+                        .parse()
+                        .unwrap();
                     let idx_bytes = if p.entry().contains("_i64_") { 8 } else { 4 };
                     let slots = (cap + 128).next_power_of_two();
-                    assert_eq!(m.shared_bytes, Some(slots * (4 + idx_bytes)), "{}", p.entry());
+                    assert_eq!(
+                        m.shared_bytes,
+                        Some(slots * (4 + idx_bytes)),
+                        "{}",
+                        p.entry()
+                    );
                 }
             });
         }
@@ -78,14 +101,21 @@ fn every_metric_and_filter_links_for_sm80() {
     for metric in ["l2", "inner_product", "cosine"] {
         for filter in ["none", "bitset"] {
             // The widest, largest-capacity scan per dtype and idx.
-            plans.extend(scan_plans(metric, filter).into_iter().filter(|p| p.entry().ends_with("_k256") && !p.entry().contains("_v1_")));
+            plans.extend(
+                scan_plans(metric, filter)
+                    .into_iter()
+                    .filter(|p| p.entry().ends_with("_k256") && !p.entry().contains("_v1_")),
+            );
         }
     }
     assert_eq!(plans.len(), 3 * 2 * 8);
     link_all_checked(&rt, &plans, Arch::sm(80));
     for p in plans.iter().take(3) {
         let l = rt.link(p, Arch::sm(80)).unwrap();
-        assert_eq!(check_cubin(&l.kernel.cubin, p.entry()).unwrap().sm, Some(80));
+        assert_eq!(
+            check_cubin(&l.kernel.cubin, p.entry()).unwrap().sm,
+            Some(80)
+        );
     }
 }
 
@@ -116,8 +146,17 @@ fn thirty_two_threads_one_key_one_link() {
     assert_eq!(st.links, 1, "{st:?}");
     assert_eq!(st.misses, 1);
     assert_eq!(st.hits + st.waits, 31);
-    assert!(st.waits >= 1, "the others waited on the in-flight link: {st:?}");
-    assert_eq!(results.iter().filter(|l| l.source == Source::Linked).count(), 1);
+    assert!(
+        st.waits >= 1,
+        "the others waited on the in-flight link: {st:?}"
+    );
+    assert_eq!(
+        results
+            .iter()
+            .filter(|l| l.source == Source::Linked)
+            .count(),
+        1
+    );
     for l in &results {
         assert!(Arc::ptr_eq(&l.kernel, &results[0].kernel));
     }
@@ -131,12 +170,20 @@ fn the_key_separates_archs_and_options() {
     let c = rt.link(&typed_plan().lineinfo(true), Arch::sm(80)).unwrap();
     assert_ne!(a.key, b.key);
     assert_ne!(a.key, c.key);
-    assert_eq!(check_cubin(&b.kernel.cubin, "scan_f32_u32_v4_k128").unwrap().sm, Some(90));
+    assert_eq!(
+        check_cubin(&b.kernel.cubin, "scan_f32_u32_v4_k128")
+            .unwrap()
+            .sm,
+        Some(90)
+    );
     let again = rt.link(&typed_plan(), Arch::sm(80)).unwrap();
     assert_eq!((again.key, again.source), (a.key, Source::Memory));
     assert_eq!(rt.stats().links, 3);
     rt.clear();
-    assert_eq!(rt.link(&typed_plan(), Arch::sm(80)).unwrap().source, Source::Linked);
+    assert_eq!(
+        rt.link(&typed_plan(), Arch::sm(80)).unwrap().source,
+        Source::Linked
+    );
 }
 
 #[test]
@@ -152,7 +199,10 @@ fn a_failed_link_carries_nvjitlinks_log_and_is_not_cached() {
         .unwrap();
     for attempt in 1..=2 {
         let e = rt.link(&plan, Arch::sm(80)).unwrap_err().to_string();
-        assert!(e.contains("Unresolved extern function 'fraglink_metric_init_f32'"), "{e}");
+        assert!(
+            e.contains("Unresolved extern function 'fraglink_metric_init_f32'"),
+            "{e}"
+        );
         assert_eq!(rt.stats().failures, attempt);
     }
     assert_eq!(rt.stats().entries, 0);
@@ -185,15 +235,27 @@ fn run_time_source_fragments_link_and_are_cached() {
     };
     let l = rt.link(&plan(), Arch::sm(86)).unwrap();
     assert_eq!(l.source, Source::Linked);
-    assert_eq!(l.kernel.fragments, ["scan_f32_u32_v4_k128", "filter_none_u32", "metric_l1_f32"]);
+    assert_eq!(
+        l.kernel.fragments,
+        ["scan_f32_u32_v4_k128", "filter_none_u32", "metric_l1_f32"]
+    );
     check_cubin(&l.kernel.cubin, "scan_f32_u32_v4_k128").unwrap();
-    assert_eq!(rt.link(&plan(), Arch::sm(86)).unwrap().source, Source::Memory);
+    assert_eq!(
+        rt.link(&plan(), Arch::sm(86)).unwrap().source,
+        Source::Memory
+    );
     // Another source is another key.
     let other = Planner::new("scan_f32_u32_v4_k128")
         .add::<ScanFragment<F32, U32, 4, 128>>()
         .add::<FilterFragment<NoneFilter, U32>>()
-        .add_source("metric_l1_f32", L1_F32.replace("fabsf(q - x)", "(q - x) * (q - x)"));
-    assert_eq!(rt.link(&other, Arch::sm(86)).unwrap().source, Source::Linked);
+        .add_source(
+            "metric_l1_f32",
+            L1_F32.replace("fabsf(q - x)", "(q - x) * (q - x)"),
+        );
+    assert_eq!(
+        rt.link(&other, Arch::sm(86)).unwrap().source,
+        Source::Linked
+    );
     // A compile error shows NVRTC's log.
     let broken = typed_plan().add_source("broken", "this is not CUDA");
     let e = rt.link(&broken, Arch::sm(86)).unwrap_err().to_string();
@@ -224,5 +286,8 @@ fn a_second_process_finds_the_cubin_on_disk_and_corruption_relinks() {
     assert_eq!(c.kernel.cubin, a.kernel.cubin);
     assert_eq!(third.disk().unwrap().stats().corrupt, 1);
     let fourth = runtime(Some(dir.path()));
-    assert_eq!(fourth.link(&typed_plan(), Arch::sm(80)).unwrap().source, Source::Disk);
+    assert_eq!(
+        fourth.link(&typed_plan(), Arch::sm(80)).unwrap().source,
+        Source::Disk
+    );
 }

@@ -112,14 +112,48 @@ fn k_one_and_k_256() {
     }
 }
 
+/// The given query rows of `v`.
+fn select_rows(v: &Vectors, rows: &[usize]) -> Vectors {
+    fn pick<T: Copy>(m: &Matrix<T>, rows: &[usize]) -> Matrix<T> {
+        let data = rows.iter().flat_map(|&r| m.row(r).to_vec()).collect();
+        Matrix::new(data, rows.len(), m.dim()).unwrap()
+    }
+    match v {
+        Vectors::F32(m) => Vectors::F32(pick(m, rows)),
+        Vectors::F16(m) => Vectors::F16(pick(m, rows)),
+        Vectors::I8(m) => Vectors::I8(pick(m, rows)),
+        Vectors::U8(m) => Vectors::U8(pick(m, rows)),
+    }
+}
+
 #[test]
 fn many_blocks_and_shards() {
-    // Enough rows and queries for several GEMM blocks, query blocks and shards.
-    for dtype in [DType::F32, DType::F16, DType::U8, DType::I8] {
-        let (base, queries) = synthetic(9000, 64, 150, dtype, 3);
-        for metric in Metric::ALL {
-            let p = SearchParams::new(10, metric);
-            assert_same(&base, &queries, &p);
+    // 300 queries = two query blocks of the GEMM tasks (256 + 44); 6000 rows of
+    // dim 32 = two row shards of two GEMM blocks (2048 rows) each. The reference
+    // (slow in debug builds) checks a sample of queries from both blocks.
+    let sample: Vec<usize> = (0..300).step_by(13).chain([255, 256, 299]).collect();
+    for dtype in DType::ALL {
+        let (base, queries) = synthetic(6000, 32, 300, dtype, 3);
+        let sub = select_rows(&queries, &sample);
+        let filter = Filter::Bitset(Bitset::random(6000, 0.7, 4));
+        for p in Metric::ALL
+            .map(|m| SearchParams::new(10, m))
+            .into_iter()
+            .chain([SearchParams::new(10, Metric::L2).with_filter(filter)])
+        {
+            let fast = search_cpu(&base, &queries, &p).unwrap();
+            let slow = search_reference(&base, &sub, &p).unwrap();
+            for (i, &q) in sample.iter().enumerate() {
+                assert_eq!(
+                    fast.ids_of(q),
+                    slow.ids_of(i),
+                    "{dtype} {} query {q}",
+                    p.metric
+                );
+                let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(fast.distances_of(q)), bits(slow.distances_of(i)));
+            }
+            assert_well_formed(&fast, &p.filter, 6000);
         }
     }
 }
@@ -245,12 +279,12 @@ fn nan_counts_as_infinity() {
 fn special_magnitudes_zero_vectors_and_signed_zeros() {
     let dim = 4;
     let rows: Vec<[f32; 4]> = vec![
-        [0.0, 0.0, 0.0, 0.0],     // zero vector: cosine 1
-        [1e-30, 0.0, 0.0, 0.0],   // tiny: squares underflow (cosine: qq = 0 → 1)
+        [0.0, 0.0, 0.0, 0.0],       // zero vector: cosine 1
+        [1e-30, 0.0, 0.0, 0.0],     // tiny: squares underflow (cosine: qq = 0 → 1)
         [-1e-30, -0.0, -0.0, -0.0], // ip with a tiny query: −0.0 vs +0.0 ties
-        [1e20, 1e20, 0.0, 0.0],   // huge: l2 overflows to inf
-        [3e18, -2e18, 1.0, 0.0],  // large but finite
-        [1e-40, 1e-41, 0.0, 0.0], // subnormal
+        [1e20, 1e20, 0.0, 0.0],     // huge: l2 overflows to inf
+        [3e18, -2e18, 1.0, 0.0],    // large but finite
+        [1e-40, 1e-41, 0.0, 0.0],   // subnormal
         [1.0, 2.0, 3.0, 4.0],
         [1.0, 2.0, 3.0, 4.0], // duplicate of the previous
         [-1.0, -2.0, -3.0, -4.0],

@@ -111,7 +111,9 @@ mod tests {
         assert_eq!(Arch::parse("80", "t").unwrap(), Arch::sm(80));
         assert!(Arch::parse("sm_90a", "t").is_err());
         assert!(Arch::parse("sm_5", "t").is_err());
-        let e = Arch::parse("gfx90", "FRAGLINK_ARCHS").unwrap_err().to_string();
+        let e = Arch::parse("gfx90", "FRAGLINK_ARCHS")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("gfx90") && e.contains("FRAGLINK_ARCHS"), "{e}");
     }
 

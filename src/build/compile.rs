@@ -172,7 +172,12 @@ fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, Compi
         _ => {
             let mut builder = ctx
                 .nvfatbin
-                .builder(&FATBIN_OPTIONS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .builder(
+                    &FATBIN_OPTIONS
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>(),
+                )
                 .map_err(|e| CompileError::Fatbin {
                     fragment: r.name.clone(),
                     message: e.to_string(),
@@ -181,7 +186,12 @@ fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, Compi
                 let opts = nvrtc_options(*arch, ctx.include_dirs, ctx.extra_options);
                 let out = ctx
                     .nvrtc
-                    .compile(&r.source, &source_path.to_string_lossy(), &opts, Output::LtoIr)
+                    .compile(
+                        &r.source,
+                        &source_path.to_string_lossy(),
+                        &opts,
+                        Output::LtoIr,
+                    )
                     .map_err(|e| CompileError::Nvrtc {
                         fragment: r.name.clone(),
                         arch: arch.to_string(),
@@ -190,7 +200,12 @@ fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, Compi
                         log: e.to_string(),
                     })?;
                 builder
-                    .add_ltoir(&out.bytes, &arch.number.to_string(), &format!("{}_{arch}", r.name), "")
+                    .add_ltoir(
+                        &out.bytes,
+                        &arch.number.to_string(),
+                        &format!("{}_{arch}", r.name),
+                        "",
+                    )
                     .map_err(|e| CompileError::Fatbin {
                         fragment: r.name.clone(),
                         message: e.to_string(),

@@ -72,7 +72,10 @@ pub enum BuildError {
         source: std::io::Error,
     },
     #[error("builder option `{option}`: {message}")]
-    Config { option: &'static str, message: String },
+    Config {
+        option: &'static str,
+        message: String,
+    },
 }
 
 /// One fragment family: a matrix, a template and how entries become names
@@ -282,12 +285,17 @@ impl Builder {
         for v in ENV_VARS.iter().chain(["NUM_JOBS"].iter()) {
             self.directive(&format!("rerun-if-env-changed={v}"));
         }
-        let out_dir = match self.out_dir.clone().or_else(|| std::env::var_os("OUT_DIR").map(PathBuf::from)) {
+        let out_dir = match self
+            .out_dir
+            .clone()
+            .or_else(|| std::env::var_os("OUT_DIR").map(PathBuf::from))
+        {
             Some(d) => d,
             None => {
                 return Err(BuildError::Config {
                     option: "out_dir",
-                    message: "not set and OUT_DIR is not in the environment (not run by cargo?)".into(),
+                    message: "not set and OUT_DIR is not in the environment (not run by cargo?)"
+                        .into(),
                 })
             }
         };
@@ -323,7 +331,8 @@ impl Builder {
             source,
         };
         let nvrtc = crate::sys::nvrtc::Nvrtc::open_path(&toolkit.nvrtc).map_err(load)?;
-        let nvfatbin = crate::sys::nvfatbin::Nvfatbin::open_path(&toolkit.nvfatbin).map_err(load)?;
+        let nvfatbin =
+            crate::sys::nvfatbin::Nvfatbin::open_path(&toolkit.nvfatbin).map_err(load)?;
         let nvrtc_version = nvrtc.version().map_err(load)?;
         let nvfatbin_version = nvfatbin.version().map_err(load)?;
         let tool_versions = format!(
@@ -342,10 +351,12 @@ impl Builder {
         let mut loaded = Vec::new();
         for fam in &self.families {
             let need = |v: &Option<PathBuf>, what: &'static str| {
-                v.as_ref().map(|p| self.resolve(p)).ok_or_else(|| BuildError::Config {
-                    option: what,
-                    message: format!("family `{}` has no {what}", fam.name),
-                })
+                v.as_ref()
+                    .map(|p| self.resolve(p))
+                    .ok_or_else(|| BuildError::Config {
+                        option: what,
+                        message: format!("family `{}` has no {what}", fam.name),
+                    })
             };
             let matrix_path = need(&fam.matrix, "matrix")?;
             let template_path = need(&fam.template, "template")?;
@@ -390,7 +401,8 @@ impl Builder {
             .collect();
         let rendered = render::render_all(&sources)?;
 
-        let own_includes: Vec<PathBuf> = self.include_dirs.iter().map(|d| self.resolve(d)).collect();
+        let own_includes: Vec<PathBuf> =
+            self.include_dirs.iter().map(|d| self.resolve(d)).collect();
         for d in &own_includes {
             self.directive(&format!("rerun-if-changed={}", d.display()));
         }
@@ -456,7 +468,12 @@ impl Builder {
 }
 
 fn env_usize(var: &str) -> Option<usize> {
-    std::env::var(var).ok()?.trim().parse().ok().filter(|n| *n > 0)
+    std::env::var(var)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
 }
 
 /// cargo's target directory from `OUT_DIR` (`…/<profile>/build/<crate>-<hash>/out`):

@@ -148,7 +148,9 @@ pub fn render_all(families: &[FamilySource<'_>]) -> Result<Vec<Rendered>, Render
         for entry in fam.entries {
             let mut ctx: BTreeMap<String, serde_json::Value> = entry.clone();
             ctx.insert("family".into(), fam.family.into());
-            let name = render_one(&env, &name_tmpl, &ctx, entry)?.trim().to_string();
+            let name = render_one(&env, &name_tmpl, &ctx, entry)?
+                .trim()
+                .to_string();
             if !is_identifier(&name) {
                 return Err(RenderError::UnsafeName {
                     family: fam.family.into(),
@@ -200,7 +202,12 @@ mod tests {
     #[test]
     fn renders_each_entry_with_name_and_family() {
         let e = entries(json!({"metric": ["l2", "ip"], "dtype": "f32"}));
-        let r = render_all(&[fam(&e, "// {{ family }} {{ name }} {{ metric }}\n", "m_{{ metric }}_{{ dtype }}")]).unwrap();
+        let r = render_all(&[fam(
+            &e,
+            "// {{ family }} {{ name }} {{ metric }}\n",
+            "m_{{ metric }}_{{ dtype }}",
+        )])
+        .unwrap();
         let names: Vec<_> = r.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["m_l2_f32", "m_ip_f32"]);
         assert_eq!(r[1].source, "// metric m_ip_f32 ip\n");
@@ -220,22 +227,35 @@ mod tests {
     #[test]
     fn name_clash_names_both_entries() {
         let e = entries(json!({"metric": "l2", "x": ["1", "2"]}));
-        let msg = render_all(&[fam(&e, "", "m_{{ metric }}")]).unwrap_err().to_string();
-        assert!(msg.contains(r#""x":"1""#) && msg.contains(r#""x":"2""#), "{msg}");
+        let msg = render_all(&[fam(&e, "", "m_{{ metric }}")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains(r#""x":"1""#) && msg.contains(r#""x":"2""#),
+            "{msg}"
+        );
     }
 
     #[test]
     fn unsafe_name_is_an_error() {
         let e = entries(json!({"metric": "l-2"}));
-        let msg = render_all(&[fam(&e, "", "m_{{ metric }}")]).unwrap_err().to_string();
-        assert!(msg.contains("`m_l-2`") && msg.contains("not an identifier"), "{msg}");
+        let msg = render_all(&[fam(&e, "", "m_{{ metric }}")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("`m_l-2`") && msg.contains("not an identifier"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn empty_product_says_so() {
         let e = entries(json!({"metric": []}));
         let msg = render_all(&[fam(&e, "", "m")]).unwrap_err().to_string();
-        assert!(msg.contains("empty product") && msg.contains("matrices/metric.json"), "{msg}");
+        assert!(
+            msg.contains("empty product") && msg.contains("matrices/metric.json"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -325,20 +325,30 @@ mod tests {
     #[test]
     fn hit_after_miss() {
         let c = Cache::new(4);
-        let (v, s) = c.get_or_try_insert(&1, || Ok((Val(10), Source::Linked))).unwrap();
+        let (v, s) = c
+            .get_or_try_insert(&1, || Ok((Val(10), Source::Linked)))
+            .unwrap();
         assert_eq!((v.0, s), (10, Source::Linked));
         let (v, s) = c.get_or_try_insert(&1, || panic!("must not run")).unwrap();
         assert_eq!((v.0, s), (10, Source::Memory));
         let st = c.stats();
-        assert_eq!((st.hits, st.misses, st.links, st.bytes_retained), (1, 1, 1, 10));
+        assert_eq!(
+            (st.hits, st.misses, st.links, st.bytes_retained),
+            (1, 1, 1, 10)
+        );
     }
 
     #[test]
     fn failures_are_not_cached() {
         let c = Cache::new(4);
-        let e = c.get_or_try_insert(&1, || Err("boom".to_string())).err().unwrap();
+        let e = c
+            .get_or_try_insert(&1, || Err("boom".to_string()))
+            .err()
+            .unwrap();
         assert_eq!(*e, "boom");
-        let (v, s) = c.get_or_try_insert(&1, || Ok((Val(1), Source::Linked))).unwrap();
+        let (v, s) = c
+            .get_or_try_insert(&1, || Ok((Val(1), Source::Linked)))
+            .unwrap();
         assert_eq!((v.0, s), (1, Source::Linked));
         assert_eq!(c.stats().failures, 1);
     }
@@ -347,10 +357,12 @@ mod tests {
     fn lru_eviction() {
         let c = Cache::new(2);
         for k in [1, 2] {
-            c.get_or_try_insert(&k, || Ok((Val(k as u64), Source::Linked))).unwrap();
+            c.get_or_try_insert(&k, || Ok((Val(k as u64), Source::Linked)))
+                .unwrap();
         }
         c.get_or_try_insert(&1, || unreachable!()).unwrap(); // 1 is now recent
-        c.get_or_try_insert(&3, || Ok((Val(3), Source::Linked))).unwrap();
+        c.get_or_try_insert(&3, || Ok((Val(3), Source::Linked)))
+            .unwrap();
         assert!(c.peek(&2).is_none(), "least recently used is evicted");
         assert!(c.peek(&1).is_some() && c.peek(&3).is_some());
         let st = c.stats();
@@ -386,7 +398,10 @@ mod tests {
         let vals: Vec<Arc<Val>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert_eq!(produced.load(Ordering::SeqCst), 4);
         for (i, v) in vals.iter().enumerate() {
-            assert!(Arc::ptr_eq(v, &vals[i % 4]), "every thread gets the same Arc");
+            assert!(
+                Arc::ptr_eq(v, &vals[i % 4]),
+                "every thread gets the same Arc"
+            );
         }
         let st = c.stats();
         assert_eq!(st.links, 4);
@@ -399,11 +414,15 @@ mod tests {
         let c = Arc::new(Cache::new(4));
         let c2 = c.clone();
         let r = std::thread::spawn(move || {
-            c2.get_or_try_insert(&7, || -> Result<(Val, Source), String> { panic!("link blew up") })
+            c2.get_or_try_insert(&7, || -> Result<(Val, Source), String> {
+                panic!("link blew up")
+            })
         })
         .join();
         assert!(r.is_err());
-        let (v, s) = c.get_or_try_insert(&7, || Ok((Val(7), Source::Linked))).unwrap();
+        let (v, s) = c
+            .get_or_try_insert(&7, || Ok((Val(7), Source::Linked)))
+            .unwrap();
         assert_eq!((v.0, s), (7, Source::Linked));
     }
 

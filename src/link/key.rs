@@ -13,7 +13,12 @@ pub struct LinkKey([u8; 32]);
 impl LinkKey {
     /// `inputs` are `(name, content hash)` in link order; `options` the
     /// complete nvJitLink command line (arch included); `nvjitlink` its version.
-    pub fn new(entry: &str, inputs: &[(&str, &str)], options: &[String], nvjitlink: (u32, u32)) -> Self {
+    pub fn new(
+        entry: &str,
+        inputs: &[(&str, &str)],
+        options: &[String],
+        nvjitlink: (u32, u32),
+    ) -> Self {
         let mut h = blake3::Hasher::new();
         let mut field = |b: &[u8]| {
             h.update(&(b.len() as u64).to_le_bytes());
@@ -62,14 +67,39 @@ mod tests {
     #[test]
     fn every_ingredient_changes_the_key() {
         let base = key("e", &[("a", "h1"), ("b", "h2")], "sm_80", (12, 9));
-        assert_eq!(base, key("e", &[("a", "h1"), ("b", "h2")], "sm_80", (12, 9)));
-        assert_ne!(base, key("f", &[("a", "h1"), ("b", "h2")], "sm_80", (12, 9)));
-        assert_ne!(base, key("e", &[("b", "h2"), ("a", "h1")], "sm_80", (12, 9)), "order matters");
-        assert_ne!(base, key("e", &[("a", "h1"), ("b", "h3")], "sm_80", (12, 9)), "content");
-        assert_ne!(base, key("e", &[("a", "h1"), ("b", "h2")], "sm_90", (12, 9)), "arch");
-        assert_ne!(base, key("e", &[("a", "h1"), ("b", "h2")], "sm_80", (12, 8)), "version");
+        assert_eq!(
+            base,
+            key("e", &[("a", "h1"), ("b", "h2")], "sm_80", (12, 9))
+        );
+        assert_ne!(
+            base,
+            key("f", &[("a", "h1"), ("b", "h2")], "sm_80", (12, 9))
+        );
+        assert_ne!(
+            base,
+            key("e", &[("b", "h2"), ("a", "h1")], "sm_80", (12, 9)),
+            "order matters"
+        );
+        assert_ne!(
+            base,
+            key("e", &[("a", "h1"), ("b", "h3")], "sm_80", (12, 9)),
+            "content"
+        );
+        assert_ne!(
+            base,
+            key("e", &[("a", "h1"), ("b", "h2")], "sm_90", (12, 9)),
+            "arch"
+        );
+        assert_ne!(
+            base,
+            key("e", &[("a", "h1"), ("b", "h2")], "sm_80", (12, 8)),
+            "version"
+        );
         // Length-prefixed fields: moving a boundary changes the key.
-        assert_ne!(key("e", &[("ab", "c")], "sm_80", (12, 9)), key("e", &[("a", "bc")], "sm_80", (12, 9)));
+        assert_ne!(
+            key("e", &[("ab", "c")], "sm_80", (12, 9)),
+            key("e", &[("a", "bc")], "sm_80", (12, 9))
+        );
     }
 
     #[test]

@@ -171,7 +171,10 @@ mod tests {
 
     #[test]
     fn unknown_name_lists_nearest() {
-        let e = Planner::new("x").add_named("metric_l2_f33").unwrap_err().to_string();
+        let e = Planner::new("x")
+            .add_named("metric_l2_f33")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown fragment `metric_l2_f33`"), "{e}");
         assert!(e.contains("metric_l2_f32"), "{e}");
     }

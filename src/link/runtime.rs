@@ -177,7 +177,12 @@ impl LinkRuntime {
     }
 
     /// Compiles a run-time fragment to LTO-IR for `arch`, once per content.
-    fn compile_source(&self, name: &str, source: &str, arch: Arch) -> Result<(String, Arc<Vec<u8>>), LinkError> {
+    fn compile_source(
+        &self,
+        name: &str,
+        source: &str,
+        arch: Arch,
+    ) -> Result<(String, Arc<Vec<u8>>), LinkError> {
         let nvrtc = self.nvrtc()?;
         let (maj, min) = nvrtc.version()?;
         super::linker::check_versions(self.linker.version(), (maj as u32, min as u32))?;
@@ -188,7 +193,10 @@ impl LinkRuntime {
             "-std=c++17".to_string(),
             "-default-device".to_string(),
         ];
-        options.push(format!("-I{}", concat!(env!("CARGO_MANIFEST_DIR"), "/fragments")));
+        options.push(format!(
+            "-I{}",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/fragments")
+        ));
         for dir in std::env::split_paths(env!("FRAGLINK_BAKED_CUDA_INCLUDES")) {
             options.push(format!("-I{}", dir.display()));
         }
@@ -254,7 +262,10 @@ impl LinkRuntime {
             options.kernels_used.push(entry.to_string());
         }
         let args = options.to_args();
-        let pairs: Vec<(&str, &str)> = inputs.iter().map(|i| (i.name.as_str(), i.hash.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = inputs
+            .iter()
+            .map(|i| (i.name.as_str(), i.hash.as_str()))
+            .collect();
         let key = LinkKey::new(entry, &pairs, &args, self.linker.version());
 
         let statics = plan.static_fragments();
@@ -278,7 +289,11 @@ impl LinkRuntime {
                 .map(|(i, inp)| LinkInput {
                     name: &inp.name,
                     kind: inp.kind,
-                    bytes: if i < statics.len() { statics[i].fatbin } else { &inp.bytes },
+                    bytes: if i < statics.len() {
+                        statics[i].fatbin
+                    } else {
+                        &inp.bytes
+                    },
                 })
                 .collect();
             let started = Instant::now();
@@ -345,7 +360,10 @@ mod tests {
             cubin: vec![1, 2, 3],
         };
         let d = decode(&encode(&k)).unwrap();
-        assert_eq!((d.entry.as_str(), d.cubin.as_slice(), d.metadata.registers), ("e", &[1u8, 2, 3][..], 32));
+        assert_eq!(
+            (d.entry.as_str(), d.cubin.as_slice(), d.metadata.registers),
+            ("e", &[1u8, 2, 3][..], 32)
+        );
         assert!(decode(&[]).is_none());
         assert!(decode(&[255, 255, 255, 255, 0]).is_none());
         assert!(decode(&[2, 0, 0, 0, b'{']).is_none());

@@ -20,6 +20,9 @@
 
 pub mod cpu;
 pub mod data;
+pub mod gpu;
+pub mod plan;
+pub mod route;
 
 use std::fmt;
 use std::str::FromStr;

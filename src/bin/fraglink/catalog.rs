@@ -66,8 +66,16 @@ pub fn run(args: &CatalogArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let name_w = frags.iter().map(|f| f.name.len()).max().unwrap_or(4).max(4);
-    let fam_w = frags.iter().map(|f| f.family.len()).max().unwrap_or(6).max(6);
-    println!("{:name_w$}  {:fam_w$}  {:>8}  {:16}  PARAMS", "NAME", "FAMILY", "BYTES", "ARCHS");
+    let fam_w = frags
+        .iter()
+        .map(|f| f.family.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    println!(
+        "{:name_w$}  {:fam_w$}  {:>8}  {:16}  PARAMS",
+        "NAME", "FAMILY", "BYTES", "ARCHS"
+    );
     for f in &frags {
         let params: Vec<String> = f.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
@@ -83,6 +91,11 @@ pub fn run(args: &CatalogArgs) -> ExitCode {
     for (fam, (n, b)) in &by_family {
         println!("{fam}: {n} fragments, {b} bytes");
     }
-    println!("total: {} fragments, {} bytes (NVRTC {})", frags.len(), total_bytes, fragments::BUILD_NVRTC_VERSION);
+    println!(
+        "total: {} fragments, {} bytes (NVRTC {})",
+        frags.len(),
+        total_bytes,
+        fragments::BUILD_NVRTC_VERSION
+    );
     ExitCode::SUCCESS
 }

@@ -70,7 +70,10 @@ pub fn run(args: &LinkArgs) -> ExitCode {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
-    let entry = args.entry.clone().unwrap_or_else(|| args.fragments[0].clone());
+    let entry = args
+        .entry
+        .clone()
+        .unwrap_or_else(|| args.fragments[0].clone());
     let mut plan = Planner::new(entry);
     for name in &args.fragments {
         plan = match plan.add_named(name) {

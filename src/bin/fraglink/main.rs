@@ -3,13 +3,18 @@
 mod catalog;
 mod expand;
 mod link;
+mod search;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "fraglink", version, about = "CUDA JIT link-time optimisation for Rust GPU libraries")]
+#[command(
+    name = "fraglink",
+    version,
+    about = "CUDA JIT link-time optimisation for Rust GPU libraries"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -26,6 +31,8 @@ enum Command {
     /// Inspect or clear the disk cache of linked cubins.
     #[command(subcommand)]
     Cache(link::CacheCommand),
+    /// Exact k-NN search end to end (the GPU plan, routing, QPS, recall).
+    Search(search::SearchArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,5 +42,6 @@ fn main() -> ExitCode {
         Command::Catalog(a) => catalog::run(a),
         Command::Link(a) => link::run(a),
         Command::Cache(c) => link::run_cache(c),
+        Command::Search(a) => search::run(a),
     }
 }
