@@ -163,7 +163,7 @@ impl OpDesc {
     #[inline]
     pub fn size_bucket(&self) -> u32 {
         let w = self.gpu_work.max(self.cpu_work);
-        if !(w >= 2.0) {
+        if w.is_nan() || w < 2.0 {
             return 0;
         }
         let exp = ((w.to_bits() >> 52) & 0x7ff) as i64 - 1023;
@@ -1210,7 +1210,7 @@ mod tests {
         assert!(r.fell_back);
         assert_eq!(m.observed(&op, Target::Cpu).unwrap().samples, 1);
         assert!(m.observed(&op, Target::Gpu).is_none());
-        let r = execute(&m, &op, BatchPolicy::new(8, 1), |b| Ok::<usize, E>(b), || 3);
+        let r = execute(&m, &op, BatchPolicy::new(8, 1), Ok::<usize, E>, || 3);
         assert_eq!((r.value, r.target_used), (8, Target::Gpu));
         assert_eq!(m.observed(&op, Target::Gpu).unwrap().samples, 1);
     }

@@ -9,7 +9,7 @@ fn downstream_crate_builds_its_own_fragments() {
     let out = Command::new(env!("CARGO"))
         .args(["run", "--quiet", "--manifest-path"])
         .arg(format!("{root}/examples/downstream/Cargo.toml"))
-        .env("CARGO_TARGET_DIR", format!("{root}/target/downstream"))
+        .env("CARGO_TARGET_DIR", format!("{root}/target/nested"))
         // The toolkit this crate was built with: no second download.
         .env("FRAGLINK_CUDA_ROOT", env!("FRAGLINK_BAKED_CUDA_ROOT"))
         .env("FRAGLINK_OFFLINE", "1")

@@ -63,7 +63,8 @@
 //! and with the inner dimension split into chunks of at most 1024 (i8,
 //! |q·x| ≤ 2¹⁴) or 258 (u8, q·x ≤ 65025) elements every partial sum is an
 //! integer of magnitude ≤ 2²⁴, so each chunk's dot product is exact whatever
-//! the summation order; chunks add up in i64. From the exact dot product and the
+//! the summation order; chunks add up in f64 (exact: every value is an integer
+//! below 2⁵³). From the exact dot product and the
 //! exact integer squared norms, `qq + xx − 2·dot`, `−dot` and the cosine formula
 //! give the reference's integer accumulators exactly, and converting them to f32
 //! as the reference does reproduces its distances bit for bit (e = 0, no
@@ -621,35 +622,40 @@ impl Approx for CosApprox<'_> {
 
 // ----- exact integer distances ----------------------------------------------------
 
+// The integer dot products and squared norms are exact integers below 2⁵³
+// (module docs), held in f64 so that the per-block arithmetic vectorises; the
+// sums below are exact too, and f64 → f32 rounds the exact integer to nearest
+// exactly as the reference's i32/u32 → f32 conversion does.
+
 struct IntL2<'a> {
-    qq: i64,
-    xx: &'a [i64],
+    qq: f64,
+    xx: &'a [f64],
 }
 impl Approx for IntL2<'_> {
-    type Dot = i64;
+    type Dot = f64;
     const EXACT: bool = true;
     #[inline(always)]
-    fn bounds(&self, dot: i64, j: usize) -> (f32, f32) {
-        ((self.qq + self.xx[j] - 2 * dot) as f32, 0.0)
+    fn bounds(&self, dot: f64, j: usize) -> (f32, f32) {
+        (((self.qq + self.xx[j]) - 2.0 * dot) as f32, 0.0)
     }
-    fn lows(&self, dots: &[i64], out: &mut [f32]) {
+    fn lows(&self, dots: &[f64], out: &mut [f32]) {
         let n = out.len();
         let (dots, xx) = (&dots[..n], &self.xx[..n]);
         for j in 0..n {
-            out[j] = (self.qq + xx[j] - 2 * dots[j]) as f32;
+            out[j] = ((self.qq + xx[j]) - 2.0 * dots[j]) as f32;
         }
     }
 }
 
 struct IntIp;
 impl Approx for IntIp {
-    type Dot = i64;
+    type Dot = f64;
     const EXACT: bool = true;
     #[inline(always)]
-    fn bounds(&self, dot: i64, _j: usize) -> (f32, f32) {
+    fn bounds(&self, dot: f64, _j: usize) -> (f32, f32) {
         (-(dot as f32), 0.0)
     }
-    fn lows(&self, dots: &[i64], out: &mut [f32]) {
+    fn lows(&self, dots: &[f64], out: &mut [f32]) {
         for (o, &d) in out.iter_mut().zip(dots) {
             *o = -(d as f32);
         }
@@ -661,13 +667,13 @@ struct IntCos<'a> {
     xx: &'a [f32],
 }
 impl Approx for IntCos<'_> {
-    type Dot = i64;
+    type Dot = f64;
     const EXACT: bool = true;
     #[inline(always)]
-    fn bounds(&self, dot: i64, j: usize) -> (f32, f32) {
+    fn bounds(&self, dot: f64, j: usize) -> (f32, f32) {
         (finalize_cosine(dot as f32, self.qq, self.xx[j]), 0.0)
     }
-    fn lows(&self, dots: &[i64], out: &mut [f32]) {
+    fn lows(&self, dots: &[f64], out: &mut [f32]) {
         let n = out.len();
         let (dots, xx) = (&dots[..n], &self.xx[..n]);
         for j in 0..n {
@@ -726,7 +732,7 @@ fn gemm_nt(m: usize, n: usize, kk: usize, lhs: &[f32], rhs: &[f32], ld: usize, d
 #[derive(Default)]
 struct Scratch {
     dots: Vec<f32>,
-    idots: Vec<i64>,
+    idots: Vec<f64>,
     xbuf: Vec<f32>,
     lo: Vec<f32>,
 }
@@ -893,7 +899,7 @@ fn float_search<T: FloatElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) ->
     let (c_l2, c_ip, c_cos, abs) = float_bound_consts(dim);
     let (qb, rb) = block_sizes(dim);
     let qblocks = split(normal_q.len(), normal_q.len().div_ceil(qb));
-    let shards = if normal.is_empty() {
+    let shards = if normal.is_empty() || normal_q.is_empty() {
         Vec::new()
     } else {
         split(normal.len(), shard_count(qblocks.len(), normal.len(), rb))
@@ -1057,9 +1063,12 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
         return reference_all(b, q, p);
     }
     let rows = allowed_rows(b.rows(), &p.filter);
-    let xx: Vec<i64> = rows.par_iter().map(|&r| T::sq(b.row(r))).collect();
+    let xx: Vec<f64> = rows.par_iter().map(|&r| T::sq(b.row(r)) as f64).collect();
     let xxf: Vec<f32> = xx.iter().map(|&v| v as f32).collect();
-    let qq: Vec<i64> = (0..nq).into_par_iter().map(|i| T::sq(q.row(i))).collect();
+    let qq: Vec<f64> = (0..nq)
+        .into_par_iter()
+        .map(|i| T::sq(q.row(i)) as f64)
+        .collect();
 
     let (qb, rb) = block_sizes(dim);
     let qblocks = split(nq, nq.div_ceil(qb));
@@ -1102,13 +1111,13 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
                     for (j, &r) in ids.iter().enumerate() {
                         T::widen(b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
                     }
-                    idots[..nqb * m].fill(0);
+                    idots[..nqb * m].fill(0.0);
                     let mut c0 = 0;
                     while c0 < dim {
                         let c1 = (c0 + T::CHUNK).min(dim);
                         gemm_nt(nqb, m, c1 - c0, &qbuf[c0..], &xbuf[c0..m * dim], dim, dots);
                         for (acc, &v) in idots[..nqb * m].iter_mut().zip(&dots[..nqb * m]) {
-                            *acc += v as i64; // v is an exact integer (module docs)
+                            *acc += v as f64; // exact integers (module docs)
                         }
                         c0 = c1;
                     }

@@ -137,8 +137,16 @@ impl GpuSearcher {
         let grid = nq.min(i32::MAX as usize) as u32;
         let cfg = LaunchConfig::new((grid, 1, 1), (SCAN_BLOCK, 1, 1));
         let wide_ids = p.idx == "i64";
-        let mut d_ids32 = if wide_ids { None } else { Some(self.pool.alloc::<u32>(nq * k)?) };
-        let mut d_ids64 = if wide_ids { Some(self.pool.alloc::<i64>(nq * k)?) } else { None };
+        let mut d_ids32 = if wide_ids {
+            None
+        } else {
+            Some(self.pool.alloc::<u32>(nq * k)?)
+        };
+        let mut d_ids64 = if wide_ids {
+            Some(self.pool.alloc::<i64>(nq * k)?)
+        } else {
+            None
+        };
         {
             let mut args = KernelArgs::new();
             d_base.push(&mut args)?;
@@ -167,7 +175,13 @@ impl GpuSearcher {
             (Some(ids), _) => t
                 .download_vec(ids)?
                 .into_iter()
-                .map(|i| if i == u32::MAX { Neighbors::PAD_ID } else { i as i64 })
+                .map(|i| {
+                    if i == u32::MAX {
+                        Neighbors::PAD_ID
+                    } else {
+                        i as i64
+                    }
+                })
                 .collect(),
             (_, Some(ids)) => t.download_vec(ids)?,
             _ => unreachable!("one id buffer exists"),

@@ -164,7 +164,7 @@ impl<T> Matrix<T> {
         if dim == 0 || data.len() % dim != 0 {
             return Err(SearchError::Shape {
                 len: data.len(),
-                rows: if dim == 0 { 0 } else { data.len() / dim },
+                rows: data.len().checked_div(dim).unwrap_or(0),
                 dim,
             });
         }

@@ -8,8 +8,8 @@ use std::str::FromStr;
 use std::time::Instant;
 
 use crate::cost::{
-    run_with_fallback, AdaptiveCostModel, BatchPolicy, CostParams, GpuCostModel, GpuParams,
-    OpDesc, RecoverableError, Target,
+    run_with_fallback, AdaptiveCostModel, BatchPolicy, CostParams, GpuCostModel, GpuParams, OpDesc,
+    RecoverableError, Target,
 };
 use crate::gpu::GpuContext;
 
@@ -32,7 +32,9 @@ impl FromStr for Device {
             "auto" => Ok(Device::Auto),
             "cpu" => Ok(Device::Cpu),
             "gpu" => Ok(Device::Gpu),
-            other => Err(format!("unknown device `{other}` (expected auto, cpu or gpu)")),
+            other => Err(format!(
+                "unknown device `{other}` (expected auto, cpu or gpu)"
+            )),
         }
     }
 }
@@ -91,8 +93,13 @@ impl Searcher {
                 .map_err(|e| e.to_string()),
         };
         let (gpu, params) = match probe {
-            Ok(g) => (Some(g), CostParams::default().with_gpu(GpuParams::default())),
-            Err(reason) if device == Device::Gpu => return Err(RouteError::GpuUnavailable { reason }),
+            Ok(g) => (
+                Some(g),
+                CostParams::default().with_gpu(GpuParams::default()),
+            ),
+            Err(reason) if device == Device::Gpu => {
+                return Err(RouteError::GpuUnavailable { reason })
+            }
             Err(reason) => (None, CostParams::default().without_gpu(reason)),
         };
         let params = CostParams {
@@ -130,7 +137,14 @@ impl Searcher {
         params: &SearchParams,
     ) -> Result<Routed, RouteError> {
         validate(base, queries, params)?;
-        let op = OpDesc::knn(base.rows(), base.dim(), queries.rows(), params.k, base.dtype(), false);
+        let op = OpDesc::knn(
+            base.rows(),
+            base.dim(),
+            queries.rows(),
+            params.k,
+            base.dtype(),
+            false,
+        );
         let choice = self.model.choose(&op);
         let started = Instant::now();
         let nq = queries.rows();
