@@ -126,14 +126,23 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     // kernel that would run is visible even without a GPU.
     let link_arch = match (searcher.gpu(), &a.arch) {
         (Some(g), _) => Ok(g.context().arch()),
-        (None, Some(s)) => Arch::parse(s, "--arch").map(|x| Arch::sm(x.number)).map_err(|e| e.to_string()),
+        (None, Some(s)) => Arch::parse(s, "--arch")
+            .map(|x| Arch::sm(x.number))
+            .map_err(|e| e.to_string()),
         (None, None) => Ok(Arch::sm(90)),
     };
     let link_arch = match link_arch {
         Ok(x) => x,
         Err(e) => return fail(e),
     };
-    let gpu_plan = plan(base.dtype(), a.metric, params.filter.fragment_name(), base.rows(), base.dim(), a.k);
+    let gpu_plan = plan(
+        base.dtype(),
+        a.metric,
+        params.filter.fragment_name(),
+        base.rows(),
+        base.dim(),
+        a.k,
+    );
     let (fragments, link) = match &gpu_plan {
         Ok(p) => {
             let pb = spinner("linking the GPU plan", quiet);
@@ -214,7 +223,11 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         a.metric,
         filter_desc
     );
-    println!("route      {route}: {}{}", routed.reason, if routed.fell_back { " (fell back)" } else { "" });
+    println!(
+        "route      {route}: {}{}",
+        routed.reason,
+        if routed.fell_back { " (fell back)" } else { "" }
+    );
     match (&gpu_plan, &link) {
         (Ok(_), Some(l)) => {
             let m = &l.kernel.metadata;
@@ -245,6 +258,11 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         _ => {}
     }
     println!("search     {:.1} ms, {:.0} QPS", routed.seconds * 1e3, qps);
-    println!("recall@{}  {:.4} (exact ground truth in {:.1} ms)", a.k, recall, truth_s * 1e3);
+    println!(
+        "recall@{}  {:.4} (exact ground truth in {:.1} ms)",
+        a.k,
+        recall,
+        truth_s * 1e3
+    );
     ExitCode::SUCCESS
 }
