@@ -16,6 +16,10 @@ pub const BUILD_ARCHS: &str = env!("FRAGLINK_BUILD_ARCHS");
 /// NVRTC version that produced the embedded LTO-IR (`major.minor`).
 pub const BUILD_NVRTC_VERSION: &str = env!("FRAGLINK_BUILD_NVRTC_VERSION");
 
+/// What the build script did: fragments, bytes, how many came from the
+/// content cache, and its wall time.
+pub const BUILD_SUMMARY: &str = env!("FRAGLINK_BUILD_SUMMARY");
+
 /// Every embedded fragment.
 pub fn catalog() -> &'static [&'static FragmentInfo] {
     &CATALOG

@@ -61,6 +61,7 @@ pub fn run(args: &CatalogArgs) -> ExitCode {
             "fragments": list,
             "totals": {"fragments": frags.len(), "bytes": total_bytes, "families": families},
             "nvrtc_version": fragments::BUILD_NVRTC_VERSION,
+            "build": fragments::BUILD_SUMMARY,
         });
         println!("{out}");
         return ExitCode::SUCCESS;
@@ -97,5 +98,6 @@ pub fn run(args: &CatalogArgs) -> ExitCode {
         total_bytes,
         fragments::BUILD_NVRTC_VERSION
     );
+    println!("build: {}", fragments::BUILD_SUMMARY);
     ExitCode::SUCCESS
 }

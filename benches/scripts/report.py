@@ -1,0 +1,490 @@
+#!/usr/bin/env python3
+"""Writes BENCHMARKS.md from the JSON results benches/run.sh collected.
+
+    report.py --results DIR --out BENCHMARKS.md --cu13 DIR --seconds S --jobs N --reps "k=v ..."
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+from importlib import metadata
+
+
+# --------------------------------------------------------------------------- helpers
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summary(v):
+    return {"min": min(v), "median": statistics.median(v), "max": max(v), "n": len(v)}
+
+
+def cmd_out(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "n/a"
+
+
+def fmt(x, digits=2):
+    if x is None:
+        return "n/a"
+    return f"{x:,.{digits}f}"
+
+
+def mmm(s, scale=1.0, digits=2):
+    """min / median / max."""
+    return " / ".join(fmt(s[k] * scale, digits) for k in ("min", "median", "max"))
+
+
+def ratio(a, b, digits=2):
+    if not a or not b:
+        return "n/a"
+    return f"{a / b:.{digits}f}×"
+
+
+def ns_human(ns):
+    if ns >= 1e9:
+        return f"{ns / 1e9:.3f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.1f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.2f} µs"
+    return f"{ns:.0f} ns"
+
+
+def mmm_ns(e):
+    return " / ".join(ns_human(e[k]) for k in ("min_ns", "median_ns", "max_ns"))
+
+
+def kib(n):
+    return f"{n:,} B ({n / 1024:,.0f} KiB)"
+
+
+# --------------------------------------------------------------------------- machine
+
+def machine(cu13, toolkit129):
+    cpu = "n/a"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "n/a"
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    osname = platform.platform()
+    if os.path.exists("/etc/os-release"):
+        with open("/etc/os-release") as f:
+            m = re.search(r'^PRETTY_NAME="?([^"\n]*)', f.read(), re.M)
+            if m:
+                osname = m.group(1)
+    wheels = []
+    for name in ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime",
+                 "nvidia-cuda-cccl", "nvidia-cuda-nvrtc", "nvidia-nvfatbin", "nvidia-nvjitlink"):
+        try:
+            wheels.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            wheels.append(f"{name} missing")
+    cuda12 = "n/a"
+    if toolkit129:
+        root = toolkit129
+        while root != "/" and not glob.glob(os.path.join(root, "*.dist-info")):
+            root = os.path.dirname(root)
+        infos = sorted(os.path.basename(p)[:-len(".dist-info")] for p in glob.glob(os.path.join(root, "*.dist-info")))
+        cuda12 = ", ".join(i.replace("_", "-").replace("-cu12-", "-cu12 ") for i in infos) or toolkit129
+    others = []
+    for name in ("faiss-cpu", "numpy"):
+        try:
+            others.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            others.append(f"{name} missing")
+    return [
+        ("CPU", cpu),
+        ("cores (nproc)", str(os.cpu_count())),
+        ("memory", mem),
+        ("OS", f"{osname}, kernel {platform.release()}"),
+        ("rustc", cmd_out(["rustc", "--version"])),
+        ("gcc (nvcc's host compiler)", cmd_out(["gcc", "--version"]).splitlines()[0] if cmd_out(["gcc", "--version"]) != "n/a" else "n/a"),
+        ("python", platform.python_version()),
+        ("CUDA 13 wheels (target/bench-env)", ", ".join(wheels)),
+        ("nvcc", cmd_out([os.path.join(cu13, "bin", "nvcc"), "--version"]).splitlines()[-1]),
+        ("CUDA 12.9 wheels (the crate's build)", cuda12),
+        ("CPU peers", ", ".join(others)),
+    ]
+
+
+# --------------------------------------------------------------------------- sections
+
+def section_build(res, jobs, lines, headline):
+    ours = load_jsonl(os.path.join(res, "build_fraglink13.jsonl"))
+    nvcc = load_jsonl(os.path.join(res, "build_nvcc.jsonl"))
+    ours129 = load_jsonl(os.path.join(res, "build_fraglink129.jsonl"))
+    rebuild = load_json(os.path.join(res, "rebuild.json"))
+    o = summary([r["wall_s"] for r in ours])
+    n = summary([r["wall_s"] for r in nvcc])
+    o129 = summary([r["wall_s"] for r in ours129]) if ours129 else None
+    tk = ours[0]["toolkit"]
+    frags = ours[0]["fragments"]
+    lines += [
+        "## 1. Fragment build",
+        "",
+        f"The crate's whole fragment set — {frags} fragments (families, matrices and templates exactly as "
+        f"`build.rs` declares them), LTO-IR for {' and '.join(tk['archs'])} — built from scratch "
+        f"with {jobs} parallel jobs. Both sides use the CUDA 13.0 wheels and compile the identical "
+        "rendered sources (`<out>/gen/<name>.cu`, written by the builder); the nvcc side runs right "
+        "after a builder run, on that run's sources.",
+        "",
+        "| side | runs | wall time min / median / max (s) | median vs fraglink | output bytes |",
+        "| --- | ---: | --- | ---: | ---: |",
+        f"| fraglink `Builder` (NVRTC {tk['nvrtc_version']} in-process, {jobs} threads, fresh cache dir) "
+        f"| {o['n']} | {mmm(o)} | 1.00× | {ours[0]['bytes']:,} |",
+        f"| cuVS way: one `nvcc -fatbin` process per fragment, `xargs -P {jobs}` (nvcc 13.0) "
+        f"| {n['n']} | {mmm(n)} | {ratio(n['median'], o['median'])} | {nvcc[0]['bytes']:,} |",
+    ]
+    if o129:
+        lines.append(
+            f"| (reference) fraglink `Builder` with the crate's CUDA 12.9 (what `cargo build` runs) "
+            f"| {o129['n']} | {mmm(o129)} | {ratio(o129['median'], o['median'])} | {ours129[0]['bytes']:,} |")
+    sum_nvrtc = statistics.median([r["sum_fragment_s"] for r in ours])
+    lines += [
+        "",
+        f"nvcc takes **{ratio(n['median'], o['median'])}** the builder's time (medians; fastest runs: "
+        f"{ratio(n['min'], o['min'])}). Per fragment (both architectures) the builder spends "
+        f"{sum_nvrtc / frags * 1e3:.0f} ms of thread time (median run), nvcc "
+        f"{n['median'] * jobs / frags * 1e3:.0f} ms of wall × jobs. Output bytes differ because "
+        "fraglink packs with nvFatbin `-compress-all -compress-mode=size` and nvcc uses its default "
+        "fatbin compression.",
+        "",
+        f"nvcc command: `{nvcc[0]['command']}` (in the work directory; `-I` points at `fragments/`).",
+        "",
+    ]
+    headline.append(("Fragment build, cold (64 fragments × 2 archs)",
+                     f"fraglink {fmt(o['median'])} s vs nvcc+xargs {fmt(n['median'])} s",
+                     f"nvcc / fraglink = {ratio(n['median'], o['median'])}"))
+
+    # Rebuild
+    cold_ref = o["median"]
+    first = rebuild["cold_with_cache"]
+    unchanged = summary([r["wall_s"] for r in rebuild["unchanged"]])
+    lines += [
+        "### Rebuild after touching one template",
+        "",
+        "A copy of `matrices/`, `templates/` and `fragments/`, built once with the content cache on, "
+        "then rebuilt unchanged and after appending a comment line to one family's template (a "
+        "different line each run, so each run misses the cache for exactly that family). "
+        "`recompiled` is what the builder reports as not taken from the cache.",
+        "",
+        "| build | runs | wall time min / median / max (s) | recompiled | vs full cold build |",
+        "| --- | ---: | --- | --- | ---: |",
+        f"| full cold build (no cache; section above) | {o['n']} | {mmm(o)} | {ours[0]['compiled']} | 1.00× |",
+        f"| cold build filling the cache | 1 | {fmt(first['wall_s'])} | {first['compiled']} | "
+        f"{ratio(first['wall_s'], cold_ref)} |",
+        f"| nothing changed | {unchanged['n']} | {mmm(unchanged, digits=3)} | "
+        f"{rebuild['unchanged'][0]['compiled']} | {ratio(unchanged['median'], cold_ref, 3)} |",
+    ]
+    for fam, runs in rebuild["touched_template"].items():
+        s = summary([r["wall_s"] for r in runs])
+        fams = ", ".join(f"{k} {v}" for k, v in runs[0]["compiled_families"].items()) or "none"
+        lines.append(
+            f"| `templates/{fam}.cu.j2` touched | {s['n']} | {mmm(s, digits=3)} | {fams} | "
+            f"{ratio(s['median'], cold_ref)} |")
+        if fam == "metric":
+            headline.append(("Rebuild after touching the metric template",
+                             f"{fmt(s['median'])} s vs {fmt(cold_ref)} s full cold build",
+                             f"{ratio(s['median'], cold_ref)} of a cold build"))
+    lines.append("")
+
+
+def section_size(res, lines, headline):
+    cat = load_json(os.path.join(res, "catalog.json"))
+    aot = load_json(os.path.join(res, "aot.json"))
+    t = cat["totals"]
+    fam = ", ".join(f"{k} {v['fragments']} ({v['bytes']:,} B)" for k, v in t["families"].items())
+    lines += [
+        "## 2. Binary size",
+        "",
+        "Embedded fragment bytes (`fraglink catalog --json` totals: nvFatbin-compressed LTO-IR for "
+        f"{aot['fragments']['archs']}, NVRTC {aot['fragments']['nvrtc_version']}) against ahead-of-time "
+        f"instantiation of every valid full kernel: {aot['valid_combinations']} (scan, metric, filter) "
+        "triples (scan dtype = metric dtype, scan idx = filter idx), each compiled as ONE whole-program "
+        "translation unit (the three rendered fragment sources concatenated) to a cubin for "
+        f"{' and '.join(aot['archs'])} by the same NVRTC {aot['nvrtc_version']} "
+        "(`--gpu-architecture=sm_XX -std=c++17`, cubin output), packed per kernel with nvFatbin "
+        f"using fraglink's options (`{' '.join(aot['fatbin_options'])}`).",
+        "",
+        "| side | objects | bytes | vs fraglink |",
+        "| --- | --- | ---: | ---: |",
+        f"| fraglink: embedded fragments | {t['fragments']} fragments ({fam}) | {kib(t['bytes'])} | 1.00× |",
+        f"| AOT: one fatbin per kernel, compressed like fraglink's | {aot['fatbins']} fatbins "
+        f"({aot['cubins']} cubins) | {kib(aot['fatbin_bytes'])} | {ratio(aot['fatbin_bytes'], t['bytes'])} |",
+        f"| AOT: raw cubins (uncompressed) | {aot['cubins']} cubins "
+        f"({', '.join(f'{k} {v:,} B' for k, v in aot['cubin_bytes_per_arch'].items())}) "
+        f"| {kib(aot['cubin_bytes'])} | {ratio(aot['cubin_bytes'], t['bytes'])} |",
+        "",
+        f"The AOT compile took {fmt(aot['wall_s'], 1)} s wall on {aot['jobs']} threads "
+        f"({fmt(aot['sum_compile_s'], 1)} s of compile time, {aot['sum_compile_s'] / aot['compiled_combinations']:.2f} s per "
+        "kernel for both archs) — against the fragment build of section 1. Coverage differs in fraglink's "
+        "favour: an sm_75 cubin runs only on sm_75 and an sm_90 cubin only on sm_90, while the "
+        "compute_75 LTO-IR links for every GPU from sm_75 on (covering sm_80/86/89/100/120 with AOT would "
+        "add one cubin set per architecture). fraglink pays instead with a link at first use "
+        "(section 3).",
+        "",
+    ]
+    headline.append(("Binary size (same 2 archs)",
+                     f"{t['bytes']:,} B fragments vs {aot['fatbin_bytes']:,} B AOT fatbins "
+                     f"({aot['fatbins']} kernels)",
+                     f"AOT / fraglink = {ratio(aot['fatbin_bytes'], t['bytes'])}"))
+
+
+def section_link(res, lines, headline):
+    c = load_json(os.path.join(res, "criterion.json"))
+    con = load_json(os.path.join(res, "contention.json"))
+    raw, planner = c.get("link_cold/raw_nvjitlink", {}), c.get("link_cold/planner", {})
+    mem, disk = c.get("link_cached/memory_hit", {}), c.get("link_cached/disk_hit", {})
+    lines += [
+        "## 3. Link",
+        "",
+        "From `benches/link.rs` (criterion; `scan_f32_u32_v4_k128` + `metric_l2_f32` + `filter_none_u32` "
+        "for sm_80). min / median / max are over criterion's samples (each sample's mean time per "
+        "iteration; cold links: 10 samples).",
+        "",
+        "| measurement | samples | time per link min / median / max | ratio |",
+        "| --- | ---: | --- | --- |",
+    ]
+
+    def row(name, e, r):
+        if not e or e.get("missing"):
+            lines.append(f"| {name} | – | not measured (benchmark missing) | |")
+        else:
+            lines.append(f"| {name} | {e['samples']} | {mmm_ns(e)} | {r} |")
+
+    ok = lambda e: e and not e.get("missing")
+    row("cold link, raw nvJitLink (`nvJitLinkCreate` … `GetLinkedCubin`, info log)", raw, "1.00×")
+    row("cold link through the planner (`LinkRuntime::link`, cache cleared)", planner,
+        f"planner / raw = {ratio(planner['median_ns'], raw['median_ns'], 3)}" if ok(planner) and ok(raw) else "")
+    row("memory-cache hit", mem,
+        f"cold / hit = {planner['median_ns'] / mem['median_ns']:,.0f}×" if ok(planner) and ok(mem) else "")
+    row("disk-cache hit (memory cleared)", disk,
+        f"cold / hit = {planner['median_ns'] / disk['median_ns']:,.0f}×" if ok(planner) and ok(disk) else "")
+    lines += [
+        "",
+        "The planner's cold link additionally passes `-kernels-used=<entry>` (the raw link in "
+        "`benches/link.rs` does not), computes the link key, checks the cubin's ELF and parses the "
+        "resource usage from the info log.",
+        "",
+    ]
+    if ok(planner) and ok(raw):
+        headline.append(("Cold link: planner vs raw nvJitLink",
+                         f"{ns_human(planner['median_ns'])} vs {ns_human(raw['median_ns'])}",
+                         f"planner / raw = {ratio(planner['median_ns'], raw['median_ns'], 3)}"))
+    if ok(planner) and ok(mem) and ok(disk):
+        headline.append(("Cache hits vs cold link",
+                         f"memory {ns_human(mem['median_ns'])}, disk {ns_human(disk['median_ns'])}",
+                         f"cold / memory = {planner['median_ns'] / mem['median_ns']:,.0f}×, "
+                         f"cold / disk = {planner['median_ns'] / disk['median_ns']:,.0f}×"))
+
+    f, m = con["fraglink"], con["mutex"]
+    lines += [
+        "### Contention: 64 threads, 16 keys",
+        "",
+        f"`benches/contention.rs`: {con['threads']} threads ask for {con['keys']} distinct kernels "
+        f"({con['threads'] // con['keys']} threads per key: 16 scan fragments with the l2 metric of "
+        f"their dtype and the `none` filter of their idx, for {con['arch']}), released together by a "
+        "barrier; every round starts from empty caches. fraglink: `LinkRuntime` (fresh memory cache, "
+        "no disk cache). cuVS's scheme: one `Mutex<HashMap>` held across look-up, link (the same "
+        "`fraglink::link::Linker`, same options) and insert. The sides alternate round by round.",
+        "",
+        "| side | rounds | wall time min / median / max (s) | median thread latency (s) | links per round | median vs fraglink |",
+        "| --- | ---: | --- | --- | --- | ---: |",
+        f"| fraglink (single flight per key, no global lock) | {f['wall']['n']} | {mmm(f['wall'], digits=3)} "
+        f"| {fmt(f['thread_latency_median_s']['median'], 3)} | {sorted(set(f['links_per_round']))} | 1.00× |",
+        f"| one exclusive mutex across every link | {m['wall']['n']} | {mmm(m['wall'], digits=3)} "
+        f"| {fmt(m['thread_latency_median_s']['median'], 3)} | {sorted(set(m['links_per_round']))} "
+        f"| {ratio(m['wall']['median'], f['wall']['median'])} |",
+        "",
+        f"With {con['cores']} cores, parallel links can gain at most {con['cores']}× over the global lock; "
+        "the gain grows with the core count.",
+        "",
+    ]
+    headline.append(("Contention (64 threads, 16 keys)",
+                     f"fraglink {fmt(f['wall']['median'], 2)} s vs global mutex {fmt(m['wall']['median'], 2)} s",
+                     f"mutex / fraglink = {ratio(m['wall']['median'], f['wall']['median'])}"))
+
+
+def section_search(res, lines, headline):
+    s = load_json(os.path.join(res, "search.json"))
+    lines += [
+        "## 4. Search on the CPU",
+        "",
+        f"`fraglink search --device cpu` against faiss-cpu {s['cases'][0]['faiss_version']} "
+        f"`IndexFlatL2` / `IndexFlatIP` on identical data: {s['n']:,} × {s['dim']} f32 base, "
+        f"{s['nq']:,} queries, k = {s['k']} ({s['data']}, seed {s['seed']}), written once as .fvecs and "
+        "read by both. Each timed search runs in a fresh process (faiss: `index.search` alone; "
+        "fraglink: the JSON `search_ms`, the search alone), alternating faiss and fraglink, "
+        f"{s['reps']} runs each. One thread: `RAYON_NUM_THREADS=1` (fraglink), "
+        "`faiss.omp_set_num_threads(1)` and `OMP/OPENBLAS/MKL_NUM_THREADS=1` (faiss); all threads: "
+        f"{s['cores']}. With more than one thread faiss also runs with `OMP_WAIT_POLICY=PASSIVE` (its "
+        "OpenMP threads otherwise spin beside BLAS' threads) and its faster variant is compared.",
+        "",
+        "| metric, threads | faiss ms min / median / max | fraglink ms min / median / max | QPS faiss / fraglink (median) | fraglink QPS ÷ faiss QPS |",
+        "| --- | --- | --- | --- | ---: |",
+    ]
+    for c in s["cases"]:
+        variant = "" if c["faiss_best_variant"] == "default" else f" ({c['faiss_best_variant']})"
+        lines.append(
+            f"| {c['label']} | {mmm(c['faiss_ms'], digits=0)}{variant} | {mmm(c['fraglink_ms'], digits=0)} | "
+            f"{c['faiss_qps']['median']:,.0f} / {c['fraglink_qps']['median']:,.0f} | "
+            f"{ratio(c['fraglink_qps']['median'], c['faiss_qps']['median'])} |")
+        headline.append((f"CPU search QPS, {c['label']}",
+                         f"fraglink {c['fraglink_qps']['median']:,.0f} vs faiss {c['faiss_qps']['median']:,.0f}",
+                         f"fraglink / faiss = {ratio(c['fraglink_qps']['median'], c['faiss_qps']['median'])}"))
+    multi = [c for c in s["cases"] if len(c["faiss_variants"]) > 1]
+    if multi:
+        lines += ["", "faiss with more than one thread, both variants (median ms): " + "; ".join(
+            f"{c['label']}: " + ", ".join(f"{n} {v['ms']['median']:,.0f}" for n, v in c["faiss_variants"].items())
+            for c in multi) + "."]
+    lines += [
+        "",
+        "Recall@10 (|A ∩ B| / k averaged over queries; with k results on each side the measure is "
+        "symmetric, so fraglink-vs-faiss equals faiss-vs-fraglink). \"exact\" is float64 brute force "
+        "in numpy (ties by smaller id).",
+        "",
+        "| metric, threads | fraglink vs faiss (= faiss vs fraglink) | fraglink vs exact | faiss vs exact |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for c in s["cases"]:
+        lines.append(f"| {c['label']} | {c['recall_fraglink_vs_faiss']:.4f} | "
+                     f"{c['recall_fraglink_vs_exact_f64']:.4f} | {c['recall_faiss_vs_exact_f64']:.4f} |")
+    lines += ["", f"fraglink command (per case): `{s['cases'][0]['fraglink_command']} --groundtruth FAISS_IDS.ivecs`", ""]
+
+
+def section_small(res, lines, headline):
+    c = load_json(os.path.join(res, "criterion.json"))
+    lines += [
+        "## 5. Small costs",
+        "",
+        "Criterion (100 samples each); min / median / max over samples of the mean time per iteration.",
+        "",
+        "| operation | min / median / max |",
+        "| --- | --- |",
+    ]
+    rows = [
+        ("cost-model decision, warm model with a GPU (`cost/choose/gpu/warm`)", "cost/choose/gpu/warm"),
+        ("cost-model decision, no GPU (`cost/choose/no_gpu`)", "cost/choose/no_gpu"),
+        ("cost-model decision, unseen operation (`cost/choose/gpu/unseen_op`)", "cost/choose/gpu/unseen_op"),
+        ("cost-model learn (`cost/learn`)", "cost/learn"),
+        ("warm planner lookup: build the plan + memory-cache hit (`link_cached/warm_planner_lookup`)",
+         "link_cached/warm_planner_lookup"),
+    ]
+    for name, key in rows:
+        e = c.get(key, {})
+        if not e or e.get("missing"):
+            lines.append(f"| {name} | not measured (benchmark missing) |")
+        else:
+            lines.append(f"| {name} | {' / '.join(fmt(e[k], 0) + ' ns' for k in ('min_ns', 'median_ns', 'max_ns'))} |")
+    for label, key in (("Cost-model decision", "cost/choose/gpu/warm"),
+                       ("Warm planner lookup", "link_cached/warm_planner_lookup")):
+        e = c.get(key, {})
+        if e and not e.get("missing"):
+            headline.append((label, f"{e['median_ns']:,.0f} ns (median)", ""))
+    lines.append("")
+
+
+# --------------------------------------------------------------------------- main
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--results", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--cu13", required=True)
+    p.add_argument("--seconds", type=int, required=True)
+    p.add_argument("--jobs", type=int, required=True)
+    p.add_argument("--reps", required=True)
+    a = p.parse_args()
+    res = a.results
+
+    toolkit129 = None
+    p129 = os.path.join(res, "build_fraglink129.jsonl")
+    if os.path.exists(p129) and load_jsonl(p129):
+        toolkit129 = os.path.dirname(load_jsonl(p129)[0]["toolkit"]["nvrtc"])
+
+    body, headline = [], []
+    for section in (lambda: section_build(res, a.jobs, body, headline),
+                    lambda: section_size(res, body, headline),
+                    lambda: section_link(res, body, headline),
+                    lambda: section_search(res, body, headline),
+                    lambda: section_small(res, body, headline)):
+        section()
+
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = [
+        "# Benchmarks",
+        "",
+        f"Generated by `bash benches/run.sh` on {now} (the whole run took {a.seconds / 60:.1f} min). "
+        "Do not edit by hand: rerun the script. Every figure is measured beside its peer in the same "
+        "run and given as min / median / max over repeated runs, with ratios of medians. No GPU: "
+        "everything here runs on the host (compiles, links, CPU search).",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "| --- | --- |",
+    ]
+    out += [f"| {k} | {v} |" for k, v in machine(a.cu13, toolkit129)]
+    with open(os.path.join(res, "load.txt")) as f:
+        loads = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    out += [
+        f"| load average (1/5/15 min) at each section's start | "
+        + "; ".join(f"{k}: {v}" for k, v in loads) + " |",
+        "",
+        "The machine may be shared with other work (see the load averages); the peers of each "
+        "comparison alternate within the same run, so such load hits both sides.",
+        "",
+        "## Summary",
+        "",
+        "| figure | measured (medians) | ratio |",
+        "| --- | --- | --- |",
+    ]
+    out += [f"| {a_} | {b} | {c} |" for a_, b, c in headline]
+    out += [""] + body
+    with open(os.path.join(res, "commands.txt")) as f:
+        cmds = [line.rstrip("\n") for line in f if line.strip()]
+    root = os.getcwd() + "/"
+    seen, uniq = set(), []
+    for cmd in cmds:
+        cmd = cmd.replace(root, "")
+        if cmd not in seen:
+            seen.add(cmd)
+            uniq.append(cmd)
+    out += [
+        "## Method and commands",
+        "",
+        f"Repetitions: {a.reps} (`BENCH_*` variables in `benches/run.sh`); parallel jobs: {a.jobs}. "
+        "Cold fragment builds use a fresh output and cache directory per run; each builder run is its "
+        "own process, as a build script is. No timing is asserted anywhere.",
+        "",
+        "Every command `benches/run.sh` ran (repeated ones once):",
+        "",
+        "```sh",
+    ] + uniq + ["```", ""]
+    with open(a.out, "w") as f:
+        f.write("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
