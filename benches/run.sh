@@ -14,7 +14,7 @@
 #   5. small costs: a cost-model decision, a warm planner lookup.
 # Needs Linux x86_64, Rust, python3 with venv/pip, a C++ host compiler (gcc) for
 # nvcc, and network access to PyPI (and crates.io for the first build).
-# About 15-25 minutes on 2 cores. Repetition counts can be changed with the
+# About 20-30 minutes on 2 cores. Repetition counts can be changed with the
 # BENCH_* variables below; no timing is asserted anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,11 @@ BUILD129_REPS=${BENCH_BUILD129_REPS:-3} # cold builds, fraglink builder (CUDA 12
 REBUILD_REPS=${BENCH_REBUILD_REPS:-3}   # rebuilds per touched template
 CONTENTION_ROUNDS=${BENCH_CONTENTION_ROUNDS:-10}
 SEARCH_REPS=${BENCH_SEARCH_REPS:-5}
+# Before each section and each cold-build repetition, wait up to QUIET_WAIT
+# seconds for the CPUs to be at most QUIET_BUSY % busy (other work on a shared
+# machine); what was found is reported beside the results.
+QUIET_BUSY=${BENCH_QUIET_BUSY:-25}
+QUIET_WAIT=${BENCH_QUIET_WAIT:-60}
 
 # Variables that would change what is measured.
 unset FRAGLINK_ARCHS FRAGLINK_BUILD_JOBS FRAGLINK_BUILD_CACHE_DIR FRAGLINK_CACHE_DISABLE \
@@ -50,7 +55,27 @@ run() {
   printf '%s\n' "$*" >>"$RES/commands.txt"
   "$@"
 }
-load() { printf '%s\t%s\n' "$1" "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$RES/load.txt"; }
+# Percentage of CPU time spent busy, over 2 seconds.
+busy() {
+  local u n s i w q sq st t1 i1
+  read -r _ u n s i w q sq st _ </proc/stat
+  t1=$((u + n + s + i + w + q + sq + st)) i1=$((i + w))
+  sleep 2
+  read -r _ u n s i w q sq st _ </proc/stat
+  echo $((100 * ((u + n + s + i + w + q + sq + st - t1) - (i + w - i1)) / (u + n + s + i + w + q + sq + st - t1)))
+}
+# Waits for a quiet machine (see QUIET_*), then notes what it found.
+load() {
+  local b waited=0
+  b=$(busy)
+  while [ "$b" -gt "$QUIET_BUSY" ] && [ "$waited" -lt "$QUIET_WAIT" ]; do
+    sleep 8
+    waited=$((waited + 10))
+    b=$(busy)
+  done
+  printf '%s\tCPU %s%% busy (waited %s s), load %s\n' "$1" "$b" "$waited" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$RES/load.txt"
+}
 # cargo, retried: other work on the tree may briefly break the build.
 cargo_retry() {
   local i
@@ -63,12 +88,21 @@ cargo_retry() {
 }
 
 log "bench environment ($ENV_DIR)"
-if [ ! -x "$ENV_DIR/bin/python" ]; then
-  python3 -m venv "$ENV_DIR"
+# A venv; where python3 has no venv module (Debian without python3-venv), a
+# pip --target directory on PYTHONPATH instead. Nothing is installed system-wide.
+venv_ok() { "$ENV_DIR/bin/python" -m pip --version >/dev/null 2>&1; }
+if [ ! -d "$ENV_DIR/site" ] && { venv_ok || { rm -rf "$ENV_DIR" && python3 -m venv "$ENV_DIR" && venv_ok; }; }; then
+  PY=$ROOT/$ENV_DIR/bin/python
+  run "$PY" -m pip install --disable-pip-version-check -q -r benches/scripts/requirements.txt
+else
+  echo "python3 -m venv is not available: installing into $ENV_DIR/site instead" >&2
+  rm -rf "$ENV_DIR/bin" "$ENV_DIR/lib" "$ENV_DIR/pyvenv.cfg"
+  PY=$(command -v python3)
+  export PYTHONPATH=$ROOT/$ENV_DIR/site${PYTHONPATH:+:$PYTHONPATH}
+  run "$PY" -m pip install --disable-pip-version-check -q --target "$ENV_DIR/site" \
+    -r benches/scripts/requirements.txt
 fi
-PY=$ROOT/$ENV_DIR/bin/python
-run "$PY" -m pip install --disable-pip-version-check -q -r benches/scripts/requirements.txt
-CU13=$("$PY" -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')
+CU13=$("$PY" -c 'import os, nvidia; print(next(os.path.join(p, "cu13") for p in nvidia.__path__ if os.path.isdir(os.path.join(p, "cu13"))))')
 NVCC=$CU13/bin/nvcc
 test -x "$NVCC" || { echo "FATAL: no nvcc at $NVCC" >&2; exit 1; }
 "$NVCC" --version | tail -2 >&2
@@ -86,6 +120,7 @@ load build
 : >"$RES/build_fraglink129.jsonl"
 : >"$RES/build_nvcc.jsonl"
 for i in $(seq 1 "$BUILD_REPS"); do
+  [ "$i" = 1 ] || load "build run $i"
   run "$BENCH_BUILD" cold --out "$WORK/build/fraglink13" --cuda-root "$CU13" --jobs "$JOBS" \
     >>"$RES/build_fraglink13.jsonl"
   echo "  fraglink builder (CUDA 13.0) run $i/$BUILD_REPS: $(tail -1 "$RES/build_fraglink13.jsonl" | cut -c1-60)" >&2

@@ -449,11 +449,14 @@ def main():
     with open(os.path.join(res, "load.txt")) as f:
         loads = [line.rstrip("\n").split("\t") for line in f if line.strip()]
     out += [
-        f"| load average (1/5/15 min) at each section's start | "
-        + "; ".join(f"{k}: {v}" for k, v in loads) + " |",
         "",
-        "The machine may be shared with other work (see the load averages); the peers of each "
-        "comparison alternate within the same run, so such load hits both sides.",
+        "The machine may be shared with other work. Before each section (and each cold-build "
+        "repetition) the script waits up to `BENCH_QUIET_WAIT` (default 60) s for the CPUs to be at most "
+        "`BENCH_QUIET_BUSY` (default 25) % busy, then "
+        "notes what it found; the peers of each comparison alternate within the same run, so "
+        "remaining load hits both sides:",
+        "",
+    ] + [f"- {k}: {v}" for k, v in loads] + [
         "",
         "## Summary",
         "",

@@ -627,57 +627,119 @@ impl Approx for CosApprox<'_> {
 // sums below are exact too, and f64 → f32 rounds the exact integer to nearest
 // exactly as the reference's i32/u32 → f32 conversion does.
 
-struct IntL2<'a> {
+/// An exact integer dot product as the GEMM delivers it: f32 from a single
+/// chunk, f64 summed over chunks.
+trait IntDot: Copy {
+    fn get(self) -> f64;
+}
+impl IntDot for f32 {
+    #[inline(always)]
+    fn get(self) -> f64 {
+        self as f64
+    }
+}
+impl IntDot for f64 {
+    #[inline(always)]
+    fn get(self) -> f64 {
+        self
+    }
+}
+
+struct IntL2<'a, D> {
     qq: f64,
     xx: &'a [f64],
+    _dot: std::marker::PhantomData<D>,
 }
-impl Approx for IntL2<'_> {
-    type Dot = f64;
+impl<D: IntDot> Approx for IntL2<'_, D> {
+    type Dot = D;
     const EXACT: bool = true;
     #[inline(always)]
-    fn bounds(&self, dot: f64, j: usize) -> (f32, f32) {
-        (((self.qq + self.xx[j]) - 2.0 * dot) as f32, 0.0)
+    fn bounds(&self, dot: D, j: usize) -> (f32, f32) {
+        (((self.qq + self.xx[j]) - 2.0 * dot.get()) as f32, 0.0)
     }
-    fn lows(&self, dots: &[f64], out: &mut [f32]) {
+    fn lows(&self, dots: &[D], out: &mut [f32]) {
         let n = out.len();
         let (dots, xx) = (&dots[..n], &self.xx[..n]);
         for j in 0..n {
-            out[j] = ((self.qq + xx[j]) - 2.0 * dots[j]) as f32;
+            out[j] = ((self.qq + xx[j]) - 2.0 * dots[j].get()) as f32;
         }
     }
 }
 
-struct IntIp;
-impl Approx for IntIp {
-    type Dot = f64;
+struct IntIp<D>(std::marker::PhantomData<D>);
+impl<D: IntDot> Approx for IntIp<D> {
+    type Dot = D;
     const EXACT: bool = true;
     #[inline(always)]
-    fn bounds(&self, dot: f64, _j: usize) -> (f32, f32) {
-        (-(dot as f32), 0.0)
+    fn bounds(&self, dot: D, _j: usize) -> (f32, f32) {
+        (-(dot.get() as f32), 0.0)
     }
-    fn lows(&self, dots: &[f64], out: &mut [f32]) {
+    fn lows(&self, dots: &[D], out: &mut [f32]) {
         for (o, &d) in out.iter_mut().zip(dots) {
-            *o = -(d as f32);
+            *o = -(d.get() as f32);
         }
     }
 }
 
-struct IntCos<'a> {
+struct IntCos<'a, D> {
     qq: f32,
     xx: &'a [f32],
+    _dot: std::marker::PhantomData<D>,
 }
-impl Approx for IntCos<'_> {
-    type Dot = f64;
+impl<D: IntDot> Approx for IntCos<'_, D> {
+    type Dot = D;
     const EXACT: bool = true;
     #[inline(always)]
-    fn bounds(&self, dot: f64, j: usize) -> (f32, f32) {
-        (finalize_cosine(dot as f32, self.qq, self.xx[j]), 0.0)
+    fn bounds(&self, dot: D, j: usize) -> (f32, f32) {
+        (finalize_cosine(dot.get() as f32, self.qq, self.xx[j]), 0.0)
     }
-    fn lows(&self, dots: &[f64], out: &mut [f32]) {
+    fn lows(&self, dots: &[D], out: &mut [f32]) {
         let n = out.len();
         let (dots, xx) = (&dots[..n], &self.xx[..n]);
         for j in 0..n {
-            out[j] = finalize_cosine(dots[j] as f32, self.qq, xx[j]);
+            out[j] = finalize_cosine(dots[j].get() as f32, self.qq, xx[j]);
+        }
+    }
+}
+
+/// Offers one GEMM block of exact integer dot products (`nqb × m`, row-major)
+/// to the block's queries (`q0 + i`).
+#[allow(clippy::too_many_arguments)]
+fn scan_int_block<D: IntDot>(
+    metric: Metric,
+    dots: &[D],
+    m: usize,
+    ids: &[usize],
+    tops: &mut [TopK],
+    q0: usize,
+    qq: &[f64],
+    xx: &[f64],
+    xxf: &[f32],
+    lo: &mut Vec<f32>,
+) {
+    use std::marker::PhantomData;
+    let mut never = |_: usize| -> f32 { unreachable!("exact candidates are never recomputed") };
+    for (i, top) in tops.iter_mut().enumerate() {
+        let qq = qq[q0 + i];
+        let drow = &dots[i * m..(i + 1) * m];
+        match metric {
+            Metric::L2 => {
+                let a = IntL2 {
+                    qq,
+                    xx,
+                    _dot: PhantomData,
+                };
+                scan_block(&a, drow, ids, top, &mut never, lo)
+            }
+            Metric::InnerProduct => scan_block(&IntIp(PhantomData), drow, ids, top, &mut never, lo),
+            Metric::Cosine => {
+                let a = IntCos {
+                    qq: qq as f32,
+                    xx: xxf,
+                    _dot: PhantomData,
+                };
+                scan_block(&a, drow, ids, top, &mut never, lo)
+            }
         }
     }
 }
@@ -1102,7 +1164,7 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
                 } = scratch;
                 let xbuf = at_least(xbuf, blk * dim);
                 let dots = at_least(dots, nqb * blk);
-                let idots = at_least(idots, nqb * blk);
+                let idots = at_least(idots, if dim > T::CHUNK { nqb * blk } else { 0 });
                 let mut r0 = sr.start;
                 while r0 < sr.end {
                     let r1 = (r0 + rb).min(sr.end);
@@ -1111,46 +1173,25 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
                     for (j, &r) in ids.iter().enumerate() {
                         T::widen(b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
                     }
-                    idots[..nqb * m].fill(0.0);
-                    let mut c0 = 0;
-                    while c0 < dim {
-                        let c1 = (c0 + T::CHUNK).min(dim);
-                        gemm_nt(nqb, m, c1 - c0, &qbuf[c0..], &xbuf[c0..m * dim], dim, dots);
-                        for (acc, &v) in idots[..nqb * m].iter_mut().zip(&dots[..nqb * m]) {
-                            *acc += v as f64; // exact integers (module docs)
-                        }
-                        c0 = c1;
-                    }
                     let (xs, xsf) = (&xx[r0..r1], &xxf[r0..r1]);
-                    let mut never =
-                        |_: usize| -> f32 { unreachable!("exact candidates are never recomputed") };
-                    for (i, top) in tops.iter_mut().enumerate() {
-                        let qi = qr.start + i;
-                        let drow = &idots[i * m..(i + 1) * m];
-                        match metric {
-                            Metric::L2 => scan_block(
-                                &IntL2 { qq: qq[qi], xx: xs },
-                                drow,
-                                ids,
-                                top,
-                                &mut never,
-                                lo,
-                            ),
-                            Metric::InnerProduct => {
-                                scan_block(&IntIp, drow, ids, top, &mut never, lo)
+                    if dim <= T::CHUNK {
+                        // One exact chunk: the f32 products are the integers.
+                        gemm_nt(nqb, m, dim, &qbuf, &xbuf[..m * dim], dim, dots);
+                        let d = &dots[..nqb * m];
+                        scan_int_block(metric, d, m, ids, &mut tops, qr.start, &qq, xs, xsf, lo);
+                    } else {
+                        idots[..nqb * m].fill(0.0);
+                        let mut c0 = 0;
+                        while c0 < dim {
+                            let c1 = (c0 + T::CHUNK).min(dim);
+                            gemm_nt(nqb, m, c1 - c0, &qbuf[c0..], &xbuf[c0..m * dim], dim, dots);
+                            for (acc, &v) in idots[..nqb * m].iter_mut().zip(&dots[..nqb * m]) {
+                                *acc += v as f64; // exact integers (module docs)
                             }
-                            Metric::Cosine => scan_block(
-                                &IntCos {
-                                    qq: qq[qi] as f32,
-                                    xx: xsf,
-                                },
-                                drow,
-                                ids,
-                                top,
-                                &mut never,
-                                lo,
-                            ),
+                            c0 = c1;
                         }
+                        let d = &idots[..nqb * m];
+                        scan_int_block(metric, d, m, ids, &mut tops, qr.start, &qq, xs, xsf, lo);
                     }
                     r0 = r1;
                 }
