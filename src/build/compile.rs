@@ -12,7 +12,7 @@ use crate::sys::nvfatbin::Nvfatbin;
 use crate::sys::nvrtc::{Nvrtc, Output};
 
 /// Bumped when the cache's meaning changes.
-const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v1";
+const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v2";
 
 /// Options nvFatbin gets: smallest output (DESIGN.md decision 1).
 pub const FATBIN_OPTIONS: &[&str] = &["-compress-all", "-compress-mode=size"];
@@ -186,12 +186,9 @@ fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, Compi
                 let opts = nvrtc_options(*arch, ctx.include_dirs, ctx.extra_options);
                 let out = ctx
                     .nvrtc
-                    .compile(
-                        &r.source,
-                        &source_path.to_string_lossy(),
-                        &opts,
-                        Output::LtoIr,
-                    )
+                    // The bare file name: a fatbin must not depend on where
+                    // OUT_DIR is (the error below names the full path).
+                    .compile(&r.source, &format!("{}.cu", r.name), &opts, Output::LtoIr)
                     .map_err(|e| CompileError::Nvrtc {
                         fragment: r.name.clone(),
                         arch: arch.to_string(),
