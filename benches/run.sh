@@ -14,7 +14,8 @@
 #   5. small costs: a cost-model decision, a warm planner lookup.
 # Needs Linux x86_64, Rust, python3 with venv/pip, a C++ host compiler (gcc) for
 # nvcc, and network access to PyPI (and crates.io for the first build).
-# About 20-30 minutes on 2 cores. Repetition counts can be changed with the
+# About 15 minutes on 2 cores once built (plus the first build and the wheel
+# downloads on a fresh machine). Repetition counts can be changed with the
 # BENCH_* variables below; no timing is asserted anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -69,6 +69,10 @@ def mmm_ns(e):
     return " / ".join(ns_human(e[k]) for k in ("min_ns", "median_ns", "max_ns"))
 
 
+def threads(n):
+    return f"{n} thread" + ("s" if n != 1 else "")
+
+
 def kib(n):
     return f"{n:,} B ({n / 1024:,.0f} KiB)"
 
@@ -358,6 +362,30 @@ def section_search(res, lines, headline):
         lines += ["", "faiss with more than one thread, both variants (median ms): " + "; ".join(
             f"{c['label']}: " + ", ".join(f"{n} {v['ms']['median']:,.0f}" for n, v in c["faiss_variants"].items())
             for c in multi) + "."]
+    # Each side at its best thread count (faiss may not gain from more threads).
+    best_rows = []
+    for metric in dict.fromkeys(c["metric"] for c in s["cases"]):
+        cases = [c for c in s["cases"] if c["metric"] == metric]
+        ours = max(cases, key=lambda c: c["fraglink_qps"]["median"])
+        theirs = max(cases, key=lambda c: c["faiss_qps"]["median"])
+        best_rows.append((metric, ours, theirs))
+    lines += [
+        "",
+        "Each side at its best setting (highest median QPS over the thread counts and faiss variants above):",
+        "",
+        "| metric | fraglink best | faiss best | fraglink QPS ÷ faiss QPS |",
+        "| --- | --- | --- | ---: |",
+    ]
+    for metric, ours, theirs in best_rows:
+        variant = "" if theirs["faiss_best_variant"] == "default" else f", {theirs['faiss_best_variant']}"
+        lines.append(
+            f"| {metric} | {ours['fraglink_qps']['median']:,.0f} QPS ({ours['threads']} thread(s)) | "
+            f"{theirs['faiss_qps']['median']:,.0f} QPS ({threads(theirs['threads'])}{variant}) | "
+            f"{ratio(ours['fraglink_qps']['median'], theirs['faiss_qps']['median'])} |")
+        headline.append((f"CPU search QPS, {metric}, each side at its best thread count",
+                         f"fraglink {ours['fraglink_qps']['median']:,.0f} ({threads(ours['threads'])}) vs "
+                         f"faiss {theirs['faiss_qps']['median']:,.0f} ({threads(theirs['threads'])})",
+                         f"fraglink / faiss = {ratio(ours['fraglink_qps']['median'], theirs['faiss_qps']['median'])}"))
     lines += [
         "",
         "Recall@10 (|A ∩ B| / k averaged over queries; with k results on each side the measure is "
@@ -370,7 +398,13 @@ def section_search(res, lines, headline):
     for c in s["cases"]:
         lines.append(f"| {c['label']} | {c['recall_fraglink_vs_faiss']:.4f} | "
                      f"{c['recall_fraglink_vs_exact_f64']:.4f} | {c['recall_faiss_vs_exact_f64']:.4f} |")
-    lines += ["", f"fraglink command (per case): `{s['cases'][0]['fraglink_command']} --groundtruth FAISS_IDS.ivecs`", ""]
+    lines += [
+        "",
+        f"fraglink command (per case and run): `{s['cases'][0]['fraglink_command']} --groundtruth FAISS_IDS.ivecs` "
+        "(with `RAYON_NUM_THREADS=T`); faiss: `python benches/scripts/search_bench.py faiss --base BASE.fvecs "
+        "--queries Q.fvecs --metric l2|ip --k 10 --threads T --ids-out FAISS_IDS.ivecs`.",
+        "",
+    ]
 
 
 def section_small(res, lines, headline):
