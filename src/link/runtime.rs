@@ -82,11 +82,27 @@ impl RuntimeConfig {
 }
 
 /// One resolved input.
-struct Input {
-    name: String,
-    hash: String,
+/// One resolved input, borrowed where possible: a cache hit allocates
+/// nothing for the embedded fragments.
+struct Input<'a> {
+    name: &'a str,
+    hash: std::borrow::Cow<'a, str>,
     kind: InputType,
-    bytes: Arc<Vec<u8>>,
+    bytes: InputBytes<'a>,
+}
+
+enum InputBytes<'a> {
+    Embedded(&'a [u8]),
+    Compiled(Arc<Vec<u8>>),
+}
+
+impl InputBytes<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            InputBytes::Embedded(b) => b,
+            InputBytes::Compiled(b) => b,
+        }
+    }
 }
 
 pub struct LinkRuntime {
@@ -242,19 +258,19 @@ impl LinkRuntime {
                 });
             }
             inputs.push(Input {
-                name: f.name.to_string(),
-                hash: f.hash.to_string(),
+                name: f.name,
+                hash: f.hash.into(),
                 kind: InputType::Fatbin,
-                bytes: Arc::new(Vec::new()),
+                bytes: InputBytes::Embedded(f.fatbin),
             });
         }
         for (name, source) in plan.sources() {
             let (hash, bytes) = self.compile_source(name, source, arch)?;
             inputs.push(Input {
-                name: name.clone(),
-                hash,
+                name,
+                hash: hash.into(),
                 kind: InputType::LtoIr,
-                bytes,
+                bytes: InputBytes::Compiled(bytes),
             });
         }
         let mut options = plan.options(arch);
@@ -262,13 +278,9 @@ impl LinkRuntime {
             options.kernels_used.push(entry.to_string());
         }
         let args = options.to_args();
-        let pairs: Vec<(&str, &str)> = inputs
-            .iter()
-            .map(|i| (i.name.as_str(), i.hash.as_str()))
-            .collect();
+        let pairs: Vec<(&str, &str)> = inputs.iter().map(|i| (i.name, i.hash.as_ref())).collect();
         let key = LinkKey::new(entry, &pairs, &args, self.linker.version());
 
-        let statics = plan.static_fragments();
         let produce = || -> Result<(LinkedKernel, Source), LinkError> {
             let hex = key.hex();
             if let Some(disk) = &self.disk {
@@ -285,15 +297,10 @@ impl LinkRuntime {
             }
             let link_inputs: Vec<LinkInput<'_>> = inputs
                 .iter()
-                .enumerate()
-                .map(|(i, inp)| LinkInput {
-                    name: &inp.name,
+                .map(|inp| LinkInput {
+                    name: inp.name,
                     kind: inp.kind,
-                    bytes: if i < statics.len() {
-                        statics[i].fatbin
-                    } else {
-                        &inp.bytes
-                    },
+                    bytes: inp.bytes.as_slice(),
                 })
                 .collect();
             let started = Instant::now();
@@ -308,7 +315,7 @@ impl LinkRuntime {
                 key: Some(key),
                 entry: entry.to_string(),
                 arch: arch.to_string(),
-                fragments: inputs.iter().map(|i| i.name.clone()).collect(),
+                fragments: inputs.iter().map(|i| i.name.to_string()).collect(),
                 metadata: KernelMetadata::new(&res, out.cubin.len(), link_ms),
                 info_log: out.info_log,
                 cubin: out.cubin,
