@@ -9,38 +9,13 @@ mod build;
 #[path = "src/sys/mod.rs"]
 mod sys;
 
-use build::{Builder, Family};
+use build::Builder;
 
 fn main() {
     let result = Builder::new()
         .crate_path("crate")
         .include_dir("fragments")
-        .family(
-            Family::new("metric", "MetricFragment")
-                .matrix("matrices/metric.json")
-                .template("templates/metric.cu.j2")
-                .name_format("metric_{{ metric }}_{{ dtype }}")
-                .tag("metric", "Metric")
-                .tag("dtype", "DataType"),
-        )
-        .family(
-            Family::new("filter", "FilterFragment")
-                .matrix("matrices/filter.json")
-                .template("templates/filter.cu.j2")
-                .name_format("filter_{{ filter }}_{{ idx }}")
-                .tag("filter", "Filter")
-                .tag("idx", "IndexType"),
-        )
-        .family(
-            Family::new("scan", "ScanFragment")
-                .matrix("matrices/scan.json")
-                .template("templates/scan.cu.j2")
-                .name_format("scan_{{ dtype }}_{{ idx }}_v{{ veclen }}_k{{ capacity }}")
-                .tag("dtype", "DataType")
-                .tag("idx", "IndexType")
-                .constant("veclen", "u32")
-                .constant("capacity", "u32"),
-        )
+        .families(build::families::vector_search())
         .compile();
     let report = match result {
         Ok(r) => r,

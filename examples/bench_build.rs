@@ -32,28 +32,7 @@ use serde_json::{json, Value};
 
 /// The families exactly as build.rs declares them.
 fn families() -> Vec<Family> {
-    vec![
-        Family::new("metric", "MetricFragment")
-            .matrix("matrices/metric.json")
-            .template("templates/metric.cu.j2")
-            .name_format("metric_{{ metric }}_{{ dtype }}")
-            .tag("metric", "Metric")
-            .tag("dtype", "DataType"),
-        Family::new("filter", "FilterFragment")
-            .matrix("matrices/filter.json")
-            .template("templates/filter.cu.j2")
-            .name_format("filter_{{ filter }}_{{ idx }}")
-            .tag("filter", "Filter")
-            .tag("idx", "IndexType"),
-        Family::new("scan", "ScanFragment")
-            .matrix("matrices/scan.json")
-            .template("templates/scan.cu.j2")
-            .name_format("scan_{{ dtype }}_{{ idx }}_v{{ veclen }}_k{{ capacity }}")
-            .tag("dtype", "DataType")
-            .tag("idx", "IndexType")
-            .constant("veclen", "u32")
-            .constant("capacity", "u32"),
-    ]
+    fraglink::build::families::vector_search()
 }
 
 /// The architectures build.rs gets by default (`Arch::defaults`), spelled

@@ -23,6 +23,7 @@
 pub mod arch;
 pub mod codegen;
 pub mod compile;
+pub mod families;
 pub mod matrix;
 pub mod render;
 pub mod toolkit;
@@ -203,6 +204,10 @@ impl Builder {
     }
     pub fn family(mut self, family: Family) -> Self {
         self.families.push(family);
+        self
+    }
+    pub fn families(mut self, families: impl IntoIterator<Item = Family>) -> Self {
+        self.families.extend(families);
         self
     }
     /// Architectures to build LTO-IR for (`compute_75`, `sm_90`, …).

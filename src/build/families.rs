@@ -1,0 +1,30 @@
+//! fraglink's own fragment families (the vector-search set), declared once:
+//! used by build.rs and by anything that rebuilds the set (benches/run.sh).
+
+use super::Family;
+
+/// The metric, filter and scan families, with paths relative to the crate root.
+pub fn vector_search() -> Vec<Family> {
+    vec![
+        Family::new("metric", "MetricFragment")
+            .matrix("matrices/metric.json")
+            .template("templates/metric.cu.j2")
+            .name_format("metric_{{ metric }}_{{ dtype }}")
+            .tag("metric", "Metric")
+            .tag("dtype", "DataType"),
+        Family::new("filter", "FilterFragment")
+            .matrix("matrices/filter.json")
+            .template("templates/filter.cu.j2")
+            .name_format("filter_{{ filter }}_{{ idx }}")
+            .tag("filter", "Filter")
+            .tag("idx", "IndexType"),
+        Family::new("scan", "ScanFragment")
+            .matrix("matrices/scan.json")
+            .template("templates/scan.cu.j2")
+            .name_format("scan_{{ dtype }}_{{ idx }}_v{{ veclen }}_k{{ capacity }}")
+            .tag("dtype", "DataType")
+            .tag("idx", "IndexType")
+            .constant("veclen", "u32")
+            .constant("capacity", "u32"),
+    ]
+}
