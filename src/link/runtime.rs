@@ -202,20 +202,14 @@ impl LinkRuntime {
         let nvrtc = self.nvrtc()?;
         let (maj, min) = nvrtc.version()?;
         super::linker::check_versions(self.linker.version(), (maj as u32, min as u32))?;
-        let mut options = vec![
-            format!("--gpu-architecture=compute_{}", arch.number),
-            "-dlto".to_string(),
-            "--relocatable-device-code=true".to_string(),
-            "-std=c++17".to_string(),
-            "-default-device".to_string(),
-        ];
-        options.push(format!(
-            "-I{}",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/fragments")
-        ));
-        for dir in std::env::split_paths(env!("FRAGLINK_BAKED_CUDA_INCLUDES")) {
-            options.push(format!("-I{}", dir.display()));
-        }
+        // The same NVRTC command line as the build's, for the target's
+        // virtual arch, with fraglink's headers and CUDA's.
+        let include_dirs: Vec<std::path::PathBuf> =
+            std::iter::once(concat!(env!("CARGO_MANIFEST_DIR"), "/fragments").into())
+                .chain(std::env::split_paths(env!("FRAGLINK_BAKED_CUDA_INCLUDES")))
+                .collect();
+        let options =
+            crate::build::compile::nvrtc_options(Arch::compute(arch.number), &include_dirs, &[]);
         let mut h = blake3::Hasher::new();
         h.update(format!("nvrtc {maj}.{min}\0").as_bytes());
         for o in &options {
