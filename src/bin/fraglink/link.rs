@@ -29,7 +29,8 @@ pub struct LinkArgs {
     pub fragments: Vec<String>,
 }
 
-fn fail(msg: impl std::fmt::Display) -> ExitCode {
+/// The CLI's error exit: one `error:` message, exit code 2.
+pub fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {msg}");
     ExitCode::from(2)
 }

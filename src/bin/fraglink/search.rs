@@ -14,7 +14,7 @@ use fraglink::search::{search_reference, Bitset, DType, Filter, Metric, SearchPa
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::link::link_json;
+use crate::link::{fail, link_json};
 
 #[derive(clap::Args, Debug)]
 pub struct SearchArgs {
@@ -60,11 +60,6 @@ pub struct SearchArgs {
     /// Print machine-readable JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {msg}");
-    ExitCode::from(2)
 }
 
 fn parse_filter(spec: &str, n: usize, seed: u64) -> Result<Filter, String> {
