@@ -1,21 +1,24 @@
 //! `fraglink expand`: JSON output and one-line errors with exit code 2.
 
-use std::path::Path;
+mod support;
+
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/testdata/cuvs-matrices"
-);
+/// The cuVS conformance matrices in the shared test data.
+fn matrices_dir() -> PathBuf {
+    support::testdata_dir().join("cuvs-matrices")
+}
 
 fn fraglink_expand(args: &[&std::ffi::OsStr]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fraglink"))
+    let bin = support::fraglink_bin();
+    Command::new(&bin)
         .arg("expand")
         .args(args)
         .output()
-        .expect("fraglink runs")
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
 }
 
 fn stderr_lines(output: &Output) -> Vec<String> {
@@ -28,10 +31,10 @@ fn stderr_lines(output: &Output) -> Vec<String> {
 #[test]
 fn json_output_equals_the_expected_product() {
     let stem = "neighbors__detail__cagra__jit_lto_kernels__search_single_cta_matrix";
-    let matrix = Path::new(DIR).join(format!("{stem}.json"));
+    let dir = matrices_dir();
+    let matrix = dir.join(format!("{stem}.json"));
     let expected: Value = serde_json::from_str(
-        &std::fs::read_to_string(Path::new(DIR).join(format!("expected/{stem}.expected.json")))
-            .unwrap(),
+        &std::fs::read_to_string(dir.join(format!("expected/{stem}.expected.json"))).unwrap(),
     )
     .unwrap();
 

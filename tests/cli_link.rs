@@ -1,15 +1,18 @@
 //! `fraglink link` and `fraglink cache` as a user runs them.
 
+mod support;
+
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
 fn fraglink(cache: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fraglink"))
+    let bin = support::fraglink_bin();
+    Command::new(&bin)
         .args(args)
         .env("FRAGLINK_CACHE_DIR", cache)
         .output()
-        .unwrap()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
 }
 
 const TRIPLE: [&str; 3] = [

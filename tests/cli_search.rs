@@ -1,6 +1,8 @@
 //! `fraglink search` end to end on the CPU: recall 1.0 against the exact
 //! reference for every metric × dtype × filter, file inputs, clear errors.
 
+mod support;
+
 use std::process::Command;
 
 use fraglink::search::data::{synthetic, write_vecs_file};
@@ -8,11 +10,12 @@ use fraglink::search::DType;
 use serde_json::Value;
 
 fn fraglink(cache: &std::path::Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_fraglink"))
+    let bin = support::fraglink_bin();
+    Command::new(&bin)
         .args(args)
         .env("FRAGLINK_CACHE_DIR", cache)
         .output()
-        .unwrap()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
 }
 
 fn search_json(cache: &std::path::Path, args: &[&str]) -> Value {

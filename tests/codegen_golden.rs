@@ -2,6 +2,8 @@
 //! generated code is reviewed as text. `FRAGLINK_UPDATE_GOLDEN=1 cargo test
 //! --test codegen_golden` rewrites the golden file after an intended change.
 
+mod support;
+
 use fraglink::build::codegen::{generate, FamilyDecl, FragmentDecl, Param, ParamKind};
 use fraglink::build::matrix::Entry;
 use serde_json::json;
@@ -82,13 +84,22 @@ fn fixture() -> (Vec<FamilyDecl>, Vec<FragmentDecl>) {
 fn registry_matches_golden_file() {
     let (families, fragments) = fixture();
     let code = generate("::fraglink", &families, &fragments).unwrap();
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/registry.rs.txt");
+    let path = support::manifest_dir().join("tests/golden/registry.rs.txt");
     if std::env::var_os("FRAGLINK_UPDATE_GOLDEN").is_some() {
-        std::fs::write(path, &code).unwrap();
+        std::fs::write(&path, &code).unwrap();
     }
-    let golden =
-        std::fs::read_to_string(path).expect("golden file (FRAGLINK_UPDATE_GOLDEN=1 writes it)");
-    assert_eq!(code, golden, "generated registry differs from {path}");
+    let golden = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read golden file {} (FRAGLINK_UPDATE_GOLDEN=1 writes it): {e}",
+            path.display()
+        )
+    });
+    assert_eq!(
+        code,
+        golden,
+        "generated registry differs from {}",
+        path.display()
+    );
 }
 
 #[test]

@@ -1,19 +1,22 @@
 //! Conformance: the 82 real cuVS matrices expand exactly as cuVS's own
 //! `compute_matrix_product.py` expands them.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 use fraglink::build::matrix::expand_file;
 use serde_json::Value;
 
-const DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/testdata/cuvs-matrices"
-);
+/// The cuVS conformance matrices in the shared test data.
+fn matrices_dir() -> PathBuf {
+    support::testdata_dir().join("cuvs-matrices")
+}
 
 fn matrix_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(DIR)
-        .unwrap_or_else(|e| panic!("cannot list {DIR}: {e}"))
+    let dir = matrices_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
         .map(|entry| entry.expect("directory entry").path())
         .filter(|path| path.is_file() && path.extension().is_some_and(|ext| ext == "json"))
         .collect();
@@ -50,11 +53,10 @@ fn cuvs_matrices_expand_like_cuvs() {
     let files = matrix_files();
     let mut checked = 0;
     let mut failures = Vec::new();
+    let dir = matrices_dir();
     for file in &files {
         let stem = file.file_stem().unwrap().to_string_lossy();
-        let expected_path = Path::new(DIR)
-            .join("expected")
-            .join(format!("{stem}.expected.json"));
+        let expected_path = dir.join("expected").join(format!("{stem}.expected.json"));
         let expected = read_json(&expected_path);
         let product = match expand_file(file) {
             Ok(product) => product,
