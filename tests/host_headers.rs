@@ -23,6 +23,8 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+mod support;
+
 use fraglink::search::data::Rng;
 use fraglink::search::{distance, Bitset, DType, Metric};
 use half::f16;
@@ -208,7 +210,26 @@ int main() {
 "#;
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    support::manifest_dir()
+}
+
+/// CUDA's headers, found at run time the way run-time NVRTC finds them (so
+/// the test also runs from an archive on another machine).
+fn cuda_includes() -> Vec<PathBuf> {
+    let nvrtc = fraglink::sys::Nvrtc::open(None).ok();
+    match fraglink::sys::loader::cuda_include_dirs(nvrtc.as_ref().map(|n| n.path())) {
+        Ok((dirs, _)) => dirs,
+        Err(tried) => panic!("CUDA headers not found; tried {}", tried.join("; ")),
+    }
+}
+
+/// The build script's output directory: the run-time `OUT_DIR` (nextest sets
+/// it, remapped, when running from an archive), else the build-time one.
+fn out_dir() -> PathBuf {
+    std::env::var_os("OUT_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("OUT_DIR").into())
 }
 
 fn cxx() -> String {
@@ -233,12 +254,8 @@ fn compile(dir: &Path, out: &str, defines: &[&str], sources: &[PathBuf]) -> Path
     let mut cmd = Command::new(&compiler);
     cmd.args(["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror"]);
     cmd.arg("-I").arg(repo().join("fragments"));
-    // A PATH-style list (older builds separated it with newlines).
-    let baked = env!("FRAGLINK_BAKED_CUDA_INCLUDES");
-    for line in baked.lines() {
-        for inc in std::env::split_paths(line.trim()).filter(|p| !p.as_os_str().is_empty()) {
-            cmd.arg("-I").arg(inc);
-        }
+    for inc in cuda_includes() {
+        cmd.arg("-I").arg(inc);
     }
     cmd.arg("-I").arg(repo().join("fragments/host"));
     for d in defines {
@@ -255,7 +272,8 @@ fn compile(dir: &Path, out: &str, defines: &[&str], sources: &[PathBuf]) -> Path
     assert!(
         o.status.success(),
         "compiling the fragment headers for the host failed.\ncommand: {cmd:?}\n\
-         CUDA include dirs baked by the build: {baked:?}\nstderr:\n{}",
+         CUDA include dirs: {:?}\nstderr:\n{}",
+        cuda_includes(),
         String::from_utf8_lossy(&o.stderr)
     );
     exe
@@ -559,7 +577,7 @@ fn headers_match_the_rust_reference() {
 /// The rendered fragment sources of this build, through their extern "C" ABI.
 #[test]
 fn rendered_fragments_match_through_the_abi() {
-    let gen = Path::new(env!("OUT_DIR")).join("gen");
+    let gen = out_dir().join("gen");
     let dir = tempfile::tempdir().unwrap();
     let cases = cases();
     let fl = filters();

@@ -325,10 +325,7 @@ impl Builder {
 
         let toolkit = match self.toolkit.clone() {
             Some(t) => t,
-            None => toolkit::Discovery::from_env(
-                target_dir.as_ref().map(|t| t.join("fraglink-cuda-12.9")),
-            )
-            .find()?,
+            None => toolkit::Discovery::from_env(target_dir.as_deref())?.find()?,
         };
         let origin = format!("{:?}", toolkit.origin);
         let load = |source| BuildError::Load {

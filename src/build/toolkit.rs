@@ -2,9 +2,18 @@
 //!
 //! Order (DESIGN.md decision 2): `FRAGLINK_CUDA_ROOT`, `CUDA_PATH`, `CUDA_HOME`,
 //! `/usr/local/cuda`, then the `python3` site-packages holding NVIDIA's wheels,
-//! then — unless offline — the pinned CUDA 12.9 wheels installed into the
-//! target directory. Every root is accepted in either the toolkit layout
-//! (`lib64/`, `include/`) or the wheel layout (`nvidia/<component>/{lib,include}`).
+//! then — unless offline — the pinned wheels installed into the target
+//! directory. Every root is accepted in the toolkit layout (`lib64/`,
+//! `include/`, CCCL in `include/` or, from CUDA 13, `include/cccl`) and in
+//! both wheel layouts (CUDA 12: `nvidia/<component>/{lib,include}`; CUDA 13:
+//! everything in `nvidia/cu13/{lib,include}`).
+//!
+//! `FRAGLINK_CUDA_VERSION=12|13` picks the major: roots of another major are
+//! passed over, and that major's pinned set is provisioned. Unset, any major
+//! found is used and CUDA 12.9 is provisioned: its cubins load on every
+//! driver from 525 on (CUDA 12's minor-version compatibility), where CUDA
+//! 13's need driver 580; and 12.9 is the newest 12.x, whose nvJitLink links
+//! LTO-IR from every 12.x NVRTC.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,11 +27,97 @@ pub const ENV_VARS: &[&str] = &[
     "FRAGLINK_OFFLINE",
     "CARGO_NET_OFFLINE",
     "FRAGLINK_PYTHON",
+    "FRAGLINK_CUDA_VERSION",
 ];
 
-/// The wheels provisioned when nothing is installed: (distribution, version,
-/// sha256 of the manylinux x86_64 wheel). Hashes pin the exact bytes on
-/// x86_64; on other platforms only the version is pinned.
+/// A CUDA release fraglink can provision: its pinned wheels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedSet {
+    /// `(major, minor)` of the release.
+    pub version: (u32, u32),
+    /// (distribution, version, sha256 of the manylinux x86_64 wheel). Hashes
+    /// pin the exact bytes on x86_64; on other platforms only the version is.
+    pub wheels: &'static [(&'static str, &'static str, &'static str)],
+}
+
+impl PinnedSet {
+    /// The set for `major` (12 or 13).
+    pub fn for_major(major: u32) -> Option<PinnedSet> {
+        match major {
+            12 => Some(PinnedSet {
+                version: (12, 9),
+                wheels: PINNED_WHEELS,
+            }),
+            13 => Some(PinnedSet {
+                version: (13, 0),
+                wheels: PINNED_WHEELS_13,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The provisioning directory name under the target dir, e.g. `fraglink-cuda-13.0`.
+    pub fn dir_name(&self) -> String {
+        format!("fraglink-cuda-{}.{}", self.version.0, self.version.1)
+    }
+}
+
+/// The major `FRAGLINK_CUDA_VERSION` asks for (`12`, `13`, or `12.9`-style),
+/// `None` when unset; an unsupported value is an error naming it.
+pub fn requested_major() -> Result<Option<u32>, ToolkitError> {
+    let Ok(v) = std::env::var("FRAGLINK_CUDA_VERSION") else {
+        return Ok(None);
+    };
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let major = v.split('.').next().and_then(|m| m.parse::<u32>().ok());
+    match major {
+        Some(m) if PinnedSet::for_major(m).is_some() => Ok(Some(m)),
+        _ => Err(ToolkitError::BadVersion {
+            value: v.to_string(),
+        }),
+    }
+}
+
+/// CUDA 13.0: the newest NVRTC an installed nvJitLink accepts is its own
+/// minor, and GPU machines with driver 580 ship CUDA 13.0. `nvidia-cuda-crt`
+/// carries `crt/` headers (e.g. `crt/mma.h`) the runtime wheel lacks in 13.
+pub const PINNED_WHEELS_13: &[(&str, &str, &str)] = &[
+    (
+        "nvidia-cuda-nvrtc",
+        "13.0.88",
+        "ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575",
+    ),
+    (
+        "nvidia-nvjitlink",
+        "13.0.88",
+        "13a74f429e23b921c1109976abefacc69835f2f433ebd323d3946e11d804e47b",
+    ),
+    (
+        "nvidia-nvfatbin",
+        "13.0.85",
+        "5e05287b34c02cb6a7c6d9bbb0bbe6da34665fad49878f30e3a722b4747eb676",
+    ),
+    (
+        "nvidia-cuda-cccl",
+        "13.0.85",
+        "e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649",
+    ),
+    (
+        "nvidia-cuda-runtime",
+        "13.0.96",
+        "7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548",
+    ),
+    (
+        "nvidia-cuda-crt",
+        "13.0.88",
+        "2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4",
+    ),
+];
+
+/// The CUDA 12.9 set (the default; see the module docs for why).
 pub const PINNED_WHEELS: &[(&str, &str, &str)] = &[
     (
         "nvidia-cuda-nvrtc-cu12",
@@ -78,12 +173,14 @@ pub struct Toolkit {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ToolkitError {
+    #[error("FRAGLINK_CUDA_VERSION={value} is not supported: use 12 or 13")]
+    BadVersion { value: String },
     #[error(
         "CUDA libraries not found and provisioning is off ({reason}). Searched: {searched}. \
-         Set FRAGLINK_CUDA_ROOT to a CUDA 12 toolkit or to a directory holding NVIDIA's \
-         wheels (nvidia/cuda_nvrtc, nvidia/nvjitlink, nvidia/nvfatbin, nvidia/cuda_cccl, \
-         nvidia/cuda_runtime), or unset FRAGLINK_OFFLINE/CARGO_NET_OFFLINE to let the build \
-         install the pinned CUDA 12.9 wheels"
+         Set FRAGLINK_CUDA_ROOT to a CUDA 12 or 13 toolkit or to a directory holding NVIDIA's \
+         wheels (CUDA 13: nvidia/cu13; CUDA 12: nvidia/cuda_nvrtc, nvidia/nvjitlink, \
+         nvidia/nvfatbin, nvidia/cuda_cccl, nvidia/cuda_runtime), or unset \
+         FRAGLINK_OFFLINE/CARGO_NET_OFFLINE to let the build install the pinned wheels"
     )]
     Offline { reason: String, searched: String },
     #[error("{var}={root} is not a usable CUDA root: {missing}")]
@@ -93,8 +190,8 @@ pub enum ToolkitError {
         missing: String,
     },
     #[error(
-        "installing the pinned CUDA 12.9 wheels into {dir} failed: {message}. Set \
-         FRAGLINK_CUDA_ROOT to an existing CUDA 12 installation, or FRAGLINK_PYTHON to a \
+        "installing the pinned CUDA wheels into {dir} failed: {message}. Set \
+         FRAGLINK_CUDA_ROOT to an existing CUDA 12 or 13 installation, or FRAGLINK_PYTHON to a \
          python3 with pip"
     )]
     Provision { dir: PathBuf, message: String },
@@ -114,11 +211,22 @@ pub struct Discovery {
     pub offline: Option<String>,
     /// Where to provision the wheels.
     pub provision_dir: Option<PathBuf>,
+    /// Only roots of this CUDA major are used (`FRAGLINK_CUDA_VERSION`).
+    pub major: Option<u32>,
+    /// The set provisioned into `provision_dir` (default: CUDA 12.9).
+    pub pinned: Option<PinnedSet>,
 }
 
 impl Discovery {
-    /// Reads the process environment (see [`ENV_VARS`]).
-    pub fn from_env(provision_dir: Option<PathBuf>) -> Self {
+    /// Reads the process environment (see [`ENV_VARS`]); the pinned set is
+    /// provisioned under `target_dir`.
+    pub fn from_env(target_dir: Option<&Path>) -> Result<Self, ToolkitError> {
+        let major = requested_major()?;
+        let pinned = PinnedSet::for_major(major.unwrap_or(12));
+        let provision_dir = match (target_dir, pinned) {
+            (Some(t), Some(p)) => Some(t.join(p.dir_name())),
+            _ => None,
+        };
         let explicit_roots = ["FRAGLINK_CUDA_ROOT", "CUDA_PATH", "CUDA_HOME"]
             .iter()
             .filter_map(|v| {
@@ -135,12 +243,24 @@ impl Discovery {
                     .unwrap_or(false)
             })
             .map(|v| format!("{v} is set"));
-        Discovery {
+        Ok(Discovery {
             explicit_roots,
             default_roots: vec![PathBuf::from("/usr/local/cuda")],
             python: Some(std::env::var("FRAGLINK_PYTHON").unwrap_or_else(|_| "python3".into())),
             offline,
             provision_dir,
+            major,
+            pinned,
+        })
+    }
+
+    fn probe(&self, root: &Path, origin: Origin) -> Result<Toolkit, String> {
+        let t = probe_root(root, origin)?;
+        match (self.major, t.major()) {
+            (Some(want), Some(found)) if want != found => Err(format!(
+                "CUDA {found} found, FRAGLINK_CUDA_VERSION asks for {want}"
+            )),
+            _ => Ok(t),
         }
     }
 
@@ -149,30 +269,30 @@ impl Discovery {
         // An explicit root that is unusable is an error, not a reason to look
         // elsewhere: the user asked for it.
         if let Some((var, root)) = self.explicit_roots.first() {
-            return probe_root(root, Origin::Root(var.clone())).map_err(|missing| {
-                ToolkitError::BadRoot {
+            return self
+                .probe(root, Origin::Root(var.clone()))
+                .map_err(|missing| ToolkitError::BadRoot {
                     var: var.clone(),
                     root: root.clone(),
                     missing,
-                }
-            });
+                });
         }
         for root in &self.default_roots {
             searched.push(root.display().to_string());
-            if let Ok(t) = probe_root(root, Origin::Root(root.display().to_string())) {
+            if let Ok(t) = self.probe(root, Origin::Root(root.display().to_string())) {
                 return Ok(t);
             }
         }
         if let Some(dir) = &self.provision_dir {
             searched.push(dir.display().to_string());
-            if let Ok(t) = probe_root(dir, Origin::Provisioned(dir.clone())) {
+            if let Ok(t) = self.probe(dir, Origin::Provisioned(dir.clone())) {
                 return Ok(t);
             }
         }
         if let Some(py) = &self.python {
             for site in python_site_packages(py) {
                 searched.push(site.display().to_string());
-                if let Ok(t) = probe_root(&site, Origin::SitePackages(py.clone())) {
+                if let Ok(t) = self.probe(&site, Origin::SitePackages(py.clone())) {
                     return Ok(t);
                 }
             }
@@ -190,13 +310,16 @@ impl Discovery {
                 searched,
             });
         };
-        provision(self.python.as_deref().unwrap_or("python3"), dir)?;
-        probe_root(dir, Origin::Provisioned(dir.clone())).map_err(|missing| {
-            ToolkitError::Provision {
+        let pinned = self.pinned.unwrap_or(PinnedSet {
+            version: (12, 9),
+            wheels: PINNED_WHEELS,
+        });
+        provision(self.python.as_deref().unwrap_or("python3"), dir, pinned)?;
+        self.probe(dir, Origin::Provisioned(dir.clone()))
+            .map_err(|missing| ToolkitError::Provision {
                 dir: dir.clone(),
                 message: format!("installed, but incomplete: {missing}"),
-            }
-        })
+            })
     }
 }
 
@@ -219,8 +342,8 @@ pub fn provision_command(python: &str, dir: &Path, requirements: &Path) -> Vec<S
 }
 
 /// The requirements file: versions pinned; on x86_64 Linux, hashes too.
-pub fn requirements_text(pin_hashes: bool) -> String {
-    PINNED_WHEELS
+pub fn requirements_text(set: PinnedSet, pin_hashes: bool) -> String {
+    set.wheels
         .iter()
         .map(|(name, version, sha)| {
             if pin_hashes {
@@ -232,7 +355,7 @@ pub fn requirements_text(pin_hashes: bool) -> String {
         .collect()
 }
 
-fn provision(python: &str, dir: &Path) -> Result<(), ToolkitError> {
+fn provision(python: &str, dir: &Path, set: PinnedSet) -> Result<(), ToolkitError> {
     let err = |message: String| ToolkitError::Provision {
         dir: dir.to_path_buf(),
         message,
@@ -240,7 +363,7 @@ fn provision(python: &str, dir: &Path) -> Result<(), ToolkitError> {
     std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create the directory: {e}")))?;
     let requirements = dir.join("fraglink-requirements.txt");
     let pin = cfg!(all(target_os = "linux", target_arch = "x86_64"));
-    std::fs::write(&requirements, requirements_text(pin))
+    std::fs::write(&requirements, requirements_text(set, pin))
         .map_err(|e| err(format!("cannot write {}: {e}", requirements.display())))?;
     let cmd = provision_command(python, dir, &requirements);
     let out = Command::new(&cmd[0])
@@ -280,7 +403,9 @@ fn python_site_packages(python: &str) -> Vec<PathBuf> {
 /// Checks one root in both layouts; `Err` says what is missing.
 pub fn probe_root(root: &Path, origin: Origin) -> Result<Toolkit, String> {
     let wheel = root.join("nvidia");
-    let mut t = if wheel.is_dir() {
+    let mut t = if wheel.join("cu13").is_dir() {
+        probe_toolkit(&wheel.join("cu13"), origin)?
+    } else if wheel.is_dir() {
         probe_wheels(&wheel, origin)?
     } else {
         probe_toolkit(root, origin)?
@@ -313,11 +438,10 @@ fn probe_wheels(nv: &Path, origin: Origin) -> Result<Toolkit, String> {
 
 fn probe_toolkit(root: &Path, origin: Origin) -> Result<Toolkit, String> {
     let mut missing = Vec::new();
-    let lib = if root.join("lib64").is_dir() {
-        root.join("lib64")
-    } else {
-        root.join("lib")
-    };
+    let lib = [root.join("lib64"), root.join("lib")]
+        .into_iter()
+        .find(|d| d.join("libnvrtc.so").exists() || has_versioned(d, "libnvrtc.so"))
+        .unwrap_or_else(|| root.join("lib64"));
     let nvrtc = find_lib(&lib, "libnvrtc.so", &mut missing);
     let nvjitlink = find_lib(&lib, "libnvJitLink.so", &mut missing);
     let nvfatbin = find_lib(&lib, "libnvfatbin.so", &mut missing);
@@ -343,6 +467,22 @@ fn probe_toolkit(root: &Path, origin: Origin) -> Result<Toolkit, String> {
     })
 }
 
+fn has_versioned(dir: &Path, stem: &str) -> bool {
+    find_lib(dir, stem, &mut Vec::new()).is_some()
+}
+
+impl Toolkit {
+    /// The CUDA major of the NVRTC found (from its file name, `libnvrtc.so.13`).
+    pub fn major(&self) -> Option<u32> {
+        let name = self.nvrtc.file_name()?.to_str()?;
+        name.strip_prefix("libnvrtc.so.")?
+            .split('.')
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
 fn require(path: &Path, missing: &mut Vec<String>) {
     if !path.exists() {
         missing.push(format!("{} is missing", path.display()));
@@ -366,7 +506,15 @@ fn find_lib(dir: &Path, stem: &str, missing: &mut Vec<String>) -> Option<PathBuf
                 .is_some_and(|n| n.starts_with(&format!("{stem}.")) && !n.contains(".alt."))
         })
         .collect();
-    found.sort();
+    // Highest version last: by the numbers after the stem, not as text.
+    let key = |p: &PathBuf| -> Vec<u32> {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix(&format!("{stem}.")))
+            .map(|v| v.split('.').filter_map(|x| x.parse().ok()).collect())
+            .unwrap_or_default()
+    };
+    found.sort_by_key(key);
     match found.pop() {
         Some(p) => Some(p),
         None => {
@@ -443,8 +591,41 @@ mod tests {
             "python3 -m pip install --disable-pip-version-check --no-deps \
              --only-binary=:all: --target /t/cuda -r /t/r.txt"
         );
-        let req = requirements_text(true);
+        let req = requirements_text(PinnedSet::for_major(12).unwrap(), true);
         assert_eq!(req.lines().count(), 5);
         assert!(req.contains("nvidia-nvjitlink-cu12==12.9.86 --hash=sha256:e3f1"));
+        let set13 = PinnedSet::for_major(13).unwrap();
+        assert_eq!(set13.dir_name(), "fraglink-cuda-13.0");
+        let req = requirements_text(set13, false);
+        assert!(req.contains("nvidia-nvjitlink==13.0.88\n"), "{req}");
+        assert!(PinnedSet::for_major(11).is_none());
+    }
+
+    #[test]
+    fn cuda13_wheel_layout_and_major_filter() {
+        let tmp = tempfile::tempdir().unwrap();
+        for (sub, file) in [
+            ("nvidia/cu13/lib", "libnvrtc.so.13"),
+            ("nvidia/cu13/lib", "libnvrtc-builtins.so.13.0"),
+            ("nvidia/cu13/lib", "libnvJitLink.so.13"),
+            ("nvidia/cu13/lib", "libnvfatbin.so.13"),
+            ("nvidia/cu13/include", "cuda_fp16.h"),
+            ("nvidia/cu13/include/cccl/cuda/std", "cstdint"),
+        ] {
+            std::fs::create_dir_all(tmp.path().join(sub)).unwrap();
+            std::fs::write(tmp.path().join(sub).join(file), b"").unwrap();
+        }
+        let t = probe_root(tmp.path(), Origin::Root("x".into())).unwrap();
+        assert!(t.nvrtc.ends_with("nvidia/cu13/lib/libnvrtc.so.13"), "{t:?}");
+        assert_eq!(t.major(), Some(13));
+        assert_eq!(t.include_dirs.len(), 2);
+        assert!(t.include_dirs[1].ends_with("include/cccl"));
+        let want12 = Discovery {
+            explicit_roots: vec![("FRAGLINK_CUDA_ROOT".into(), tmp.path().into())],
+            major: Some(12),
+            ..Default::default()
+        };
+        let msg = want12.find().unwrap_err().to_string();
+        assert!(msg.contains("FRAGLINK_CUDA_VERSION asks for 12"), "{msg}");
     }
 }

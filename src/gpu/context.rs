@@ -92,9 +92,14 @@ type Probe = Result<usize, String>;
 
 static PROBE: OnceCell<Probe> = OnceCell::new();
 
-/// Opens the driver library ourselves and checks its version, then lets
-/// cudarc load it and initialise the driver. Runs once per process.
-fn probe() -> Probe {
+/// The CUDA version the installed driver supports, as `cuDriverGetVersion`
+/// reports it (e.g. 13000 for CUDA 13.0), read by opening the driver library
+/// ourselves: no cudarc, no `cuInit`, no panic. `Err` says why not.
+pub fn driver_version() -> Result<i32, String> {
+    open_driver().map(|(_, v)| v)
+}
+
+fn open_driver() -> Result<(libloading::Library, i32), String> {
     let mut tried = Vec::new();
     let mut lib = None;
     for name in DRIVER_LIBRARY_NAMES {
@@ -132,6 +137,13 @@ fn probe() -> Probe {
         }
         v
     };
+    Ok((lib, version))
+}
+
+/// Opens the driver library ourselves and checks its version, then lets
+/// cudarc load it and initialise the driver. Runs once per process.
+fn probe() -> Probe {
+    let (lib, version) = open_driver()?;
     if version < REQUIRED_DRIVER_VERSION {
         return Err(format!(
             "the CUDA driver supports CUDA {}.{}, but fraglink's driver bindings need {}.{} or newer; update the NVIDIA driver",

@@ -36,6 +36,8 @@ pub use runtime::{LinkRuntime, Linked, LinkedKernel, RuntimeConfig};
 pub enum LinkError {
     #[error(transparent)]
     Sys(#[from] crate::sys::SysError),
+    #[error("CUDA headers for run-time NVRTC (cuda_fp16.h, CCCL) not found; set CUDA_HOME to a CUDA toolkit. Tried: {tried}")]
+    HeadersNotFound { tried: String },
     #[error("unknown fragment `{name}`; nearest: {}", nearest.join(", "))]
     UnknownFragment { name: String, nearest: Vec<String> },
     #[error("nvJitLink {nvjitlink} cannot link LTO-IR from NVRTC {nvrtc}: it needs the same major version and an equal or newer minor; set FRAGLINK_NVJITLINK_PATH to a matching libnvJitLink")]

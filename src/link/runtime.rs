@@ -17,6 +17,16 @@ use super::linker::{LinkInput, Linker};
 use super::metadata::{self, KernelMetadata};
 use super::LinkError;
 
+/// fraglink's device headers, embedded so that run-time sources can
+/// `#include "metric.cuh"` etc. wherever the binary runs.
+const FRAGLINK_HEADERS: &[(&str, &str)] = &[
+    ("abi.cuh", include_str!("../../fragments/abi.cuh")),
+    ("common.cuh", include_str!("../../fragments/common.cuh")),
+    ("filter.cuh", include_str!("../../fragments/filter.cuh")),
+    ("metric.cuh", include_str!("../../fragments/metric.cuh")),
+    ("scan.cuh", include_str!("../../fragments/scan.cuh")),
+];
+
 /// A linked, checked kernel.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct LinkedKernel {
@@ -203,11 +213,15 @@ impl LinkRuntime {
         let (maj, min) = nvrtc.version()?;
         super::linker::check_versions(self.linker.version(), (maj as u32, min as u32))?;
         // The same NVRTC command line as the build's, for the target's
-        // virtual arch, with fraglink's headers and CUDA's.
-        let include_dirs: Vec<std::path::PathBuf> =
-            std::iter::once(concat!(env!("CARGO_MANIFEST_DIR"), "/fragments").into())
-                .chain(std::env::split_paths(env!("FRAGLINK_BAKED_CUDA_INCLUDES")))
-                .collect();
+        // virtual arch, with CUDA's headers found beside this NVRTC (or by
+        // the library search) and fraglink's own embedded in the binary, so
+        // a copied binary needs no source tree.
+        let (include_dirs, _) =
+            crate::sys::loader::cuda_include_dirs(Some(nvrtc.path())).map_err(|tried| {
+                LinkError::HeadersNotFound {
+                    tried: tried.join("; "),
+                }
+            })?;
         let options =
             crate::build::compile::nvrtc_options(Arch::compute(arch.number), &include_dirs, &[]);
         let mut h = blake3::Hasher::new();
@@ -217,11 +231,16 @@ impl LinkRuntime {
             h.update(b"\0");
         }
         h.update(source.as_bytes());
+        for (file, text) in FRAGLINK_HEADERS {
+            h.update(file.as_bytes());
+            h.update(text.as_bytes());
+        }
         let hash = h.finalize().to_hex().to_string();
         if let Some(b) = self.sources.get(&hash) {
             return Ok((hash, b.clone()));
         }
-        let out = nvrtc.compile(source, name, &options, Output::LtoIr)?;
+        let out =
+            nvrtc.compile_with_headers(source, name, FRAGLINK_HEADERS, &options, Output::LtoIr)?;
         let bytes = Arc::new(out.bytes);
         self.sources.insert(hash.clone(), bytes.clone());
         Ok((hash, bytes))

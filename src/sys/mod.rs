@@ -53,6 +53,14 @@ pub enum SysError {
         env_var: &'static str,
     },
 
+    /// The run-time override names a file that does not exist.
+    #[error("{env_var}={} names no file; point it at the {library} library file or unset it", .path.display())]
+    OverrideNotFound {
+        library: &'static str,
+        env_var: &'static str,
+        path: PathBuf,
+    },
+
     /// A library file exists but the dynamic loader refused it (wrong
     /// architecture, missing dependency, not a shared object, ...).
     #[error(
@@ -64,6 +72,19 @@ pub enum SysError {
         path: PathBuf,
         env_var: &'static str,
         reason: String,
+    },
+
+    /// The search (loader module docs) found no usable library: every place
+    /// tried, with what was found there or why it was skipped.
+    #[error(
+        "no usable {library} library; set {env_var} to the absolute path of one, or CUDA_HOME to a CUDA toolkit. Tried: {}",
+        SkippedList(.tried)
+    )]
+    NoCompatibleLibrary {
+        library: &'static str,
+        env_var: &'static str,
+        /// `(place and origin, reason it was not used)`, in search order.
+        tried: Vec<(String, String)>,
     },
 
     /// A required entry point is missing from a loaded library.
@@ -166,6 +187,23 @@ impl fmt::Display for TriedList<'_> {
                 f.write_str(", ")?;
             }
             write!(f, "{}", p.display())?;
+        }
+        Ok(())
+    }
+}
+
+struct SkippedList<'a>(&'a [(String, String)]);
+
+impl fmt::Display for SkippedList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("nothing (no candidate anywhere)");
+        }
+        for (i, (place, why)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{place}: {why}")?;
         }
         Ok(())
     }

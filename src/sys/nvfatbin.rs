@@ -137,6 +137,7 @@ impl NvFatbinFns {
 struct Inner {
     fns: NvFatbinFns,
     path: PathBuf,
+    origin: String,
     _lib: libloading::Library,
 }
 
@@ -158,13 +159,27 @@ impl std::fmt::Debug for Nvfatbin {
 impl Nvfatbin {
     /// Opens nvFatbin from `explicit`, else from [`Library::candidates`].
     pub fn open(explicit: Option<&Path>) -> Result<Self, SysError> {
-        let (lib, path) = loader::open_located(Library::NvFatbin, explicit)?;
-        // SAFETY: the library is nvFatbin and is stored next to the table.
-        let fns = unsafe { NvFatbinFns::load(&lib, &path)? };
+        let ir = loader::embedded_ir_version();
+        let ((fns, lib), at) = loader::open_first(Library::NvFatbin, explicit, |lib, path| {
+            // SAFETY: the library is nvFatbin and is stored next to the table.
+            let fns = unsafe { NvFatbinFns::load(&lib, path)? };
+            let (mut major, mut minor) = (0, 0);
+            // SAFETY: two valid out-pointers.
+            let r = unsafe { (fns.nvFatbinVersion)(&mut major, &mut minor) };
+            if r != 0 {
+                return Err(loader::Reject::Skip(format!(
+                    "nvFatbinVersion returned {r}"
+                )));
+            }
+            loader::compatibility(Library::NvFatbin, (major, minor), ir)
+                .map_err(loader::Reject::Skip)?;
+            Ok((fns, lib))
+        })?;
         Ok(Nvfatbin {
             inner: Arc::new(Inner {
                 fns,
-                path,
+                path: at.path,
+                origin: at.origin,
                 _lib: lib,
             }),
         })
@@ -178,6 +193,11 @@ impl Nvfatbin {
     /// The absolute path the library was loaded from.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Why the library was taken from there (loader module docs).
+    pub fn origin(&self) -> &str {
+        &self.inner.origin
     }
 
     /// The raw function table.

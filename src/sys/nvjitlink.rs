@@ -38,8 +38,8 @@ pub type NvJitLinkHandle = *mut c_void;
 pub const NVJITLINK_SUCCESS: NvJitLinkResult = 0;
 
 /// Enum names of `nvJitLinkResult` by value. 0–9 are the 12.9 header's codes;
-/// 10–15 are the header's `NEW_ERROR_CODES` ("will appear in a future CUDA
-/// release"), listed so a newer library's codes still get a name.
+/// 10–15 are its `NEW_ERROR_CODES`, which the 13.0 header makes regular and
+/// extends with 16–18.
 pub const RESULT_NAMES: &[&str] = &[
     "NVJITLINK_SUCCESS",
     "NVJITLINK_ERROR_UNRECOGNIZED_OPTION",
@@ -57,6 +57,9 @@ pub const RESULT_NAMES: &[&str] = &[
     "NVJITLINK_ERROR_ARCH_MISMATCH",
     "NVJITLINK_ERROR_OUTDATED_LIBRARY",
     "NVJITLINK_ERROR_MISSING_FATBIN",
+    "NVJITLINK_ERROR_UNRECOGNIZED_ARCH",
+    "NVJITLINK_ERROR_UNSUPPORTED_ARCH",
+    "NVJITLINK_ERROR_LTO_NOT_ENABLED",
 ];
 
 /// The enum name of an nvJitLink result code.
@@ -180,6 +183,7 @@ impl NvJitLinkFns {
 struct Inner {
     fns: NvJitLinkFns,
     path: PathBuf,
+    origin: String,
     version: (u32, u32),
     _lib: libloading::Library,
 }
@@ -194,7 +198,9 @@ struct Inner {
 /// `NVJITLINK_ERROR_INTERNAL`). [`NvJitLink::create`] therefore rejects such
 /// options itself. The table follows the CUDA release notes: 12.0 supports
 /// sm_50–sm_90a, 12.8 adds sm_100/101/120 (+`a`), 12.9 adds sm_103/121 (+`a`)
-/// and the family-specific `f` variants of the Blackwell archs.
+/// and the family-specific `f` variants of the Blackwell archs. nvJitLink 13
+/// rejects unknown architectures itself (`NVJITLINK_ERROR_UNRECOGNIZED_ARCH`,
+/// no crash), so 13.x is left unchecked (`None`).
 pub fn known_archs(version: (u32, u32)) -> Option<Vec<&'static str>> {
     const BASE: &[&str] = &[
         "50", "52", "53", "60", "61", "62", "70", "72", "75", "80", "86", "87", "89", "90", "90a",
@@ -271,20 +277,31 @@ impl std::fmt::Debug for NvJitLink {
 impl NvJitLink {
     /// Opens nvJitLink from `explicit`, else from [`Library::candidates`].
     pub fn open(explicit: Option<&Path>) -> Result<Self, SysError> {
-        let (lib, path) = loader::open_located(Library::NvJitLink, explicit)?;
-        // SAFETY: the library is nvJitLink and is stored next to the table.
-        let fns = unsafe { NvJitLinkFns::load(&lib, &path)? };
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: two valid out-pointers.
-        let r = unsafe { (fns.nvJitLinkVersion)(&mut major, &mut minor) };
-        if r != NVJITLINK_SUCCESS {
-            return Err(api_error("nvJitLinkVersion", r, String::new()));
-        }
+        let ir = loader::embedded_ir_version();
+        let ((fns, lib, version), at) =
+            loader::open_first(Library::NvJitLink, explicit, |lib, path| {
+                // SAFETY: the library is nvJitLink and is stored next to the table.
+                let fns = unsafe { NvJitLinkFns::load(&lib, path)? };
+                let (mut major, mut minor) = (0, 0);
+                // SAFETY: two valid out-pointers.
+                let r = unsafe { (fns.nvJitLinkVersion)(&mut major, &mut minor) };
+                if r != NVJITLINK_SUCCESS {
+                    return Err(loader::Reject::Fail(api_error(
+                        "nvJitLinkVersion",
+                        r,
+                        String::new(),
+                    )));
+                }
+                loader::compatibility(Library::NvJitLink, (major, minor), ir)
+                    .map_err(loader::Reject::Skip)?;
+                Ok((fns, lib, (major, minor)))
+            })?;
         Ok(NvJitLink {
             inner: Arc::new(Inner {
                 fns,
-                path,
-                version: (major, minor),
+                path: at.path,
+                origin: at.origin,
+                version,
                 _lib: lib,
             }),
         })
@@ -298,6 +315,11 @@ impl NvJitLink {
     /// The absolute path the library was loaded from.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Why the library was taken from there (loader module docs).
+    pub fn origin(&self) -> &str {
+        &self.inner.origin
     }
 
     /// The raw function table.

@@ -133,8 +133,27 @@ pub struct Compiled {
 struct Inner {
     fns: NvrtcFns,
     path: PathBuf,
+    origin: String,
+    version: (u32, u32),
     // Keeps the code behind `fns` mapped; declared last so it is dropped last.
+    _builtins: Vec<libloading::Library>,
     _lib: libloading::Library,
+}
+
+/// NVRTC `dlopen`s `libnvrtc-builtins.so.<major>.<minor>` by soname, and the
+/// CUDA 13 wheel's libnvrtc has no run path to find it beside itself (the
+/// CUDA 12 wheels' does). Loading it first by absolute path makes that
+/// soname resolve to the already-loaded library, with no `LD_LIBRARY_PATH`.
+fn preload_builtins(nvrtc: &Path) -> Vec<libloading::Library> {
+    let Some(dir) = nvrtc.parent() else {
+        return Vec::new();
+    };
+    loader::lib_files(dir, "libnvrtc-builtins.so")
+        .into_iter()
+        // SAFETY: NVIDIA's builtins library has no initialisers with
+        // preconditions. A failure here resurfaces as NVRTC's own error.
+        .filter_map(|p| unsafe { libloading::Library::new(p.as_os_str()) }.ok())
+        .collect()
 }
 
 /// A loaded NVRTC. Cheap to clone; `Send + Sync` (NVRTC is thread-safe for
@@ -170,13 +189,28 @@ impl Drop for ProgramGuard<'_> {
 impl Nvrtc {
     /// Opens NVRTC from `explicit`, else from [`Library::candidates`].
     pub fn open(explicit: Option<&Path>) -> Result<Self, SysError> {
-        let (lib, path) = loader::open_located(Library::Nvrtc, explicit)?;
-        // SAFETY: the library is NVRTC and is stored next to the table.
-        let fns = unsafe { NvrtcFns::load(&lib, &path)? };
+        let ir = loader::embedded_ir_version();
+        let ((fns, lib, version, builtins), at) =
+            loader::open_first(Library::Nvrtc, explicit, |lib, path| {
+                // SAFETY: the library is NVRTC and is stored next to the table.
+                let fns = unsafe { NvrtcFns::load(&lib, path)? };
+                let (mut major, mut minor) = (0, 0);
+                // SAFETY: two valid out-pointers.
+                let r = unsafe { (fns.nvrtcVersion)(&mut major, &mut minor) };
+                if r != 0 {
+                    return Err(loader::Reject::Skip(format!("nvrtcVersion returned {r}")));
+                }
+                let version = (major as u32, minor as u32);
+                loader::compatibility(Library::Nvrtc, version, ir).map_err(loader::Reject::Skip)?;
+                Ok((fns, lib, version, preload_builtins(path)))
+            })?;
         Ok(Nvrtc {
             inner: Arc::new(Inner {
                 fns,
-                path,
+                path: at.path,
+                origin: at.origin,
+                version,
+                _builtins: builtins,
                 _lib: lib,
             }),
         })
@@ -190,6 +224,16 @@ impl Nvrtc {
     /// The absolute path the library was loaded from.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Why the library was taken from there (loader module docs).
+    pub fn origin(&self) -> &str {
+        &self.inner.origin
+    }
+
+    /// `nvrtcVersion` as read when the library was opened.
+    pub fn version_u32(&self) -> (u32, u32) {
+        self.inner.version
     }
 
     /// The raw function table.

@@ -1,6 +1,7 @@
 //! The fraglink command line.
 
 mod catalog;
+mod doctor;
 mod expand;
 mod link;
 mod search;
@@ -31,6 +32,8 @@ enum Command {
     /// Inspect or clear the disk cache of linked cubins.
     #[command(subcommand)]
     Cache(link::CacheCommand),
+    /// Where this binary finds its CUDA libraries and headers, the driver, the GPUs, the caches.
+    Doctor(doctor::DoctorArgs),
     /// Exact k-NN search end to end (the GPU plan, routing, QPS, recall).
     Search(search::SearchArgs),
 }
@@ -43,5 +46,6 @@ fn main() -> ExitCode {
         Command::Link(a) => link::run(a),
         Command::Cache(c) => link::run_cache(c),
         Command::Search(a) => search::run(a),
+        Command::Doctor(a) => doctor::run(a),
     }
 }

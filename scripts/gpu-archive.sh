@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds everything a GPU machine without a Rust toolchain or network needs to
+# run fraglink's tests and GPU benches (README, "Testing on a GPU machine"):
+#
+#   target/gpu-archive/
+#     fraglink-tests.tar.zst   cargo-nextest archive: release tests, the CLI,
+#                              the gpu_bench binary (.config/nextest.toml)
+#     testdata/                a copy of ../shared/testdata
+#     cargo-nextest.xz         nextest itself, xz (Python's lzma unpacks it)
+#
+# Built against CUDA 13.0 (FRAGLINK_CUDA_VERSION=13) because GPU machines with
+# driver 580 ship CUDA 13.0 and its nvJitLink must be the IR's major; set
+# FRAGLINK_CUDA_VERSION=12 to build for CUDA 12 instead. The build uses its
+# own target directory (target/gpu-cuda<major>) so the default build's
+# artifacts stay valid.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+export FRAGLINK_CUDA_VERSION=${FRAGLINK_CUDA_VERSION:-13}
+export CARGO_TARGET_DIR=${GPU_ARCHIVE_TARGET_DIR:-$root/target/gpu-cuda$FRAGLINK_CUDA_VERSION}
+out=$root/target/gpu-archive
+testdata=${FRAGLINK_TESTDATA:-$root/../shared/testdata}
+
+command -v cargo-nextest >/dev/null || { echo "error: cargo-nextest is not installed (cargo install cargo-nextest --locked)" >&2; exit 1; }
+command -v xz >/dev/null || { echo "error: xz is not installed" >&2; exit 1; }
+test -d "$testdata/cuvs-matrices" || { echo "error: test data not found at $testdata (set FRAGLINK_TESTDATA)" >&2; exit 1; }
+
+rm -rf "$out"
+mkdir -p "$out"
+echo "== building for CUDA $FRAGLINK_CUDA_VERSION into $CARGO_TARGET_DIR"
+cargo build --release --example gpu_bench
+cargo nextest archive --release --archive-file "$out/fraglink-tests.tar.zst"
+cp -r "$testdata" "$out/testdata"
+xz -9 -T0 -c "$(command -v cargo-nextest)" >"$out/cargo-nextest.xz"
+git rev-parse HEAD >"$out/commit" 2>/dev/null || true
+echo "== $out"
+du -ab "$out" | sort -n | tail -4
+size=$(du -sb "$out" | cut -f1)
+echo "total $((size / 1024 / 1024)) MiB ($size bytes)"
+if [ "$size" -gt $((48 * 1024 * 1024)) ]; then
+  echo "error: the archive folder is over 48 MiB" >&2
+  exit 1
+fi
