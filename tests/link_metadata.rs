@@ -121,17 +121,28 @@ fn e_flags_layout_of_real_cubins() {
     for (arch, sm) in ARCHS {
         let (cubin, _) = default_link(arch);
         let info = check_cubin(&cubin, SCAN).unwrap();
-        // CUDA 12 ELF ABI version 7: SM in bits 0-7, virtual SM in bits 16-23,
-        // 0x500 = EF_CUDA_TEXMODE_UNIFIED | EF_CUDA_64BIT_ADDRESS.
-        assert_eq!(info.abi_version, 7, "{arch}");
-        assert_eq!(info.e_flags & 0xff, sm, "{arch}: {:#x}", info.e_flags);
-        assert_eq!(
-            (info.e_flags >> 16) & 0xff,
-            sm,
-            "{arch}: {:#x}",
-            info.e_flags
-        );
-        assert_eq!(info.e_flags, (sm << 16) | 0x500 | sm, "{arch}");
+        match info.abi_version {
+            // CUDA 12 ELF ABI version 7: SM in bits 0-7, virtual SM in bits
+            // 16-23, 0x500 = EF_CUDA_TEXMODE_UNIFIED | EF_CUDA_64BIT_ADDRESS.
+            7 => {
+                assert_eq!(info.e_flags & 0xff, sm, "{arch}: {:#x}", info.e_flags);
+                assert_eq!(
+                    (info.e_flags >> 16) & 0xff,
+                    sm,
+                    "{arch}: {:#x}",
+                    info.e_flags
+                );
+                assert_eq!(info.e_flags, (sm << 16) | 0x500 | sm, "{arch}");
+            }
+            // CUDA 13 writes ABI version 8 for every SM: the SM in bits 8-15.
+            8 => assert_eq!(
+                (info.e_flags >> 8) & 0xff,
+                sm,
+                "{arch}: {:#x}",
+                info.e_flags
+            ),
+            v => panic!("{arch}: unexpected CUDA ELF ABI version {v}"),
+        }
         assert_eq!(sm_from_e_flags(info.abi_version, info.e_flags), Some(sm));
     }
 }
