@@ -128,7 +128,8 @@ __device__ FRAGLINK_INLINE vec<T, VL> load_vec(const T* __restrict__ p) {
 
 // Distance between a query and a row of `dim` elements through the linked metric.
 // Elements are folded strictly in order j = 0 .. dim-1 (whatever VL is).
-// Requires dim % VL == 0 and both pointers aligned to sizeof(T) * VL.
+// Requires dim % VL == 0 and both pointers aligned to sizeof(T) * VL (run() checks it
+// with launch_ok before the first load).
 template <typename T, int VL>
 __device__ FRAGLINK_INLINE float distance(const T* __restrict__ q, const T* __restrict__ x, uint32_t dim) {
   typedef metric_abi<T> M;
@@ -172,6 +173,37 @@ __device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
   }
 }
 
+// Low bits of a pointer that must be zero for `align`-byte alignment (a power of two).
+template <int ALIGN>
+__device__ FRAGLINK_INLINE uint64_t misaligned_bits(const void* p) {
+  static_assert(ALIGN >= 1 && (ALIGN & (ALIGN - 1)) == 0, "alignment must be a power of two");
+  return reinterpret_cast<uint64_t>(p) & static_cast<uint64_t>(ALIGN - 1);
+}
+
+// The launch contract the kernel can check by itself (fragments/README.md): 1 <= k <=
+// CAP, block = (BLOCK, 1, 1), dim % VL == 0, dataset and queries aligned to
+// sizeof(T) * VL bytes (the vector loads), the filter words, ids and distances to their
+// own size. Every operand is a kernel argument or the block shape, so the answer is the
+// same for every thread of the grid: a violating launch writes nothing at all (no
+// partial results) and, above all, never issues a misaligned load — that fault is
+// sticky and would kill the caller's CUDA context. A caller detects a refused launch by
+// pre-filling out_dists with NaN: a valid result never holds NaN (NaN ranks as +inf,
+// padding is +inf), so NaN left in place means nothing was written. The host side checks the
+// same rules first and names the argument (src/gpu/launch.rs, ScanContract). Checks
+// that are constant for a variant (VL = 1, byte elements) compile away.
+template <typename T, typename Idx, int VL, int CAP>
+__device__ FRAGLINK_INLINE bool launch_ok(const T* dataset, const T* queries, const uint32_t* filter_bits,
+                                          uint32_t dim, uint32_t k, const Idx* out_ids, const float* out_dists) {
+  constexpr int VEC_BYTES = static_cast<int>(sizeof(T)) * VL;
+  const uint64_t bad = misaligned_bits<VEC_BYTES>(dataset) | misaligned_bits<VEC_BYTES>(queries) |
+                        misaligned_bits<static_cast<int>(sizeof(uint32_t))>(filter_bits) |
+                        misaligned_bits<static_cast<int>(sizeof(Idx))>(out_ids) |
+                        misaligned_bits<static_cast<int>(sizeof(float))>(out_dists) |
+                        static_cast<uint64_t>(dim & static_cast<uint32_t>(VL - 1));
+  return bad == 0 && k != 0 && k <= static_cast<uint32_t>(CAP) && blockDim.x == FRAGLINK_SCAN_BLOCK &&
+         blockDim.y == 1 && blockDim.z == 1;
+}
+
 // The whole scan; see the top of this file and fragments/README.md for the contract.
 template <typename T, typename Idx, int VL, int CAP>
 __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __restrict__ queries,
@@ -187,8 +219,9 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
   __shared__ float s_dist[S];
   __shared__ Idx s_id[S];
 
-  // Contract violations (uniform across the block): write nothing.
-  if (k == 0 || k > static_cast<uint32_t>(CAP) || blockDim.x != BLOCK || blockDim.y != 1 || blockDim.z != 1) {
+  // Contract violations write nothing: every block returns before its first memory
+  // access (see launch_ok).
+  if (!launch_ok<T, Idx, VL, CAP>(dataset, queries, filter_bits, dim, k, out_ids, out_dists)) {
     return;
   }
   const int tid = static_cast<int>(threadIdx.x);

@@ -8,14 +8,16 @@
 //! CPU-side half of loading a kernel — a real nvJitLink link of the shipped
 //! scan whose cubin and resources pass the launcher's checks.
 
-use fraglink::gpu::launch::{check_cubin, EM_CUDA};
+use fraglink::gpu::launch::{check_cubin, ScanContract, EM_CUDA};
 use fraglink::gpu::{
     CapturedGraph, GpuContext, GpuError, KernelArgs, KernelResources, LaunchConfig, Launcher,
-    MemoryPool, PinnedBuffer, PoolConfig, Transfer,
+    MemoryPool, PinnedBuffer, PoolConfig, SizeClasses, Transfer, TransferDirection,
 };
 use fraglink::sys::{InputType, NvJitLink};
 
 const SCAN: &str = "scan_f32_u32_v1_k32";
+/// The 16-byte vector-load variant: needs dim % 4 == 0 and 16-byte rows.
+const SCAN_V4: &str = "scan_f32_u32_v4_k32";
 const METRIC: &str = "metric_l2_f32";
 const FILTER: &str = "filter_none_u32";
 const SCAN_BLOCK: u32 = 128;
@@ -63,17 +65,21 @@ fn no_driver_means_device_not_available_not_a_panic() {
 /// Links scan + metric + filter for `arch` like the planner does; returns
 /// the cubin and nvJitLink's info log.
 fn link_scan(arch: &str) -> (Vec<u8>, String) {
+    link_scan_variant(SCAN, arch)
+}
+
+fn link_scan_variant(scan: &str, arch: &str) -> (Vec<u8>, String) {
     let jl = NvJitLink::open(None).unwrap_or_else(|e| panic!("{e}"));
     let options: Vec<String> = [
         "-lto".to_string(),
         format!("-arch={arch}"),
         "-O3".into(),
         "-verbose".into(),
-        format!("-kernels-used={SCAN}"),
+        format!("-kernels-used={scan}"),
     ]
     .into();
     let mut h = jl.create(&options).unwrap_or_else(|e| panic!("{e}"));
-    for name in [SCAN, METRIC, FILTER] {
+    for name in [scan, METRIC, FILTER] {
         let f = fraglink::fragments::find(name)
             .unwrap_or_else(|| panic!("fragment {name} is not embedded"));
         h.add(InputType::Fatbin, f.fatbin, name)
@@ -232,10 +238,15 @@ fn pinned_async_roundtrip() {
     let t = Transfer::new(&ctx);
     let host = data(1 << 20, 2);
     let pinned = PinnedBuffer::from_slice(&ctx, &host).unwrap();
+    // Upload staging is write-combined; the download buffer is not.
+    assert!(pinned.is_write_combined());
+    assert_eq!(pinned.direction(), TransferDirection::HostToDevice);
     let mut dev = pool.alloc::<f32>(host.len()).unwrap();
     let up = t.upload_async(&pinned, &mut dev).unwrap();
     let d_up = up.wait().unwrap();
     let mut out = PinnedBuffer::<f32>::zeroed(&ctx, host.len()).unwrap();
+    assert!(!out.is_write_combined());
+    assert_eq!(out.direction(), TransferDirection::DeviceToHost);
     let down = t.download_async(&dev, &mut out).unwrap();
     // The accessor waits for the copy even before `wait`.
     assert_eq!(out.as_slice().unwrap(), &host[..]);
@@ -244,6 +255,33 @@ fn pinned_async_roundtrip() {
     let s = t.stats();
     assert_eq!(s.timed_bytes, 2 * 4 * host.len() as u64);
     assert!(s.gbps() > 0.0);
+
+    // Why downloads avoid write-combined memory: the host reads the result,
+    // and host reads of write-combined memory are uncached. Same data, same
+    // summation, both buffers: the plain one must not be the slow one.
+    let mut wc = PinnedBuffer::<f32>::for_upload(&ctx, host.len()).unwrap();
+    wc.as_mut_slice().unwrap().copy_from_slice(&host);
+    let read = |b: &PinnedBuffer<f32>| {
+        let t0 = std::time::Instant::now();
+        let mut sum = 0.0f64;
+        for _ in 0..3 {
+            sum += b
+                .as_slice()
+                .unwrap()
+                .iter()
+                .map(|&x| f64::from(x))
+                .sum::<f64>();
+        }
+        (t0.elapsed(), sum)
+    };
+    let (t_plain, s_plain) = read(&out);
+    let (t_wc, s_wc) = read(&wc);
+    assert_eq!(s_plain.to_bits(), s_wc.to_bits());
+    eprintln!("host read of 4 MiB ×3: plain pinned {t_plain:?}, write-combined {t_wc:?}");
+    assert!(
+        t_plain <= t_wc * 2,
+        "plain pinned reads ({t_plain:?}) should not be slower than write-combined ones ({t_wc:?})"
+    );
 }
 
 #[test]
@@ -261,7 +299,8 @@ fn pool_on_the_device() {
     let a = pool.alloc::<f32>(1000).unwrap();
     assert_eq!(a.reserved_bytes(), 4096);
     drop(a);
-    let b = pool.alloc::<u8>(3000).unwrap();
+    // Same class (eighths of a power of two: 3841..=4096 bytes → 4096).
+    let b = pool.alloc::<u8>(3900).unwrap();
     let s = pool.stats();
     assert_eq!((s.pool_hits, s.pool_misses), (1, 1));
     drop(b);
@@ -278,6 +317,45 @@ fn pool_on_the_device() {
         }
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
+    ctx.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_sized_pool_takes_datasets_over_4_gib() {
+    let ctx = ctx();
+    let pool = MemoryPool::cuda_for_device(&ctx).unwrap();
+    let total = ctx.info().total_memory;
+    assert_eq!(pool.config(), &PoolConfig::for_device(total));
+    assert_eq!(
+        pool.config().size_classes,
+        SizeClasses::PowerOfTwoSteps { steps: 8 }
+    );
+    assert!(pool.config().max_allocation >= total / 8 * 7 - (2 << 20));
+    let (free, _) = ctx.memory_info().unwrap();
+    let want: u64 = (4 << 30) + (300 << 20); // 4.3 GiB: over the old fixed cap
+    if free < want * 2 {
+        eprintln!("skipped: {free} bytes free");
+        return;
+    }
+    let big = pool.alloc::<u8>(want as usize).unwrap();
+    assert!(big.reserved_bytes() >= want);
+    assert!(
+        (big.reserved_bytes() - want) * 8 < want,
+        "{} reserved for {want}",
+        big.reserved_bytes()
+    );
+    // It is real memory: write its last bytes and read them back.
+    let t = Transfer::new(&ctx);
+    let mut big = big;
+    t.upload(&[7u8; 16], big.subview_mut(want as usize - 16, 16).unwrap())
+        .unwrap();
+    let tail = t
+        .download_vec(big.subview(want as usize - 16, 16).unwrap())
+        .unwrap();
+    assert_eq!(tail, [7u8; 16]);
+    drop(big);
+    pool.trim();
     ctx.synchronize().unwrap();
 }
 
@@ -453,4 +531,151 @@ fn scan_replays_from_a_captured_graph() {
         let (ref_ids, _) = reference_scan(&dataset, &queries, dim, k);
         assert_eq!(t.download_vec(&d_ids).unwrap(), ref_ids, "round {round}");
     }
+}
+
+/// The v4 scan launched by hand with arguments that break its contract: the
+/// kernel writes nothing (the NaN the outputs were filled with stays; a
+/// valid result never holds NaN), raises no misaligned-address fault, and
+/// the context stays usable — the next valid launch matches the reference.
+/// With alignments required, the launcher refuses first, naming the argument.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn contract_violations_write_nothing_and_keep_the_context() {
+    let ctx = ctx();
+    let (cubin, log) = link_scan_variant(SCAN_V4, &ctx.arch().to_string());
+    let launcher =
+        Launcher::load(&ctx, &cubin, SCAN_V4, resources_from_log(&log, SCAN_V4)).unwrap();
+    let pool = small_pool(&ctx);
+    let t = Transfer::new(&ctx);
+    let (n_rows, dim, nq, k) = (300usize, 8usize, 5usize, 4usize);
+    let dataset = data(n_rows * dim, 21);
+    // One spare element in front: a view starting at element 1 is 4 bytes
+    // past a 16-byte boundary.
+    let mut padded = vec![0.0f32];
+    padded.extend(data(nq * dim, 22));
+    let d_dataset = t.upload_new(&pool, &dataset).unwrap();
+    let d_padded = t.upload_new(&pool, &padded).unwrap();
+    let mut d_ids = pool.alloc::<u32>(nq * k).unwrap();
+    let mut d_dists = pool.alloc::<f32>(nq * k).unwrap();
+    let cfg = LaunchConfig::new((nq as u32, 1, 1), (SCAN_BLOCK, 1, 1));
+    let poison = |d_ids: &mut fraglink::gpu::GpuBuffer<u32>,
+                  d_dists: &mut fraglink::gpu::GpuBuffer<f32>| {
+        t.upload(&vec![7u32; nq * k], &mut *d_ids).unwrap();
+        t.upload(&vec![f32::NAN; nq * k], &mut *d_dists).unwrap();
+    };
+    let untouched = |d_ids: &fraglink::gpu::GpuBuffer<u32>,
+                     d_dists: &fraglink::gpu::GpuBuffer<f32>,
+                     what: &str| {
+        assert!(
+            t.download_vec(d_dists).unwrap().iter().all(|d| d.is_nan()),
+            "{what}: the kernel wrote distances"
+        );
+        assert!(
+            t.download_vec(d_ids).unwrap().iter().all(|&i| i == 7),
+            "{what}: the kernel wrote ids"
+        );
+    };
+
+    // 1. Misaligned queries (4 bytes past 16), no host-side requirement:
+    //    the kernel's own guard.
+    poison(&mut d_ids, &mut d_dists);
+    {
+        let mut args = KernelArgs::new();
+        args.input(&d_dataset).unwrap();
+        args.input(d_padded.subview(1, nq * dim).unwrap()).unwrap();
+        args.null_ptr()
+            .value(n_rows as u64)
+            .value(dim as u32)
+            .value(nq as u32)
+            .value(k as u32);
+        args.output(&mut d_ids).unwrap();
+        args.output(&mut d_dists).unwrap();
+        // SAFETY: the contract is broken on purpose; the kernel must refuse.
+        unsafe { launcher.launch(&cfg, &mut args) }.unwrap();
+    }
+    ctx.synchronize()
+        .expect("a misaligned launch must not fault (the fault is sticky)");
+    untouched(&d_ids, &d_dists, "misaligned queries");
+
+    // 2. dim not a multiple of 4 (pointers aligned): also nothing.
+    poison(&mut d_ids, &mut d_dists);
+    {
+        let mut args = KernelArgs::new();
+        args.input(&d_dataset).unwrap();
+        args.input(d_padded.subview(0, nq * dim).unwrap()).unwrap();
+        args.null_ptr()
+            .value(n_rows as u64)
+            .value(6u32)
+            .value(nq as u32)
+            .value(k as u32);
+        args.output(&mut d_ids).unwrap();
+        args.output(&mut d_dists).unwrap();
+        // SAFETY: as above.
+        unsafe { launcher.launch(&cfg, &mut args) }.unwrap();
+    }
+    ctx.synchronize().unwrap();
+    untouched(&d_ids, &d_dists, "dim 6 with veclen 4");
+
+    // 3. The same misaligned launch with the contract's alignments required:
+    //    refused on the host, naming the argument; nothing reaches the GPU.
+    let contract = ScanContract {
+        elem_bytes: 4,
+        veclen: 4,
+        id_bytes: 4,
+        capacity: 32,
+    };
+    {
+        let mut args = KernelArgs::new();
+        args.input(&d_dataset)
+            .unwrap()
+            .require_alignment(contract.vector_align(), "dataset");
+        args.input(d_padded.subview(1, nq * dim).unwrap())
+            .unwrap()
+            .require_alignment(contract.vector_align(), "queries");
+        args.null_ptr()
+            .value(n_rows as u64)
+            .value(dim as u32)
+            .value(nq as u32)
+            .value(k as u32);
+        args.output(&mut d_ids).unwrap();
+        args.output(&mut d_dists).unwrap();
+        // SAFETY: refused by the alignment check, never launched.
+        let e = unsafe { launcher.launch(&cfg, &mut args) }.unwrap_err();
+        assert!(matches!(e, GpuError::InvalidConfig { .. }), "{e}");
+        assert!(
+            e.to_string().contains("`queries`") && e.to_string().contains("16 bytes"),
+            "{e}"
+        );
+    }
+    // The host-side typed check says the same from the offset.
+    assert_eq!(
+        contract.check_offset("queries", 4).unwrap_err().argument(),
+        "queries"
+    );
+
+    // 4. The context is alive: a valid launch gives the reference result.
+    {
+        let mut args = KernelArgs::new();
+        args.input(&d_dataset).unwrap();
+        args.input(d_padded.subview(0, nq * dim).unwrap()).unwrap();
+        args.null_ptr()
+            .value(n_rows as u64)
+            .value(dim as u32)
+            .value(nq as u32)
+            .value(k as u32);
+        args.output(&mut d_ids).unwrap();
+        args.output(&mut d_dists).unwrap();
+        // SAFETY: arguments in the order and types of fragments/README.md.
+        unsafe { launcher.launch(&cfg, &mut args) }.unwrap();
+    }
+    let (ref_ids, ref_dists) = reference_scan(&dataset, &padded[..nq * dim], dim, k);
+    assert_eq!(t.download_vec(&d_ids).unwrap(), ref_ids);
+    assert_eq!(
+        t.download_vec(&d_dists)
+            .unwrap()
+            .iter()
+            .map(|d| d.to_bits())
+            .collect::<Vec<_>>(),
+        ref_dists.iter().map(|d| d.to_bits()).collect::<Vec<_>>()
+    );
 }

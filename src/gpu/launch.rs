@@ -17,6 +17,16 @@
 //! cudarc's launch builder does (`DevicePtr::device_ptr` /
 //! `DevicePtrMut::device_ptr_mut`, whose guards record the read/write events
 //! after `cuLaunchKernel`), so buffers used on several streams stay ordered.
+//!
+//! A pointer argument may carry an alignment requirement
+//! ([`KernelArgs::require_alignment`]); the launcher checks the real device
+//! address before `cuLaunchKernel` and names the argument when it fails —
+//! a misaligned vector load would raise a sticky fault that ends the CUDA
+//! context. [`ScanContract`] is the scan kernel's launch contract on the
+//! host (32-bit counts converted without truncation, `dim % veclen`, `k`,
+//! pointer alignments), with [`ScanArgError`] naming the argument; the
+//! kernel enforces the same rules itself and writes nothing when they fail
+//! (fragments/scan.cuh, `launch_ok`).
 
 use std::collections::VecDeque;
 use std::ffi::{c_void, CString};
@@ -294,6 +304,9 @@ pub struct KernelArgs<'a> {
     values: Vec<(Box<[u128]>, usize)>,
     reads: Vec<CudaView<'a, u8>>,
     writes: Vec<CudaViewMut<'a, u8>>,
+    /// `(argument index, alignment in bytes, name)`: device addresses the
+    /// launcher checks before launching ([`Self::require_alignment`]).
+    alignments: Vec<(usize, u64, String)>,
 }
 
 impl std::fmt::Debug for KernelArgs<'_> {
@@ -382,6 +395,20 @@ impl<'a> KernelArgs<'a> {
         self.input(view)
     }
 
+    /// Requires the device address of the last pointer argument to be a
+    /// multiple of `align` bytes (a power of two); the launcher checks the
+    /// real address before `cuLaunchKernel` and refuses the launch with an
+    /// error naming `name`. A kernel doing vector loads needs this: a
+    /// misaligned load is a sticky fault that ends the whole CUDA context.
+    /// Ignored (and refused at launch) when the last argument is not a
+    /// device pointer.
+    pub fn require_alignment(&mut self, align: u64, name: &str) -> &mut Self {
+        if let Some(index) = self.order.len().checked_sub(1) {
+            self.alignments.push((index, align, name.to_owned()));
+        }
+        self
+    }
+
     /// Device data the kernel writes (or reads and writes).
     pub fn output<T: DeviceRepr + 'a>(
         &mut self,
@@ -419,6 +446,199 @@ pub fn check_arguments(entry: &str, params: &[usize], args: &[usize]) -> GpuResu
         }
     }
     Ok(())
+}
+
+/// Checks that argument `index` (`name`) of `entry`, at device address
+/// `address`, is aligned to `align` bytes (a power of two).
+pub fn check_alignment(
+    entry: &str,
+    index: usize,
+    name: &str,
+    address: u64,
+    align: u64,
+) -> GpuResult<()> {
+    if !align.is_power_of_two() {
+        return Err(GpuError::invalid_config(format!(
+            "argument {index} `{name}` of `{entry}`: required alignment {align} is not a power of two"
+        )));
+    }
+    if address % align != 0 {
+        return Err(GpuError::invalid_config(format!(
+            "argument {index} `{name}` of `{entry}`: device address {address:#x} is not aligned \
+             to {align} bytes (the kernel's vector loads would fault)"
+        )));
+    }
+    Ok(())
+}
+
+/// Names of the scan kernel's parameters, in order (fragments/README.md).
+pub const SCAN_PARAMS: [&str; 9] = [
+    "dataset",
+    "queries",
+    "filter_bits",
+    "n_rows",
+    "dim",
+    "n_queries",
+    "k",
+    "out_ids",
+    "out_dists",
+];
+
+/// A scan launch argument that breaks the scan kernel's launch contract
+/// (fragments/README.md, "Preconditions"), found on the host before the
+/// launch. Each names the argument and the offending value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScanArgError {
+    /// A count that does not fit the kernel's 32-bit parameter.
+    #[error("scan argument `{argument}` = {value} exceeds the kernel's 32-bit parameter (at most {max})")]
+    TooLarge {
+        argument: &'static str,
+        value: u64,
+        max: u64,
+    },
+    /// `dim` is not a multiple of the variant's vector width.
+    #[error("scan argument `dim` = {dim} is not a multiple of the kernel's veclen {veclen} (pick a veclen-1 variant or pad the rows)")]
+    DimNotMultipleOfVeclen { dim: u64, veclen: u32 },
+    /// `k` outside `1..=capacity`.
+    #[error("scan argument `k` = {k} is outside 1..={capacity}, the kernel's top-k capacity")]
+    K { k: u64, capacity: u32 },
+    /// More rows than u32 ids can name (0xFFFFFFFF is the padding id).
+    #[error(
+        "scan argument `n_rows` = {n_rows} needs i64 ids: u32 ids name at most 4294967294 rows"
+    )]
+    RowsNeedWideIds { n_rows: u64 },
+    /// A pointer argument not aligned as the kernel reads it.
+    #[error("scan argument `{argument}` at byte offset {offset} is not aligned to {align} bytes")]
+    Misaligned {
+        argument: &'static str,
+        offset: u64,
+        align: u64,
+    },
+}
+
+impl ScanArgError {
+    /// The parameter (one of [`SCAN_PARAMS`]) the error is about.
+    pub fn argument(&self) -> &'static str {
+        match self {
+            ScanArgError::TooLarge { argument, .. } | ScanArgError::Misaligned { argument, .. } => {
+                argument
+            }
+            ScanArgError::DimNotMultipleOfVeclen { .. } => "dim",
+            ScanArgError::K { .. } => "k",
+            ScanArgError::RowsNeedWideIds { .. } => "n_rows",
+        }
+    }
+}
+
+impl From<ScanArgError> for GpuError {
+    fn from(e: ScanArgError) -> Self {
+        GpuError::InvalidConfig {
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// The scalar arguments of one scan launch, converted to the kernel's
+/// parameter types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanScalars {
+    pub n_rows: u64,
+    pub dim: u32,
+    pub n_queries: u32,
+    pub k: u32,
+}
+
+/// What one scan variant (`scan_{dtype}_{idx}_v{veclen}_k{capacity}`)
+/// requires of its launch. The kernel checks the same rules itself and
+/// writes nothing when they fail (fragments/scan.cuh, `launch_ok`); this is
+/// the host-side half that says which argument is wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanContract {
+    /// Bytes per element: 4 (f32), 2 (f16), 1 (i8, u8).
+    pub elem_bytes: u32,
+    /// Elements per vector load (a power of two).
+    pub veclen: u32,
+    /// Bytes per id: 4 (u32) or 8 (i64).
+    pub id_bytes: u32,
+    /// Top-k capacity.
+    pub capacity: u32,
+}
+
+impl ScanContract {
+    /// Alignment `dataset` and `queries` need: one vector load.
+    pub fn vector_align(&self) -> u64 {
+        u64::from(self.elem_bytes.max(1)) * u64::from(self.veclen.max(1))
+    }
+
+    /// Required alignment of each pointer parameter, by name.
+    pub fn pointer_alignments(&self) -> [(&'static str, u64); 5] {
+        [
+            ("dataset", self.vector_align()),
+            ("queries", self.vector_align()),
+            ("filter_bits", 4),
+            ("out_ids", u64::from(self.id_bytes.max(1))),
+            ("out_dists", 4),
+        ]
+    }
+
+    /// Checks the counts of one launch and converts them to the kernel's
+    /// parameter types (nothing is truncated: a value that does not fit is
+    /// an error naming it).
+    pub fn scalars(
+        &self,
+        n_rows: u64,
+        dim: u64,
+        n_queries: u64,
+        k: u64,
+    ) -> Result<ScanScalars, ScanArgError> {
+        let to_u32 = |argument: &'static str, value: u64| {
+            u32::try_from(value).map_err(|_| ScanArgError::TooLarge {
+                argument,
+                value,
+                max: u64::from(u32::MAX),
+            })
+        };
+        let dim32 = to_u32("dim", dim)?;
+        let n_queries = to_u32("n_queries", n_queries)?;
+        if k == 0 || k > u64::from(self.capacity) {
+            return Err(ScanArgError::K {
+                k,
+                capacity: self.capacity,
+            });
+        }
+        let veclen = self.veclen.max(1);
+        if dim % u64::from(veclen) != 0 {
+            return Err(ScanArgError::DimNotMultipleOfVeclen { dim, veclen });
+        }
+        if self.id_bytes == 4 && n_rows >= u64::from(u32::MAX) {
+            return Err(ScanArgError::RowsNeedWideIds { n_rows });
+        }
+        Ok(ScanScalars {
+            n_rows,
+            dim: dim32,
+            n_queries,
+            k: k as u32,
+        })
+    }
+
+    /// Checks that pointer parameter `argument` starting `offset` bytes
+    /// into a device allocation (allocations are at least 256-byte aligned)
+    /// is aligned as the kernel reads it.
+    pub fn check_offset(&self, argument: &'static str, offset: u64) -> Result<(), ScanArgError> {
+        let align = self
+            .pointer_alignments()
+            .iter()
+            .find(|(name, _)| *name == argument)
+            .map_or(1, |&(_, a)| a);
+        if offset % align != 0 {
+            return Err(ScanArgError::Misaligned {
+                argument,
+                offset,
+                align,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Checks that `image` looks like a cubin holding `entry`: a 64-bit
@@ -713,6 +933,7 @@ impl Launcher {
             values,
             reads,
             writes,
+            alignments,
         } = args;
         let mut read_ptrs: Vec<CUdeviceptr> = Vec::with_capacity(reads.len());
         let mut write_ptrs: Vec<CUdeviceptr> = Vec::with_capacity(writes.len());
@@ -726,6 +947,29 @@ impl Launcher {
             let (p, g) = w.device_ptr_mut(stream);
             write_ptrs.push(p);
             guards.push(g);
+        }
+        let aligned = alignments.iter().try_for_each(|(index, align, name)| {
+            let address = match order.get(*index) {
+                Some(Slot::Read(i)) => read_ptrs[*i],
+                Some(Slot::Write(i)) => write_ptrs[*i],
+                _ => {
+                    return Err(GpuError::invalid_config(format!(
+                    "argument {index} `{name}` of `{}`: an alignment was required of an argument \
+                         that is not a device pointer",
+                    self.entry
+                )))
+                }
+            };
+            check_alignment(&self.entry, *index, name, address, *align)
+        });
+        if let Err(e) = aligned {
+            // Refused before the launch; the guards go as after one.
+            if capturing {
+                guards.into_iter().for_each(std::mem::forget);
+            } else {
+                drop(guards);
+            }
+            return Err(e);
         }
         let mut params: Vec<*mut c_void> = order
             .iter()
@@ -1033,6 +1277,136 @@ mod tests {
         // Values are stored by copy, byte for byte.
         assert_eq!(args.values[1].0[0] as u32, 3);
         assert_eq!(args.values[0].0[0] as u64, 7);
+    }
+
+    #[test]
+    fn alignment_requirements_name_the_argument() {
+        assert!(check_alignment("scan", 1, "queries", 0x7f00_0000_0100, 16).is_ok());
+        assert!(check_alignment("scan", 1, "queries", 0, 16).is_ok());
+        let e = check_alignment("scan", 1, "queries", 0x7f00_0000_0104, 16).unwrap_err();
+        assert!(matches!(e, GpuError::InvalidConfig { .. }));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("argument 1 `queries` of `scan`")
+                && msg.contains("0x7f0000000104")
+                && msg.contains("16 bytes"),
+            "{msg}"
+        );
+        assert!(check_alignment("scan", 0, "dataset", 64, 12).is_err());
+        // A requirement on the last pushed argument is recorded with its
+        // index; with no argument yet there is nothing to require.
+        let mut args = KernelArgs::new();
+        args.require_alignment(16, "nothing");
+        args.value(1u64)
+            .null_ptr()
+            .require_alignment(4, "filter_bits");
+        assert_eq!(args.alignments, vec![(1, 4, "filter_bits".to_string())]);
+    }
+
+    fn f32_v4() -> ScanContract {
+        ScanContract {
+            elem_bytes: 4,
+            veclen: 4,
+            id_bytes: 4,
+            capacity: 32,
+        }
+    }
+
+    #[test]
+    fn scan_counts_are_checked_not_truncated() {
+        let c = f32_v4();
+        assert_eq!(
+            c.scalars(1000, 128, 7, 10).unwrap(),
+            ScanScalars {
+                n_rows: 1000,
+                dim: 128,
+                n_queries: 7,
+                k: 10
+            }
+        );
+        let max = u64::from(u32::MAX);
+        assert_eq!(c.scalars(1, 4, max, 1).unwrap().n_queries, u32::MAX);
+        // One past the 32-bit parameter: an error naming argument and value
+        // (an `as u32` would have launched 0 queries / a 0-dim scan).
+        let e = c.scalars(1, 4, max + 1, 1).unwrap_err();
+        assert_eq!(
+            e,
+            ScanArgError::TooLarge {
+                argument: "n_queries",
+                value: max + 1,
+                max
+            }
+        );
+        assert_eq!(e.argument(), "n_queries");
+        assert!(e.to_string().contains("`n_queries` = 4294967296"), "{e}");
+        let e = c.scalars(1, (max + 1) * 4, 1, 1).unwrap_err();
+        assert_eq!(e.argument(), "dim");
+        assert!(e.to_string().contains("17179869184"), "{e}");
+        let e: GpuError = e.into();
+        assert!(matches!(e, GpuError::InvalidConfig { .. }) && e.to_string().contains("`dim`"));
+        // dim must be a multiple of veclen; veclen 1 takes any dim.
+        let e = c.scalars(1, 130, 1, 1).unwrap_err();
+        assert_eq!(
+            e,
+            ScanArgError::DimNotMultipleOfVeclen {
+                dim: 130,
+                veclen: 4
+            }
+        );
+        assert!(ScanContract { veclen: 1, ..c }
+            .scalars(1, 130, 1, 1)
+            .is_ok());
+        assert!(c.scalars(1, 0, 1, 1).is_ok());
+        // k within 1..=capacity.
+        assert_eq!(c.scalars(1, 4, 1, 0).unwrap_err().argument(), "k");
+        assert_eq!(
+            c.scalars(1, 4, 1, 33).unwrap_err(),
+            ScanArgError::K {
+                k: 33,
+                capacity: 32
+            }
+        );
+        // u32 ids stop one short of 2^32 - 1 rows; i64 ids do not.
+        assert!(c.scalars(max - 1, 4, 1, 1).is_ok());
+        assert_eq!(c.scalars(max, 4, 1, 1).unwrap_err().argument(), "n_rows");
+        assert!(ScanContract { id_bytes: 8, ..c }
+            .scalars(max * 4, 4, 1, 1)
+            .is_ok());
+    }
+
+    #[test]
+    fn scan_pointer_alignment_follows_the_variant() {
+        let c = f32_v4();
+        assert_eq!(c.vector_align(), 16);
+        // i8/u8 v16 and f16 v8 load 16 bytes too; veclen 1 only its element.
+        let i8v16 = ScanContract {
+            elem_bytes: 1,
+            veclen: 16,
+            ..c
+        };
+        assert_eq!(i8v16.vector_align(), 16);
+        assert_eq!(ScanContract { veclen: 1, ..c }.vector_align(), 4);
+        assert!(c.check_offset("queries", 128 * 4).is_ok());
+        // Row 1 of a dim-3 matrix seen by a v4 kernel: 12 bytes in.
+        assert_eq!(
+            c.check_offset("queries", 12).unwrap_err(),
+            ScanArgError::Misaligned {
+                argument: "queries",
+                offset: 12,
+                align: 16
+            }
+        );
+        assert_eq!(
+            c.check_offset("dataset", 4).unwrap_err().argument(),
+            "dataset"
+        );
+        assert!(c.check_offset("out_dists", 4).is_ok());
+        assert!(c.check_offset("out_dists", 2).is_err());
+        let wide = ScanContract { id_bytes: 8, ..c };
+        assert!(wide.check_offset("out_ids", 4).is_err());
+        assert!(wide.check_offset("out_ids", 8).is_ok());
+        let names: Vec<&str> = c.pointer_alignments().iter().map(|p| p.0).collect();
+        assert!(names.iter().all(|n| SCAN_PARAMS.contains(n)), "{names:?}");
     }
 
     fn fake_elf(machine: u16, strings: &[u8]) -> Vec<u8> {

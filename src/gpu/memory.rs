@@ -15,6 +15,13 @@
 //!   [`GpuError::AllocationTooLarge`]. Otherwise its size class is
 //!   `max(n, min_allocation)` rounded by [`SizeClasses`], capped at
 //!   `max_allocation`.
+//! * A pool for a device is sized from the device's memory
+//!   ([`PoolConfig::for_device`], [`MemoryPool::cuda_for_device`]): one
+//!   allocation may take up to [`DEVICE_ALLOCATION_FRACTION`] of it, so a
+//!   dataset of any size the card can hold stays on the GPU path; the
+//!   default classes ([`SizeClasses::PowerOfTwoSteps`] with 8 steps) waste
+//!   less than 12.5 % of a request, where plain powers of two waste up to
+//!   100 % (a 2.1 GB dataset would reserve 4 GiB).
 //! * An idle block of exactly that class is reused (a *hit*, most recently
 //!   returned first); otherwise the backend allocates one (a *miss*). When the
 //!   backend is out of memory the pool frees all its idle blocks and retries
@@ -219,6 +226,13 @@ impl DeviceMemory for CudaMemory {
 pub enum SizeClasses {
     /// The next power of two: at most 2× waste, few classes, high reuse.
     PowerOfTwo,
+    /// Each power-of-two range `[2^e, 2^(e+1)]` split into `steps` equal
+    /// classes (the next multiple of `max(1, 2^e / steps)`, `2^e` the largest
+    /// power of two ≤ the request): less than `1/steps` waste (8 steps:
+    /// < 12.5 %), `steps` classes per doubling. With 8 steps every class
+    /// from 16 MiB up is a multiple of 2 MiB, the driver's own granularity
+    /// for large allocations. `steps` must be a power of two.
+    PowerOfTwoSteps { steps: u32 },
     /// Classes `min_allocation · ratio^k` (each at least one byte larger
     /// than the previous); `ratio` must be > 1. 1.25 wastes at most 25 %.
     Geometric { ratio: f64 },
@@ -251,21 +265,77 @@ pub struct PoolConfig {
     pub eviction: EvictionPolicy,
 }
 
+/// Size classes of [`PoolConfig::default`] and [`PoolConfig::for_device`]:
+/// powers of two in 8 steps, so a class wastes less than 12.5 % of its
+/// request.
+pub const DEFAULT_SIZE_CLASSES: SizeClasses = SizeClasses::PowerOfTwoSteps { steps: 8 };
+
+/// Share of the device's total memory one allocation may take in a pool
+/// sized by [`PoolConfig::for_device`], as `(numerator, denominator)`: 7/8.
+/// The remaining eighth (10 GiB of an 80 GiB H100, 512 MiB of a 4 GiB card)
+/// is left for the CUDA context and loaded modules, the queries and results
+/// a search allocates beside its dataset, and other users of the device. A
+/// request that fits the cap but not the free memory still fails, as
+/// [`GpuError::OutOfMemory`], which callers handle (smaller batches, then
+/// the CPU).
+pub const DEVICE_ALLOCATION_FRACTION: (u64, u64) = (7, 8);
+
+/// Share of the device's total memory a pool sized by
+/// [`PoolConfig::for_device`] keeps idle for reuse, as `(numerator,
+/// denominator)`: 1/4. An allocation that runs out of memory frees the idle
+/// blocks and retries first, so they never cost a search its memory.
+pub const DEVICE_IDLE_FRACTION: (u64, u64) = (1, 4);
+
+/// Granularity `for_device`'s caps are rounded down to (the driver's page
+/// size for large allocations).
+const DEVICE_GRANULARITY: u64 = 2 << 20;
+
 impl Default for PoolConfig {
-    /// 1 GiB idle at most, 512 B to 4 GiB per allocation, power-of-two
-    /// classes, LRU eviction.
+    /// For a backend whose size is not known: 1 GiB idle at most, 512 B per
+    /// allocation at least and no cap of the pool's own (the backend's memory
+    /// is the limit), [`DEFAULT_SIZE_CLASSES`], LRU eviction. A pool on a
+    /// device should use [`PoolConfig::for_device`].
     fn default() -> Self {
         PoolConfig {
             max_pool_bytes: 1 << 30,
             min_allocation: 512,
-            max_allocation: 4 << 30,
-            size_classes: SizeClasses::PowerOfTwo,
+            max_allocation: u64::MAX,
+            size_classes: DEFAULT_SIZE_CLASSES,
             eviction: EvictionPolicy::Lru,
         }
     }
 }
 
+/// `bytes × fraction`, rounded down to `granularity` (≥ 1), without
+/// overflow.
+fn fraction_of(bytes: u64, (num, den): (u64, u64), granularity: u64) -> u64 {
+    let share = (u128::from(bytes) * u128::from(num) / u128::from(den.max(1))) as u64;
+    share - share % granularity.max(1)
+}
+
 impl PoolConfig {
+    /// The pool for a device with `total_memory` bytes (`cuDeviceTotalMem`,
+    /// [`DeviceInfo::total_memory`](super::DeviceInfo::total_memory)): one
+    /// allocation up to [`DEVICE_ALLOCATION_FRACTION`] of it, up to
+    /// [`DEVICE_IDLE_FRACTION`] of it kept idle (both rounded down to 2 MiB),
+    /// [`DEFAULT_SIZE_CLASSES`], 512 B minimum, LRU eviction. The total, not
+    /// the momentary free memory, sets the caps: they describe the card, and
+    /// what is free at allocation time is the backend's answer. An unknown
+    /// total (0) gives [`PoolConfig::default`].
+    pub fn for_device(total_memory: u64) -> PoolConfig {
+        let max_allocation =
+            fraction_of(total_memory, DEVICE_ALLOCATION_FRACTION, DEVICE_GRANULARITY);
+        let defaults = PoolConfig::default();
+        if max_allocation < defaults.min_allocation {
+            return defaults;
+        }
+        PoolConfig {
+            max_pool_bytes: fraction_of(total_memory, DEVICE_IDLE_FRACTION, DEVICE_GRANULARITY),
+            max_allocation,
+            ..defaults
+        }
+    }
+
     /// Checks the settings; [`GpuError::InvalidConfig`] names the bad one.
     pub fn validate(&self) -> GpuResult<()> {
         if self.min_allocation == 0 {
@@ -288,6 +358,11 @@ impl PoolConfig {
             SizeClasses::Linear { step: 0 } => Err(GpuError::invalid_config(
                 "SizeClasses::Linear step must be ≥ 1",
             )),
+            SizeClasses::PowerOfTwoSteps { steps } if !steps.is_power_of_two() => {
+                Err(GpuError::invalid_config(format!(
+                    "SizeClasses::PowerOfTwoSteps steps must be a power of two ≥ 1, got {steps}"
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -297,6 +372,7 @@ impl PoolConfig {
         let n = bytes.max(self.min_allocation);
         let rounded = match self.size_classes {
             SizeClasses::PowerOfTwo => n.checked_next_power_of_two().unwrap_or(u64::MAX),
+            SizeClasses::PowerOfTwoSteps { steps } => power_of_two_step_class(n, steps),
             SizeClasses::Linear { step } => {
                 let step = step.max(1);
                 n.div_ceil(step).saturating_mul(step)
@@ -317,6 +393,18 @@ impl PoolConfig {
         };
         rounded.min(self.max_allocation.max(n))
     }
+}
+
+/// The class of `n` bytes (≥ 1) in [`SizeClasses::PowerOfTwoSteps`]: the
+/// next multiple of `max(1, 2^e / steps)`, where `2^e ≤ n < 2^(e+1)`. The
+/// class exceeds `n` by less than one step, i.e. by less than `n / steps`.
+pub fn power_of_two_step_class(n: u64, steps: u32) -> u64 {
+    if n <= 1 {
+        return n;
+    }
+    let floor = 1u64 << (63 - n.leading_zeros());
+    let step = (floor / u64::from(steps.max(1))).max(1);
+    n.div_ceil(step).saturating_mul(step)
 }
 
 /// Pool statistics. "Requested" bytes are what callers asked for,
@@ -540,6 +628,12 @@ impl MemoryPool<CudaMemory> {
     /// A pool of device memory on `ctx`'s stream.
     pub fn cuda(ctx: &GpuContext, config: PoolConfig) -> GpuResult<Self> {
         MemoryPool::new(CudaMemory::new(ctx), config)
+    }
+
+    /// A pool on `ctx`'s stream sized from the device's total memory
+    /// ([`PoolConfig::for_device`]).
+    pub fn cuda_for_device(ctx: &GpuContext) -> GpuResult<Self> {
+        Self::cuda(ctx, PoolConfig::for_device(ctx.info().total_memory))
     }
 }
 
@@ -1050,6 +1144,126 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn power_of_two_steps_bound_the_waste() {
+        const MIB: u64 = 1 << 20;
+        let c = PoolConfig {
+            size_classes: SizeClasses::PowerOfTwoSteps { steps: 8 },
+            min_allocation: 512,
+            max_allocation: u64::MAX,
+            ..cfg()
+        };
+        // Powers of two are classes of their own; between them, eighths.
+        assert_eq!(c.size_class(1), 512);
+        assert_eq!(c.size_class(512), 512);
+        assert_eq!(c.size_class(513), 576);
+        assert_eq!(c.size_class(4000), 4096);
+        assert_eq!(c.size_class(3000), 3072);
+        assert_eq!(c.size_class(1 << 30), 1 << 30);
+        // The case: a 2.1 GiB dataset reserved 4 GiB as a power of
+        // two; in eighths it takes 2.25 GiB (9 steps of 256 MiB).
+        let gib21 = 2_254_857_830u64;
+        assert_eq!(c.size_class(gib21), 9 * 256 * MIB);
+        assert_eq!(
+            PoolConfig {
+                size_classes: SizeClasses::PowerOfTwo,
+                ..c.clone()
+            }
+            .size_class(gib21),
+            4 << 30
+        );
+        assert_eq!(c.size_class(5 << 30), 5 << 30);
+        assert_eq!(c.size_class((5 << 30) + 1), (5 << 30) + (512 * MIB));
+        // Every class: covers the request, wastes < 1/8 of it, is a
+        // multiple of 2 MiB from 16 MiB up, and classes never decrease.
+        let mut probes: Vec<u64> = Vec::new();
+        for e in 9..62u32 {
+            let p = 1u64 << e;
+            probes.extend([
+                p - 1,
+                p,
+                p + 1,
+                p + p / 3,
+                p + p / 8,
+                p + p / 8 + 1,
+                2 * p - 1,
+            ]);
+        }
+        probes.extend([gib21, 2_100_000_000, 3_000_000_001, 77 * (1 << 30) + 12_345]);
+        probes.sort_unstable();
+        let mut last = 0;
+        for n in probes {
+            let class = c.size_class(n);
+            assert!(class >= n, "{n} -> {class}");
+            let n_eff = n.max(c.min_allocation);
+            assert!(
+                (class - n_eff) * 8 < n_eff.max(8),
+                "{n} -> {class}: waste ≥ 12.5 %"
+            );
+            if n_eff > 16 * MIB {
+                assert_eq!(class % (2 * MIB), 0, "{n} -> {class}");
+            }
+            assert!(class >= last, "classes must not decrease at {n}");
+            last = class;
+        }
+        // Near u64::MAX the class saturates instead of wrapping.
+        assert_eq!(power_of_two_step_class(u64::MAX, 8), u64::MAX);
+        assert_eq!(power_of_two_step_class(1, 8), 1);
+        // One step: plain powers of two.
+        for n in [2u64, 3, 1000, 1 << 40] {
+            assert_eq!(power_of_two_step_class(n, 1), n.next_power_of_two());
+        }
+        assert!(PoolConfig {
+            size_classes: SizeClasses::PowerOfTwoSteps { steps: 6 },
+            ..c.clone()
+        }
+        .validate()
+        .is_err());
+        assert!(PoolConfig {
+            size_classes: SizeClasses::PowerOfTwoSteps { steps: 0 },
+            ..c
+        }
+        .validate()
+        .is_err());
+    }
+
+    #[test]
+    fn pools_are_sized_from_the_device_memory() {
+        const GIB: u64 = 1 << 30;
+        // An 80 GiB card: 70 GiB per allocation, 20 GiB idle.
+        let h100 = PoolConfig::for_device(80 * GIB);
+        assert_eq!(h100.max_allocation, 70 * GIB);
+        assert_eq!(h100.max_pool_bytes, 20 * GIB);
+        assert_eq!(h100.size_classes, DEFAULT_SIZE_CLASSES);
+        assert_eq!(h100.eviction, EvictionPolicy::Lru);
+        assert!(h100.validate().is_ok());
+        // A dataset over 4 GiB (the old fixed cap) is accepted, and so is
+        // one needing i64 ids: 2^32 rows of one byte.
+        for n in [4 * GIB + 1, (u32::MAX as u64) + 1, 60 * GIB] {
+            let class = h100.size_class(n);
+            assert!(n <= h100.max_allocation && class <= h100.max_allocation);
+            assert!((class - n) * 8 < n, "{n} -> {class}");
+        }
+        // Odd totals (what cuDeviceTotalMem really reports) round down to
+        // 2 MiB and stay within the fraction.
+        let total = 79_646_851_072u64;
+        let c = PoolConfig::for_device(total);
+        assert_eq!(c.max_allocation % (2 << 20), 0);
+        assert!(c.max_allocation <= total / 8 * 7 && c.max_allocation + (2 << 20) > total / 8 * 7);
+        assert!(c.max_pool_bytes <= total / 4);
+        // A class never exceeds the cap, even for a request right at it.
+        assert_eq!(c.size_class(c.max_allocation), c.max_allocation);
+        assert_eq!(c.size_class(c.max_allocation - 1), c.max_allocation);
+        // Unknown or tiny totals: the device-agnostic default.
+        assert_eq!(PoolConfig::for_device(0), PoolConfig::default());
+        assert_eq!(PoolConfig::for_device(1 << 20), PoolConfig::default());
+        // The default has no fixed cap of its own any more.
+        assert_eq!(PoolConfig::default().max_allocation, u64::MAX);
+        // The sizing rule is the documented fraction.
+        assert_eq!(fraction_of(8 * GIB, DEVICE_ALLOCATION_FRACTION, 1), 7 * GIB);
+        assert_eq!(fraction_of(u64::MAX, (7, 8), 1), u64::MAX / 8 * 7 + 6);
     }
 
     #[test]

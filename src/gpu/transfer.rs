@@ -10,15 +10,32 @@
 //! Synchronous transfers (`upload`, `download`) return when the data has
 //! arrived: `CudaStream::memcpy_htod` / `memcpy_dtoh` (`cuMemcpyHtoDAsync` /
 //! `cuMemcpyDtoHAsync`) followed by `cuStreamSynchronize`. Asynchronous ones
-//! need page-locked host memory ([`PinnedBuffer`], cudarc's
-//! `PinnedHostSlice`, whose event keeps host access ordered after the copy)
-//! and return a [`PendingTransfer`] timed with two CUDA events.
+//! need page-locked host memory ([`PinnedBuffer`], whose event keeps host
+//! access ordered after the copy) and return a [`PendingTransfer`] timed
+//! with two CUDA events.
+//!
+//! ## Pinned memory: write-combined for uploads only
+//!
+//! A pinned buffer is allocated for one direction ([`pinned_alloc_flags`]).
+//! Upload staging is **write-combined** (`CU_MEMHOSTALLOC_WRITECOMBINED`):
+//! the host only writes it, the CPU's write-combining buffers make those
+//! writes fast and keep the buffer out of the CPU caches, and the device
+//! reads it over PCIe up to ~40 % faster. Reads of write-combined memory by
+//! the host are uncached — typically an order of magnitude slower than
+//! ordinary memory — so download buffers, which the host reads after the
+//! copy, are plain pinned memory (flags 0), cached as usual.
+//! [`PinnedBuffer::from_slice`] and [`PinnedBuffer::for_upload`] make
+//! upload staging; [`PinnedBuffer::zeroed`] and
+//! [`PinnedBuffer::for_download`] make download buffers.
 
+use std::os::raw::c_uint;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
+use cudarc::driver::sys::{self, CUevent_flags};
+use cudarc::driver::{
+    result, CudaContext, CudaEvent, CudaStream, DeviceRepr, HostSlice, SyncOnDrop, ValidAsZeroBits,
+};
 
 use super::memory::{CudaMemory, DeviceMemory, GpuBuffer, GpuView, GpuViewMut, MemoryPool};
 use super::{driver_error, GpuContext, GpuError, GpuResult};
@@ -204,55 +221,184 @@ fn require_same_len(
     }
 }
 
-/// Page-locked host memory (`cuMemHostAlloc` through cudarc's
-/// `CudaContext::alloc_pinned`, write-combined: fast to upload from, slow
-/// for the host to read). Host access waits for pending copies.
+/// The `cuMemHostAlloc` flags of a pinned buffer used for `direction`:
+/// write-combined for upload staging (host writes, device reads), plain
+/// page-locked memory (0) for download buffers, which the host reads — a
+/// host read of write-combined memory bypasses the caches and is very slow
+/// (see the module documentation).
+pub fn pinned_alloc_flags(direction: TransferDirection) -> c_uint {
+    match direction {
+        TransferDirection::HostToDevice => sys::CU_MEMHOSTALLOC_WRITECOMBINED as c_uint,
+        TransferDirection::DeviceToHost | TransferDirection::DeviceToDevice => 0,
+    }
+}
+
+/// `len` elements of page-locked host memory from `cuMemHostAlloc` with
+/// chosen flags (cudarc's `PinnedHostSlice` is always write-combined). The
+/// event orders host access after the copies that use it, as cudarc's does.
+struct PinnedAlloc<T> {
+    ptr: *mut T,
+    len: usize,
+    event: CudaEvent,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the memory is owned by this value; host access goes through
+// `&self` / `&mut self`, device access is ordered by the event.
+unsafe impl<T: Send> Send for PinnedAlloc<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for PinnedAlloc<T> {}
+
+impl<T> Drop for PinnedAlloc<T> {
+    fn drop(&mut self) {
+        // Copies still reading or writing the memory finish first.
+        self.ctx.record_err(self.event.synchronize());
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: allocated by `cuMemHostAlloc` in `PinnedAlloc::new`, freed
+        // only here, after the last copy using it.
+        self.ctx
+            .record_err(unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) });
+    }
+}
+
+impl<T> PinnedAlloc<T> {
+    /// `len` (≥ 1) uninitialised elements.
+    fn new(ctx: &Arc<CudaContext>, len: usize, flags: c_uint) -> GpuResult<Self> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|&b| b > 0 && b < isize::MAX as usize)
+            .ok_or_else(|| GpuError::invalid_config(format!("pinned buffer of {len} elements")))?;
+        ctx.bind_to_thread()
+            .map_err(driver_error("cuCtxSetCurrent"))?;
+        let event = ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(driver_error("cuEventCreate"))?;
+        // SAFETY: a plain allocation; the pointer is checked below.
+        let ptr = unsafe { result::malloc_host(bytes, flags) }
+            .map_err(driver_error("cuMemHostAlloc"))? as *mut T;
+        if ptr.is_null() || !ptr.is_aligned() {
+            return Err(GpuError::invalid_config(
+                "cuMemHostAlloc returned a null or misaligned pointer",
+            ));
+        }
+        Ok(PinnedAlloc {
+            ptr,
+            len,
+            event,
+            ctx: ctx.clone(),
+        })
+    }
+}
+
+impl<T> HostSlice<T> for PinnedAlloc<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    unsafe fn stream_synced_slice<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+    ) -> (&'a [T], SyncOnDrop<'a>) {
+        stream.context().record_err(stream.wait(&self.event));
+        (
+            std::slice::from_raw_parts(self.ptr, self.len),
+            SyncOnDrop::Record(Some((&self.event, stream))),
+        )
+    }
+
+    unsafe fn stream_synced_mut_slice<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (&'a mut [T], SyncOnDrop<'a>) {
+        stream.context().record_err(stream.wait(&self.event));
+        (
+            std::slice::from_raw_parts_mut(self.ptr, self.len),
+            SyncOnDrop::Record(Some((&self.event, stream))),
+        )
+    }
+}
+
+/// Page-locked host memory (`cuMemHostAlloc`) for asynchronous transfers in
+/// one direction: write-combined upload staging, or plain pinned download
+/// buffers ([`pinned_alloc_flags`]; the module documentation says why).
+/// Either works for either transfer; reading an upload buffer on the host is
+/// merely slow. Host access waits for pending copies.
 pub struct PinnedBuffer<T> {
     /// `None` for length 0 (the driver does not allocate zero bytes).
-    inner: Option<PinnedHostSlice<T>>,
+    inner: Option<PinnedAlloc<T>>,
+    direction: TransferDirection,
 }
 
 impl<T> std::fmt::Debug for PinnedBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PinnedBuffer")
             .field("len", &self.len())
+            .field("direction", &self.direction)
             .finish()
     }
 }
 
 impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedBuffer<T> {
-    /// `len` zeroed elements.
-    pub fn zeroed(ctx: &GpuContext, len: usize) -> GpuResult<Self> {
+    /// `len` zeroed elements allocated for `direction`'s use
+    /// ([`pinned_alloc_flags`]).
+    pub fn zeroed_for(
+        ctx: &GpuContext,
+        len: usize,
+        direction: TransferDirection,
+    ) -> GpuResult<Self> {
         if len == 0 {
-            return Ok(PinnedBuffer { inner: None });
+            return Ok(PinnedBuffer {
+                inner: None,
+                direction,
+            });
         }
-        len.checked_mul(std::mem::size_of::<T>())
-            .filter(|&b| b < isize::MAX as usize)
-            .ok_or_else(|| GpuError::invalid_config(format!("pinned buffer of {len} elements")))?;
-        // SAFETY: the memory is zeroed below before anything reads it, and
-        // zero bits are a valid `T` (`ValidAsZeroBits`).
-        let mut slice =
-            unsafe { ctx.cuda().alloc_pinned::<T>(len) }.map_err(driver_error("cuMemHostAlloc"))?;
-        let ptr = slice
-            .as_mut_ptr()
-            .map_err(driver_error("cuEventSynchronize"))?;
-        // SAFETY: `ptr` points to `len` elements of freshly allocated memory.
-        unsafe { std::ptr::write_bytes(ptr, 0, len) };
-        Ok(PinnedBuffer { inner: Some(slice) })
+        let alloc = PinnedAlloc::<T>::new(ctx.cuda(), len, pinned_alloc_flags(direction))?;
+        // SAFETY: `ptr` points to `len` elements of fresh memory nothing else
+        // uses yet, and zero bits are a valid `T` (`ValidAsZeroBits`).
+        unsafe { std::ptr::write_bytes(alloc.ptr, 0, len) };
+        Ok(PinnedBuffer {
+            inner: Some(alloc),
+            direction,
+        })
     }
 
-    /// A copy of `data` in pinned memory.
+    /// `len` zeroed elements of plain pinned memory: a buffer to
+    /// [`Transfer::download_async`] into and read on the host.
+    pub fn zeroed(ctx: &GpuContext, len: usize) -> GpuResult<Self> {
+        Self::for_download(ctx, len)
+    }
+
+    /// `len` zeroed elements of plain pinned memory, for downloads.
+    pub fn for_download(ctx: &GpuContext, len: usize) -> GpuResult<Self> {
+        Self::zeroed_for(ctx, len, TransferDirection::DeviceToHost)
+    }
+
+    /// `len` zeroed elements of write-combined memory: upload staging to fill
+    /// from the host (write, do not read) and [`Transfer::upload_async`].
+    pub fn for_upload(ctx: &GpuContext, len: usize) -> GpuResult<Self> {
+        Self::zeroed_for(ctx, len, TransferDirection::HostToDevice)
+    }
+
+    /// A copy of `data` in write-combined upload staging.
     pub fn from_slice(ctx: &GpuContext, data: &[T]) -> GpuResult<Self> {
-        let mut b = Self::zeroed(ctx, data.len())?;
+        let mut b = Self::for_upload(ctx, data.len())?;
         b.as_mut_slice()?.copy_from_slice(data);
         Ok(b)
     }
 
-    /// The contents, after any pending copy into them has finished.
+    /// The contents, after any pending copy into them has finished. Slow on
+    /// upload staging (write-combined memory is uncached for host reads).
     pub fn as_slice(&self) -> GpuResult<&[T]> {
         match &self.inner {
             None => Ok(&[]),
-            Some(s) => s.as_slice().map_err(driver_error("cuEventSynchronize")),
+            Some(s) => {
+                s.event
+                    .synchronize()
+                    .map_err(driver_error("cuEventSynchronize"))?;
+                // SAFETY: `len` initialised elements (zeroed at allocation),
+                // no copy pending, borrowed as long as `self`.
+                Ok(unsafe { std::slice::from_raw_parts(s.ptr, s.len) })
+            }
         }
     }
 
@@ -260,23 +406,34 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedBuffer<T> {
     pub fn as_mut_slice(&mut self) -> GpuResult<&mut [T]> {
         match &mut self.inner {
             None => Ok(&mut []),
-            Some(s) => s.as_mut_slice().map_err(driver_error("cuEventSynchronize")),
+            Some(s) => {
+                s.event
+                    .synchronize()
+                    .map_err(driver_error("cuEventSynchronize"))?;
+                // SAFETY: as in `as_slice`, borrowed mutably with `self`.
+                Ok(unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
+            }
         }
     }
 }
 
 impl<T> PinnedBuffer<T> {
     pub fn len(&self) -> usize {
-        self.inner.as_ref().map_or(0, |s| s.len())
+        self.inner.as_ref().map_or(0, |s| s.len)
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// The cudarc slice (`None` when empty).
-    pub fn as_cuda(&self) -> Option<&PinnedHostSlice<T>> {
-        self.inner.as_ref()
+    /// The direction the buffer was allocated for.
+    pub fn direction(&self) -> TransferDirection {
+        self.direction
+    }
+
+    /// Whether the buffer is write-combined (upload staging).
+    pub fn is_write_combined(&self) -> bool {
+        pinned_alloc_flags(self.direction) & sys::CU_MEMHOSTALLOC_WRITECOMBINED as c_uint != 0
     }
 }
 
@@ -508,7 +665,7 @@ impl Transfer {
     ) -> GpuResult<PendingTransfer<'_>> {
         let mut dst = dst.into();
         require_same_len("upload_async", src.len(), dst.len())?;
-        let Some(host) = src.as_cuda() else {
+        let Some(host) = src.inner.as_ref() else {
             return Ok(self.empty(TransferDirection::HostToDevice));
         };
         let bytes = dst.size_bytes();
@@ -521,7 +678,9 @@ impl Transfer {
     }
 
     /// Starts copying `src` into pinned `dst` (equal lengths); returns at
-    /// once. `dst`'s accessors wait for the copy.
+    /// once. `dst`'s accessors wait for the copy. Allocate `dst` with
+    /// [`PinnedBuffer::for_download`] (or `zeroed`): plain pinned memory, which
+    /// the host reads at full speed, unlike write-combined upload staging.
     pub fn download_async<'b, T: DeviceRepr + ValidAsZeroBits + Copy + 'b>(
         &self,
         src: impl Into<GpuView<'b, T>>,
@@ -639,6 +798,36 @@ mod tests {
         assert!(e
             .to_string()
             .contains("source has 3 elements, destination 4"));
+    }
+
+    #[test]
+    fn write_combined_only_for_upload_staging() {
+        // Uploads: the host writes, the device reads: write-combined.
+        assert_eq!(
+            pinned_alloc_flags(TransferDirection::HostToDevice),
+            sys::CU_MEMHOSTALLOC_WRITECOMBINED as c_uint
+        );
+        // Downloads: the host reads the result: plain page-locked memory,
+        // never write-combined (uncached host reads).
+        assert_eq!(pinned_alloc_flags(TransferDirection::DeviceToHost), 0);
+        assert_eq!(pinned_alloc_flags(TransferDirection::DeviceToDevice), 0);
+        // Empty buffers need no driver and keep their direction.
+        let wc = sys::CU_MEMHOSTALLOC_WRITECOMBINED as c_uint;
+        for (direction, combined) in [
+            (TransferDirection::HostToDevice, true),
+            (TransferDirection::DeviceToHost, false),
+        ] {
+            let b = PinnedBuffer::<f32> {
+                inner: None,
+                direction,
+            };
+            assert_eq!(
+                (b.direction(), b.is_write_combined()),
+                (direction, combined)
+            );
+            assert!(b.is_empty());
+            assert_eq!(pinned_alloc_flags(direction) & wc != 0, combined);
+        }
     }
 
     #[test]

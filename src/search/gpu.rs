@@ -5,12 +5,14 @@
 //! `tests/search_gpu.rs` compares it with the CPU path on a GPU machine.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::gpu::launch::{ScanArgError, ScanContract};
 use crate::gpu::{
-    GpuContext, GpuError, KernelArgs, KernelResources, LaunchConfig, Launcher, MemoryPool,
-    PoolConfig, Transfer,
+    GpuContext, GpuError, GpuViewMut, KernelArgs, KernelResources, LaunchConfig, Launcher,
+    MemoryPool, Transfer,
 };
 use crate::link::{LinkError, LinkKey, Linked};
 
@@ -19,6 +21,18 @@ use super::{validate, Filter, Neighbors, SearchError, SearchParams, Vectors};
 
 /// Threads per block of every scan kernel (`__launch_bounds__(128)`).
 pub const SCAN_BLOCK: u32 = 128;
+
+/// Most queries one scan launch takes: the kernel's `n_queries` parameter is
+/// 32-bit, so a larger batch is split into several launches (never
+/// truncated).
+pub const MAX_QUERIES_PER_LAUNCH: usize = u32::MAX as usize;
+
+/// `0..nq` as consecutive ranges of at most `max` queries (`max` ≥ 1; 0 is
+/// taken as 1): the launches of a search over `nq` queries.
+pub fn query_chunks(nq: usize, max: usize) -> impl Iterator<Item = Range<usize>> {
+    let max = max.max(1);
+    (0..nq.div_ceil(max)).map(move |i| i * max..nq.min((i + 1) * max))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuSearchError {
@@ -30,6 +44,11 @@ pub enum GpuSearchError {
     Link(#[from] LinkError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    /// A launch argument the scan kernel cannot take (a count beyond its
+    /// 32-bit parameters, `dim` not a multiple of the variant's veclen, a
+    /// misaligned row); found before anything is uploaded or launched.
+    #[error(transparent)]
+    Scan(#[from] ScanArgError),
 }
 
 impl GpuSearchError {
@@ -57,8 +76,11 @@ pub struct GpuSearcher {
 }
 
 impl GpuSearcher {
+    /// A searcher whose memory pool is sized from the device's memory
+    /// ([`crate::gpu::PoolConfig::for_device`]): a dataset of any size the
+    /// card can hold stays on the GPU path.
     pub fn new(ctx: GpuContext) -> Result<Self, GpuError> {
-        let pool = MemoryPool::cuda(&ctx, PoolConfig::default())?;
+        let pool = MemoryPool::cuda_for_device(&ctx)?;
         let transfer = Transfer::new(&ctx);
         Ok(GpuSearcher {
             ctx,
@@ -109,9 +131,19 @@ impl GpuSearcher {
             base.dim(),
             params.k,
         )?;
+        let contract = p.contract();
+        let (nq, k) = (queries.rows(), params.k);
+        // Every count the kernel receives, checked (not cast) before anything
+        // is linked or uploaded; the launches below take at most
+        // MAX_QUERIES_PER_LAUNCH queries each.
+        contract.scalars(
+            base.rows() as u64,
+            base.dim() as u64,
+            nq.min(MAX_QUERIES_PER_LAUNCH) as u64,
+            k as u64,
+        )?;
         let linked = p.planner().link_for(self.ctx.arch())?;
         let launcher = self.launcher(&linked)?;
-        let (nq, k) = (queries.rows(), params.k);
         let mut neighbors = Neighbors {
             nq,
             k,
@@ -127,6 +159,7 @@ impl GpuSearcher {
             });
         }
         let t = &self.transfer;
+        let dim = base.dim();
         let d_base = upload_vectors(t, &self.pool, base)?;
         let d_queries = upload_vectors(t, &self.pool, queries)?;
         let d_bits = match &params.filter {
@@ -134,8 +167,6 @@ impl GpuSearcher {
             Filter::Bitset(b) => Some(t.upload_new(&self.pool, &b.words)?),
         };
         let mut d_dists = self.pool.alloc::<f32>(nq * k)?;
-        let grid = nq.min(i32::MAX as usize) as u32;
-        let cfg = LaunchConfig::new((grid, 1, 1), (SCAN_BLOCK, 1, 1));
         let wide_ids = p.idx == "i64";
         let mut d_ids32 = if wide_ids {
             None
@@ -147,27 +178,53 @@ impl GpuSearcher {
         } else {
             None
         };
-        {
+        for chunk in query_chunks(nq, MAX_QUERIES_PER_LAUNCH) {
+            let n = chunk.len();
+            let s = contract.scalars(base.rows() as u64, dim as u64, n as u64, k as u64)?;
+            let grid = s.n_queries.min(i32::MAX as u32);
+            let cfg = LaunchConfig::new((grid, 1, 1), (SCAN_BLOCK, 1, 1));
             let mut args = KernelArgs::new();
-            d_base.push(&mut args)?;
-            d_queries.push(&mut args)?;
+            d_base.push_rows(&mut args, &contract, "dataset", 0..base.rows() * dim)?;
+            d_queries.push_rows(
+                &mut args,
+                &contract,
+                "queries",
+                chunk.start * dim..chunk.end * dim,
+            )?;
             match &d_bits {
-                Some(b) => args.input(b)?,
+                Some(b) => args.input(b)?.require_alignment(4, "filter_bits"),
                 None => args.null_ptr(),
             };
-            args.value(base.rows() as u64)
-                .value(base.dim() as u32)
-                .value(nq as u32)
-                .value(k as u32);
+            args.value(s.n_rows)
+                .value(s.dim)
+                .value(s.n_queries)
+                .value(s.k);
+            let out = chunk.start * k..chunk.end * k;
             match (&mut d_ids32, &mut d_ids64) {
-                (Some(ids), _) => args.output(ids)?,
-                (_, Some(ids)) => args.output(ids)?,
+                (Some(ids), _) => push_output(
+                    &mut args,
+                    &contract,
+                    "out_ids",
+                    ids.subview_mut(out.start, out.len())?,
+                )?,
+                (_, Some(ids)) => push_output(
+                    &mut args,
+                    &contract,
+                    "out_ids",
+                    ids.subview_mut(out.start, out.len())?,
+                )?,
                 _ => unreachable!("one id buffer exists"),
             };
-            args.output(&mut d_dists)?;
+            push_output(
+                &mut args,
+                &contract,
+                "out_dists",
+                d_dists.subview_mut(out.start, out.len())?,
+            )?;
             // SAFETY: arguments in the order and types of the scan contract
-            // (fragments/README.md); sizes are checked against the kernel's
-            // parameter info by the launcher.
+            // (fragments/README.md), counts checked by `contract.scalars`;
+            // sizes are checked against the kernel's parameter info and
+            // pointer alignments against the real addresses by the launcher.
             unsafe { launcher.launch(&cfg, &mut args)? };
         }
         neighbors.distances = t.download_vec(&d_dists)?;
@@ -205,15 +262,50 @@ enum DeviceVectors {
 }
 
 impl DeviceVectors {
-    fn push<'a>(&'a self, args: &mut KernelArgs<'a>) -> Result<(), GpuError> {
+    /// Elements `elems` of the buffer as the scan's pointer argument
+    /// `name`, its alignment checked (typed) from the offset here and from
+    /// the real address by the launcher.
+    fn push_rows<'a>(
+        &'a self,
+        args: &mut KernelArgs<'a>,
+        contract: &ScanContract,
+        name: &'static str,
+        elems: Range<usize>,
+    ) -> Result<(), GpuSearchError> {
+        fn push<'a, T: cudarc::driver::DeviceRepr>(
+            b: &'a crate::gpu::GpuBuffer<T>,
+            args: &mut KernelArgs<'a>,
+            contract: &ScanContract,
+            name: &'static str,
+            elems: Range<usize>,
+        ) -> Result<(), GpuSearchError> {
+            let view = b.subview(elems.start, elems.len())?;
+            contract.check_offset(name, (view.offset() * std::mem::size_of::<T>()) as u64)?;
+            args.input(view)?
+                .require_alignment(contract.vector_align(), name);
+            Ok(())
+        }
         match self {
-            DeviceVectors::F32(b) => args.input(b)?,
-            DeviceVectors::F16(b) => args.input(b)?,
-            DeviceVectors::I8(b) => args.input(b)?,
-            DeviceVectors::U8(b) => args.input(b)?,
-        };
-        Ok(())
+            DeviceVectors::F32(b) => push(b, args, contract, name, elems),
+            DeviceVectors::F16(b) => push(b, args, contract, name, elems),
+            DeviceVectors::I8(b) => push(b, args, contract, name, elems),
+            DeviceVectors::U8(b) => push(b, args, contract, name, elems),
+        }
     }
+}
+
+/// An output window of the scan as pointer argument `name` (`out_ids` or
+/// `out_dists`), alignment checked like [`DeviceVectors::push_rows`].
+fn push_output<'a, T: cudarc::driver::DeviceRepr>(
+    args: &mut KernelArgs<'a>,
+    contract: &ScanContract,
+    name: &'static str,
+    view: GpuViewMut<'a, T>,
+) -> Result<(), GpuSearchError> {
+    contract.check_offset(name, (view.offset() * std::mem::size_of::<T>()) as u64)?;
+    args.output(view)?
+        .require_alignment(std::mem::size_of::<T>() as u64, name);
+    Ok(())
 }
 
 fn upload_vectors(t: &Transfer, pool: &MemoryPool, v: &Vectors) -> Result<DeviceVectors, GpuError> {
@@ -226,4 +318,53 @@ fn upload_vectors(t: &Transfer, pool: &MemoryPool, v: &Vectors) -> Result<Device
         Vectors::I8(m) => DeviceVectors::I8(t.upload_new(pool, m.data())?),
         Vectors::U8(m) => DeviceVectors::U8(t.upload_new(pool, m.data())?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::{DType, Metric};
+
+    #[test]
+    fn queries_beyond_u32_are_split_into_launches_not_truncated() {
+        assert_eq!(MAX_QUERIES_PER_LAUNCH as u64, u64::from(u32::MAX));
+        let chunks: Vec<_> = query_chunks(10, 4).collect();
+        assert_eq!(chunks, vec![0..4, 4..8, 8..10]);
+        assert_eq!(query_chunks(0, 4).count(), 0);
+        assert_eq!(query_chunks(4, 4).collect::<Vec<_>>(), vec![0..4]);
+        assert_eq!(query_chunks(3, 0).count(), 3);
+        // 2^32 + 5 queries: two launches, each within the kernel's u32, and
+        // together exactly the queries (a cast would have launched 5).
+        let nq = (1usize << 32) + 5;
+        let chunks: Vec<_> = query_chunks(nq, MAX_QUERIES_PER_LAUNCH).collect();
+        assert_eq!(chunks, vec![0..u32::MAX as usize, u32::MAX as usize..nq]);
+        let p = plan(DType::F32, Metric::L2, "none", 1000, 128, 10).unwrap();
+        for c in &chunks {
+            let s = p.contract().scalars(1000, 128, c.len() as u64, 10).unwrap();
+            assert_eq!(s.n_queries as usize, c.len());
+        }
+    }
+
+    #[test]
+    fn counts_the_kernel_cannot_take_are_typed_errors_naming_them() {
+        let p = plan(DType::U8, Metric::L2, "none", 1000, 16, 10).unwrap();
+        let c = p.contract();
+        let dim = u32::MAX as u64 + 1;
+        let e: GpuSearchError = c.scalars(1000, dim, 1, 10).unwrap_err().into();
+        match &e {
+            GpuSearchError::Scan(ScanArgError::TooLarge {
+                argument, value, ..
+            }) => {
+                assert_eq!((*argument, *value), ("dim", dim));
+            }
+            other => panic!("expected a typed dim error, got {other:?}"),
+        }
+        assert!(e.to_string().contains("`dim` = 4294967296"), "{e}");
+        assert!(!e.is_out_of_memory());
+        let e: GpuSearchError = c
+            .scalars(1000, 16, u32::MAX as u64 + 1, 10)
+            .unwrap_err()
+            .into();
+        assert!(e.to_string().contains("`n_queries`"), "{e}");
+    }
 }

@@ -3,6 +3,7 @@
 
 use crate::fragment::FragmentInfo;
 use crate::fragments;
+use crate::gpu::launch::ScanContract;
 use crate::link::Planner;
 
 use super::{DType, Metric};
@@ -29,6 +30,8 @@ pub struct ScanPlan {
     pub scan: &'static FragmentInfo,
     pub metric: &'static FragmentInfo,
     pub filter: &'static FragmentInfo,
+    /// Element type of the rows.
+    pub dtype: DType,
     pub veclen: u32,
     pub capacity: u32,
     /// `u32` or `i64` ids.
@@ -42,6 +45,18 @@ impl ScanPlan {
             .add_fragment(self.scan)
             .add_fragment(self.metric)
             .add_fragment(self.filter)
+    }
+
+    /// What the chosen scan variant requires of its launch (checked by
+    /// the GPU path before launching; the kernel checks it too and writes
+    /// nothing when it fails).
+    pub fn contract(&self) -> ScanContract {
+        ScanContract {
+            elem_bytes: self.dtype.size() as u32,
+            veclen: self.veclen,
+            id_bytes: if self.idx == "i64" { 8 } else { 4 },
+            capacity: self.capacity,
+        }
     }
 
     pub fn fragment_names(&self) -> Vec<&'static str> {
@@ -108,6 +123,7 @@ pub fn plan(
         scan,
         metric: fragments::find(&metric_name).ok_or(PlanError::Missing(metric_name))?,
         filter: fragments::find(&filter_name).ok_or(PlanError::Missing(filter_name))?,
+        dtype,
         veclen,
         capacity,
         idx,
@@ -141,6 +157,27 @@ mod tests {
             p.fragment_names(),
             ["scan_f16_i64_v8_k32", "metric_l2_f16", "filter_none_i64"]
         );
+    }
+
+    #[test]
+    fn the_contract_follows_the_chosen_variant() {
+        let c = plan(DType::F16, Metric::L2, "none", 1000, 64, 100)
+            .unwrap()
+            .contract();
+        assert_eq!(
+            (c.elem_bytes, c.veclen, c.id_bytes, c.capacity),
+            (2, 8, 4, 128)
+        );
+        assert_eq!(c.vector_align(), 16);
+        // The plan's own choice always passes its contract.
+        for (dtype, dim) in [(DType::F32, 129), (DType::I8, 48), (DType::U8, 7)] {
+            let p = plan(dtype, Metric::L2, "none", 1000, dim, 10).unwrap();
+            assert_eq!(p.dtype, dtype);
+            p.contract().scalars(1000, dim as u64, 3, 10).unwrap();
+        }
+        let wide = plan(DType::U8, Metric::L2, "none", u32::MAX as usize, 16, 1).unwrap();
+        assert_eq!(wide.contract().id_bytes, 8);
+        assert!(wide.contract().scalars(u32::MAX as u64, 16, 1, 1).is_ok());
     }
 
     #[test]
