@@ -30,6 +30,11 @@ rm -rf "$out"
 mkdir -p "$out"
 echo "== building for CUDA $FRAGLINK_CUDA_VERSION into $CARGO_TARGET_DIR"
 cargo build --release --example gpu_bench
+# nextest does not archive fraglink's OUT_DIR; tests/host_headers.rs needs the
+# rendered fragment sources, so they travel beside the CLI (archive.include).
+registry=$(ls -t "$CARGO_TARGET_DIR"/release/build/fraglink-*/out/fraglink_registry.rs | head -1)
+rm -rf "$CARGO_TARGET_DIR/release/fraglink-gen"
+cp -r "$(dirname "$registry")/gen" "$CARGO_TARGET_DIR/release/fraglink-gen"
 cargo nextest archive --release --archive-file "$out/fraglink-tests.tar.zst"
 cp -r "$testdata" "$out/testdata"
 xz -9 -T0 -c "$(command -v cargo-nextest)" >"$out/cargo-nextest.xz"

@@ -18,6 +18,7 @@ arch=$root/target/gpu-archive
 test -f "$arch/fraglink-tests.tar.zst" || { echo "error: $arch/fraglink-tests.tar.zst missing: run scripts/gpu-archive.sh first" >&2; exit 2; }
 
 work=$(mktemp -d /tmp/fraglink-gpu.XXXXXX)
+mkdir -p "$work/x"
 logs=$work/logs
 mkdir -p "$logs"
 py=$(command -v python3)

@@ -577,7 +577,15 @@ fn headers_match_the_rust_reference() {
 /// The rendered fragment sources of this build, through their extern "C" ABI.
 #[test]
 fn rendered_fragments_match_through_the_abi() {
-    let gen = out_dir().join("gen");
+    // From an archive (scripts/gpu-archive.sh) the rendered sources travel
+    // beside the CLI, since nextest does not archive this crate's OUT_DIR.
+    let gen = [
+        out_dir().join("gen"),
+        support::fraglink_bin().with_file_name("fraglink-gen"),
+    ]
+    .into_iter()
+    .find(|d| d.is_dir())
+    .expect("rendered fragment sources: neither OUT_DIR/gen nor fraglink-gen beside the CLI");
     let dir = tempfile::tempdir().unwrap();
     let cases = cases();
     let fl = filters();
