@@ -45,6 +45,7 @@ filter='not (binary(compile_fail) | binary(downstream))'
 ignored=all
 [ "$gpu" = 1 ] || ignored=default
 echo "== tests (run-ignored=$ignored)"
+rm -f "$root/target/nextest/gpu/junit.xml"
 "$work/cargo-nextest" nextest run \
   --archive-file "$arch/fraglink-tests.tar.zst" \
   --workspace-remap "$root" \
@@ -53,7 +54,8 @@ echo "== tests (run-ignored=$ignored)"
   --profile gpu --run-ignored "$ignored" --no-fail-fast \
   -E "$filter" 2>&1 | tee "$logs/tests.txt"
 tests_rc=${PIPESTATUS[0]}
-junit=$(find "$work/x" -name junit.xml | head -1)
+# nextest writes JUnit under the (remapped) workspace's target/nextest/<profile>/.
+junit=$(find "$root/target/nextest/gpu" "$work/x" -name junit.xml 2>/dev/null | head -1)
 [ -n "$junit" ] && cp "$junit" "$logs/junit.xml"
 
 bin=$work/x/target/release/fraglink

@@ -102,6 +102,10 @@ fn reads_vector_files_and_links_for_the_given_arch() {
             "l2",
             "--arch",
             "sm_75",
+            // --arch applies when no GPU is used (on a GPU host the plan is
+            // linked for the device instead), so pin the CPU path.
+            "--device",
+            "cpu",
         ],
     );
     assert_eq!(v["recall"], 1.0);

@@ -2,8 +2,8 @@
 //! linked by the real nvJitLink for sm_75, sm_80 and sm_90. No GPU needed.
 
 use fraglink::link::metadata::{
-    check_cubin, entry_resources, parse_info_log, sm_from_e_flags, CubinError, KernelMetadata,
-    MetadataError, EM_CUDA,
+    check_cubin, cubin_resources, entry_resources, parse_info_log, sm_from_e_flags, CubinError,
+    KernelMetadata, MetadataError, EM_CUDA,
 };
 use fraglink::sys::{InputType, NvJitLink};
 
@@ -300,6 +300,10 @@ fn random_corruption_of_real_cubins_never_panics() {
 #[test]
 fn truncated_and_mangled_real_logs_never_panic() {
     let (_, log) = default_link("sm_90");
+    assert!(
+        !log.trim().is_empty(),
+        "nvJitLink returned an empty info log for a -verbose link"
+    );
     for (i, _) in log.char_indices() {
         let _ = entry_resources(&log[..i], SCAN);
     }
@@ -317,4 +321,59 @@ fn truncated_and_mangled_real_logs_never_panic() {
         }
         let _ = entry_resources(&s, SCAN);
     }
+}
+
+/// The cubin's own record of registers, stack frame and static shared memory
+/// (the fallback when nvJitLink's info log has no ptxas output) agrees with
+/// what ptxas printed, for every scan variant and arch.
+#[test]
+fn cubin_resources_agree_with_ptxas() {
+    let scans: Vec<_> = fraglink::fragments::catalog()
+        .iter()
+        .filter(|f| f.family == "scan")
+        .collect();
+    assert!(!scans.is_empty());
+    let mut checked = 0;
+    for f in scans {
+        let param = |k: &str| {
+            f.params
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| *v)
+                .unwrap_or_else(|| panic!("{} has no {k}", f.name))
+        };
+        let (dtype, idx) = (param("dtype"), param("idx"));
+        let metric = format!("metric_l2_{dtype}");
+        let filter = format!("filter_bitset_{idx}");
+        for (arch, _) in [ARCHS[0], ARCHS[2]] {
+            let (cubin, log) = link(arch, [f.name, &metric, &filter], true);
+            let Ok(from_log) = entry_resources(&log, f.name) else {
+                // nvJitLink printed nothing (the case the fallback exists for).
+                continue;
+            };
+            let from_cubin = cubin_resources(&cubin, f.name).unwrap();
+            assert_eq!(
+                from_cubin.registers, from_log.registers,
+                "{} {arch}",
+                f.name
+            );
+            assert_eq!(
+                from_cubin.stack_bytes, from_log.stack_bytes,
+                "{} {arch}",
+                f.name
+            );
+            // The section also counts what sm_80+ reserve: an upper bound.
+            let smem = from_log.shared_bytes.unwrap_or(0);
+            assert!(
+                from_cubin.shared_bytes >= smem && from_cubin.shared_bytes <= smem + 1024,
+                "{} {arch}: {} vs {smem}",
+                f.name,
+                from_cubin.shared_bytes
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no link printed ptxas output to compare with");
+    let e = cubin_resources(&default_link("sm_90").0, "nope").unwrap_err();
+    assert!(matches!(e, CubinError::EntryMissing { .. }), "{e}");
 }

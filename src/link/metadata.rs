@@ -514,6 +514,119 @@ pub fn check_cubin(bytes: &[u8], entry: &str) -> Result<CubinInfo, CubinError> {
     })
 }
 
+/// A kernel's resource usage read from the cubin itself, for when the info
+/// log carries no ptxas output (seen with nvJitLink 13.0 on a 16-core H100
+/// host: `-verbose` links whose info log came back empty).
+///
+/// * registers: `EIATTR_REGCOUNT` for the entry in `.nv.info`
+///   (`EIFMT_SVAL`: symbol index, value);
+/// * stack frame: `EIATTR_FRAME_SIZE`, likewise; spills live in the stack
+///   frame, so a frame of 0 proves there are none;
+/// * static shared memory: the size of `.nv.shared.<entry>` (0 if absent).
+///   On sm_80 and later this is 1 KiB more than ptxas's `smem` figure for
+///   the same kernel (seen with nvJitLink 12.9 and 13.0): an upper bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CubinResources {
+    pub registers: u32,
+    pub stack_bytes: u32,
+    pub shared_bytes: u32,
+}
+
+const EIFMT_NVAL: u8 = 1;
+const EIFMT_BVAL: u8 = 2;
+const EIFMT_HVAL: u8 = 3;
+const EIFMT_SVAL: u8 = 4;
+const EIATTR_FRAME_SIZE: u8 = 0x11;
+const EIATTR_REGCOUNT: u8 = 0x2f;
+
+/// Reads [`CubinResources`] of `entry` from `bytes` (see there).
+pub fn cubin_resources(bytes: &[u8], entry: &str) -> Result<CubinResources, CubinError> {
+    let elf = Elf::parse(bytes)?;
+    let symtab = elf.symtab()?.ok_or(CubinError::NoSymbolTable)?;
+    let mut entry_index = None;
+    let mut functions = Vec::new();
+    for i in 0..symtab.count {
+        let sym = symtab.symbol(i)?;
+        if sym.info & 0xf == STT_FUNC {
+            let name = symtab.name(sym.name)?;
+            if name == entry && entry_index.is_none() {
+                entry_index = Some(i as u32);
+            }
+            functions.push(name);
+        }
+    }
+    let Some(entry_index) = entry_index else {
+        return Err(CubinError::EntryMissing {
+            entry: entry.to_owned(),
+            functions,
+        });
+    };
+    let names = elf.section(u64::from(elf.shstrndx))?;
+    let names = range(elf.bytes, names.offset, names.size)
+        .ok_or_else(|| truncated("section name table"))?;
+    let name_of = |off: u32| -> Option<&[u8]> {
+        let tail = names.get(usize::try_from(off).ok()?..)?;
+        Some(&tail[..tail.iter().position(|&b| b == 0)?])
+    };
+    let text = format!(".text.{entry}");
+    let shared = format!(".nv.shared.{entry}");
+    let mut res = CubinResources {
+        registers: 0,
+        stack_bytes: 0,
+        shared_bytes: 0,
+    };
+    let mut found_text = false;
+    for i in 0..elf.shnum {
+        let sec = elf.section(i)?;
+        let Some(name) = name_of(sec.name) else {
+            continue;
+        };
+        if name == text.as_bytes() {
+            found_text = true;
+        } else if name == shared.as_bytes() {
+            res.shared_bytes = u32::try_from(sec.size).unwrap_or(u32::MAX);
+        } else if name == b".nv.info" {
+            let data =
+                range(elf.bytes, sec.offset, sec.size).ok_or_else(|| truncated(".nv.info"))?;
+            if let Some(v) = nv_info_value(data, EIATTR_FRAME_SIZE, entry_index) {
+                res.stack_bytes = v;
+            }
+            if let Some(v) = nv_info_value(data, EIATTR_REGCOUNT, entry_index) {
+                res.registers = v;
+            }
+        }
+    }
+    if !found_text {
+        return Err(truncated(format!("no {text} section")));
+    }
+    Ok(res)
+}
+
+/// The value of attribute `attr` for symbol `sym` in an `.nv.info` section.
+fn nv_info_value(data: &[u8], attr: u8, sym: u32) -> Option<u32> {
+    let mut at = 0usize;
+    while at + 2 <= data.len() {
+        let (fmt, a) = (data[at], data[at + 1]);
+        at += 2;
+        match fmt {
+            EIFMT_NVAL => {}
+            EIFMT_BVAL => at += 1,
+            EIFMT_HVAL => at += 2,
+            EIFMT_SVAL => {
+                let len = usize::from(read_u16(data, at)?);
+                at += 2;
+                let body = data.get(at..at.checked_add(len)?)?;
+                if a == attr && len >= 8 && read_u32(body, 0)? == sym {
+                    return read_u32(body, 4);
+                }
+                at += len;
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
 struct Elf<'a> {
     bytes: &'a [u8],
     machine: u16,
@@ -521,9 +634,11 @@ struct Elf<'a> {
     abi_version: u8,
     shoff: u64,
     shnum: u64,
+    shstrndx: u16,
 }
 
 struct Section {
+    name: u32,
     kind: u32,
     offset: u64,
     size: u64,
@@ -604,6 +719,7 @@ impl<'a> Elf<'a> {
         let e_flags = read_u32(bytes, 48).ok_or_else(|| header(48, "e_flags"))?;
         let shentsize = read_u16(bytes, 58).ok_or_else(|| header(58, "e_shentsize"))?;
         let mut shnum = u64::from(read_u16(bytes, 60).ok_or_else(|| header(60, "e_shnum"))?);
+        let shstrndx = read_u16(bytes, 62).ok_or_else(|| header(62, "e_shstrndx"))?;
         if shoff == 0 {
             return Err(CubinError::NoSymbolTable);
         }
@@ -619,6 +735,7 @@ impl<'a> Elf<'a> {
             abi_version: bytes[8],
             shoff,
             shnum,
+            shstrndx,
         };
         if shnum == 0 {
             // Extended numbering: the count is section 0's sh_size.
@@ -653,6 +770,7 @@ impl<'a> Elf<'a> {
         let field32 = |o| read_u32(h, o).ok_or_else(bad);
         let field64 = |o| read_u64(h, o).ok_or_else(bad);
         Ok(Section {
+            name: field32(0)?,
             kind: field32(4)?,
             offset: field64(24)?,
             size: field64(32)?,
@@ -778,6 +896,30 @@ impl KernelMetadata {
             stack_bytes: res.stack_bytes,
             shared_bytes: res.shared_bytes,
             barriers: res.barriers,
+            cubin_bytes,
+            link_ms,
+        }
+    }
+
+    /// From resources read off the cubin ([`cubin_resources`]): spills are
+    /// not recorded there, so they are reported as the whole stack frame
+    /// (exact when the frame is 0, an upper bound otherwise).
+    pub fn from_cubin(
+        entry: &str,
+        arch: &str,
+        res: &CubinResources,
+        cubin_bytes: usize,
+        link_ms: f64,
+    ) -> Self {
+        KernelMetadata {
+            entry: entry.to_owned(),
+            arch: arch.to_owned(),
+            registers: res.registers,
+            spill_stores: res.stack_bytes,
+            spill_loads: res.stack_bytes,
+            stack_bytes: res.stack_bytes,
+            shared_bytes: Some(res.shared_bytes),
+            barriers: None,
             cubin_bytes,
             link_ms,
         }

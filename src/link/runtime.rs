@@ -323,13 +323,32 @@ impl LinkRuntime {
                 entry: entry.to_string(),
                 source,
             })?;
-            let res = metadata::entry_resources(&out.info_log, entry)?;
+            let metadata = match metadata::entry_resources(&out.info_log, entry) {
+                Ok(res) => KernelMetadata::new(&res, out.cubin.len(), link_ms),
+                // No ptxas output in the log: read the cubin instead.
+                Err(e) if e.verbose_missing() => {
+                    let res = metadata::cubin_resources(&out.cubin, entry).map_err(|source| {
+                        LinkError::Cubin {
+                            entry: entry.to_string(),
+                            source,
+                        }
+                    })?;
+                    KernelMetadata::from_cubin(
+                        entry,
+                        &arch.to_string(),
+                        &res,
+                        out.cubin.len(),
+                        link_ms,
+                    )
+                }
+                Err(e) => return Err(e.into()),
+            };
             let kernel = LinkedKernel {
                 key: Some(key),
                 entry: entry.to_string(),
                 arch: arch.to_string(),
                 fragments: inputs.iter().map(|i| i.name.to_string()).collect(),
-                metadata: KernelMetadata::new(&res, out.cubin.len(), link_ms),
+                metadata,
                 info_log: out.info_log,
                 cubin: out.cubin,
             };

@@ -177,15 +177,18 @@ pub struct Located {
 /// Why a loaded candidate was not used.
 #[derive(Debug)]
 pub enum Reject {
-    /// Not usable here (wrong version, wrong library): try the next one.
+    /// Not usable here (wrong version): try the next one.
     Skip(String),
+    /// Not usable (e.g. a symbol is missing: the wrong library): the next
+    /// one is tried, but an explicit path reports this error as it is.
+    Unusable(SysError),
     /// Stop the search with this error.
     Fail(SysError),
 }
 
 impl From<SysError> for Reject {
     fn from(e: SysError) -> Self {
-        Reject::Skip(e.to_string())
+        Reject::Unusable(e)
     }
 }
 
@@ -483,7 +486,7 @@ pub fn open_first<T>(
         let loaded = open_path(lib, &path)?;
         return match accept(loaded, &path) {
             Ok(t) => Ok((t, Located { path, origin })),
-            Err(Reject::Fail(e)) => Err(e),
+            Err(Reject::Fail(e) | Reject::Unusable(e)) => Err(e),
             Err(Reject::Skip(reason)) => Err(SysError::LibraryLoad {
                 library: lib.name(),
                 path,
@@ -527,6 +530,10 @@ pub fn open_first<T>(
                 Err(Reject::Fail(e)) => Some(Err(e)),
                 Err(Reject::Skip(reason)) => {
                     tried.push((place, reason));
+                    None
+                }
+                Err(Reject::Unusable(e)) => {
+                    tried.push((place, e.to_string()));
                     None
                 }
             },
