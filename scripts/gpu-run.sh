@@ -38,6 +38,9 @@ ls /usr/local/cuda*/lib64/libnvJitLink* /usr/local/cuda*/lib64/libnvrtc.so* >"$l
 
 export FRAGLINK_TESTDATA=$arch/testdata
 export FRAGLINK_CACHE_DIR=$work/link-cache
+# nvJitLink keeps links in the driver's compute cache too: start it empty so
+# a run does not depend on what ran on this machine before.
+export CUDA_CACHE_PATH=$work/cuda-compute-cache
 export RUST_BACKTRACE=1
 # Tests that run cargo cannot run here (no toolchain): compile-fail checks and
 # the downstream crate's build. Everything else runs, ignored tests included.
