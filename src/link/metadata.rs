@@ -527,8 +527,10 @@ pub fn check_cubin(bytes: &[u8], entry: &str) -> Result<CubinInfo, CubinError> {
 /// * stack frame: `EIATTR_FRAME_SIZE`, likewise; spills live in the stack
 ///   frame, so a frame of 0 proves there are none;
 /// * static shared memory: the size of `.nv.shared.<entry>` (0 if absent).
-///   On sm_80 and later this is 1 KiB more than ptxas's `smem` figure for
-///   the same kernel (seen with nvJitLink 12.9 and 13.0): an upper bound.
+///   When the cubin has a `.nv.shared.reserved.*` section (sm_90 here), that
+///   section size includes the 1 KiB the hardware reserves per block, which
+///   ptxas's `smem` figure leaves out; it is subtracted so both agree (seen
+///   with nvJitLink 12.9 and 13.0; checked against ptxas by a test).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CubinResources {
     pub registers: u32,
@@ -542,6 +544,8 @@ const EIFMT_HVAL: u8 = 3;
 const EIFMT_SVAL: u8 = 4;
 const EIATTR_FRAME_SIZE: u8 = 0x11;
 const EIATTR_REGCOUNT: u8 = 0x2f;
+/// Shared memory the hardware reserves per block from sm_80 on.
+const RESERVED_SHARED_BYTES: u32 = 1024;
 
 /// Reads [`CubinResources`] of `entry` from `bytes` (see there).
 pub fn cubin_resources(bytes: &[u8], entry: &str) -> Result<CubinResources, CubinError> {
@@ -580,6 +584,7 @@ pub fn cubin_resources(bytes: &[u8], entry: &str) -> Result<CubinResources, Cubi
         shared_bytes: 0,
     };
     let mut found_text = false;
+    let mut reserved = false;
     for i in 0..elf.shnum {
         let sec = elf.section(i)?;
         let Some(name) = name_of(sec.name) else {
@@ -587,6 +592,8 @@ pub fn cubin_resources(bytes: &[u8], entry: &str) -> Result<CubinResources, Cubi
         };
         if name == text.as_bytes() {
             found_text = true;
+        } else if name.starts_with(b".nv.shared.reserved.") {
+            reserved = true;
         } else if name == shared.as_bytes() {
             res.shared_bytes = u32::try_from(sec.size).unwrap_or(u32::MAX);
         } else if name == b".nv.info" {
@@ -602,6 +609,9 @@ pub fn cubin_resources(bytes: &[u8], entry: &str) -> Result<CubinResources, Cubi
     }
     if !found_text {
         return Err(truncated(format!("no {text} section")));
+    }
+    if reserved {
+        res.shared_bytes = res.shared_bytes.saturating_sub(RESERVED_SHARED_BYTES);
     }
     Ok(res)
 }

@@ -119,16 +119,16 @@ pub fn run(a: &SearchArgs) -> ExitCode {
 
     // The GPU plan, linked for the device (or --arch, or sm_90) so the
     // kernel that would run is visible even without a GPU.
-    let link_arch = match (searcher.gpu(), &a.arch) {
-        (Some(g), _) => Ok(g.context().arch()),
-        (None, Some(s)) => Arch::parse(s, "--arch")
-            .map(|x| Arch::sm(x.number))
-            .map_err(|e| e.to_string()),
-        (None, None) => Ok(Arch::sm(90)),
+    // A bad --arch is an error even where a GPU makes it moot.
+    let asked = match a.arch.as_deref().map(|s| Arch::parse(s, "--arch")) {
+        Some(Ok(x)) => Some(Arch::sm(x.number)),
+        Some(Err(e)) => return fail(e),
+        None => None,
     };
-    let link_arch = match link_arch {
-        Ok(x) => x,
-        Err(e) => return fail(e),
+    let link_arch = match (searcher.gpu(), asked) {
+        (Some(g), _) => g.context().arch(),
+        (None, Some(x)) => x,
+        (None, None) => Arch::sm(90),
     };
     let gpu_plan = plan(
         base.dtype(),
