@@ -69,6 +69,7 @@ def collect(a):
         except ValueError:
             pass
     bench = read_json(os.path.join(logs, "bench.json"))
+    peers = read_json(os.path.join(logs, "peers.json"))
     tests = tests_from_junit(os.path.join(logs, "junit.xml"))
     commit = (read(os.path.join(a.archive, "commit"), "") or "").strip() or None
     counts = {}
@@ -87,6 +88,7 @@ def collect(a):
         "tests": tests,
         "searches": searches,
         "bench": bench,
+        "peers": peers,
     }
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gpu-results.json"), "w") as f:
@@ -151,6 +153,31 @@ def render(r, summary=False):
         for f_ in figs:
             lines.append(f"| {f_.get('name')} | {fmt(f_.get('value'))} | {fmt(f_.get('unit'))} | "
                          f"{fmt(f_.get('target'))} | {fmt(f_.get('met'))} | {fmt(f_.get('note'))} |")
+        lines.append("")
+    p = r.get("peers") or {}
+    if p.get("cases"):
+        lines.append(f"## Exact k-NN against torch and CuPy (n {p.get('n')}, dim {p.get('dim')}, "
+                     f"batches of {p.get('batch')}; `benches/scripts/gpu_peers.py`)\n")
+        lines.append(f"torch {p.get('torch')}, CuPy {p.get('cupy')}; measured copy bandwidth "
+                     f"{fmt(p.get('bandwidth_gbps'))} GB/s. QPS; recall in brackets; floor = the "
+                     "case's memory or FLOP limit.\n")
+        names = []
+        for c in p["cases"]:
+            for n in c["sides"]:
+                if n not in names:
+                    names.append(n)
+        lines.append("| dtype | nq | k | " + " | ".join(names) + " | fraglink / best peer | floor QPS (bound) |")
+        lines.append("| --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- | --- |")
+        for c in p["cases"]:
+            cells = []
+            for n in names:
+                s_ = c["sides"].get(n, {})
+                if "error" in s_:
+                    cells.append("error")
+                else:
+                    cells.append(f"{fmt(s_.get('qps'))} ({fmt(s_.get('recall'))})")
+            lines.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | " + " | ".join(cells)
+                         + f" | {fmt(c.get('fraglink_vs_best_peer'))} | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Exact k-NN on the GPU, fraglink against what users pick instead (issue 10).
+
+Run on the GPU machine by scripts/gpu-run.sh (torch and CuPy are installed
+there). One dataset per dtype (n x dim, seeded normal data), the same bytes
+for every side; fraglink reads them from .npy files through its CLI.
+
+Sides, each processing queries in batches of at most 1 000 (so no side runs
+out of memory on the distance matrix):
+  torch.mm+topk        ||x||^2 - 2 q.x with torch's default f32 math
+  torch.mm+topk/tf32   the same with torch.backends.cuda.matmul.allow_tf32
+  torch.cdist+topk     torch.cdist (p=2) then topk
+  cupy.mm+argpartition the CuPy equivalent of the first
+  fraglink             `fraglink search --device gpu --json` (its QPS excludes
+                       nothing it does per call; its recall must be 1.0)
+
+Recall is against the exact answer computed in float64 on the GPU. Each
+case also gets its floor: the larger of the bytes it must read at the
+measured device bandwidth and the FLOPs at the unit's peak (the note names
+which). Writes one JSON document.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+try:
+    import cupy as cp
+except Exception:  # noqa: BLE001 - CuPy is optional
+    cp = None
+
+BATCH = 1000
+# H100 SXM peaks (dense): f32 FMA 67 TFLOP/s, TF32 tensor 495, f16 tensor 990.
+PEAK_FLOPS = {"f32": 67e12, "tf32": 495e12, "f16": 990e12}
+
+
+def timed(fn, reps):
+    """Median seconds of `fn` over `reps` runs after one warm-up (CUDA events)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return times[len(times) // 2], out
+
+
+def batches(nq):
+    return [(s, min(s + BATCH, nq)) for s in range(0, nq, BATCH)]
+
+
+def torch_mm(x, xn, q, k):
+    ids = []
+    for s, e in batches(q.shape[0]):
+        qb = q[s:e]
+        d = xn[None, :] - 2.0 * (qb @ x.T)
+        ids.append(torch.topk(d, k, dim=1, largest=False).indices)
+    return torch.cat(ids)
+
+
+def torch_cdist(x, q, k):
+    ids = []
+    for s, e in batches(q.shape[0]):
+        d = torch.cdist(q[s:e], x)
+        ids.append(torch.topk(d, k, dim=1, largest=False).indices)
+    return torch.cat(ids)
+
+
+def cupy_mm(x, xn, q, k):
+    ids = []
+    for s, e in batches(q.shape[0]):
+        d = xn[None, :] - 2.0 * (q[s:e] @ x.T)
+        part = cp.argpartition(d, k, axis=1)[:, :k]
+        pd = cp.take_along_axis(d, part, axis=1)
+        order = cp.argsort(pd, axis=1)
+        ids.append(cp.take_along_axis(part, order, axis=1))
+    return cp.concatenate(ids)
+
+
+def exact(x64, q64, k):
+    ids = []
+    xn = (x64 * x64).sum(1)
+    for s, e in batches(q64.shape[0]):
+        qb = q64[s:e]
+        d = xn[None, :] - 2.0 * (qb @ x64.T) + (qb * qb).sum(1)[:, None]
+        ids.append(torch.topk(d, k, dim=1, largest=False).indices)
+    return torch.cat(ids)
+
+
+def recall(found, truth):
+    f = found.cpu().numpy() if hasattr(found, "cpu") else cp.asnumpy(found)
+    t = truth.cpu().numpy()
+    hits = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(f, t))
+    return hits / t.size
+
+
+def floor_seconds(n, dim, nq, elem, unit, bandwidth):
+    passes = len(batches(nq))
+    bytes_ = passes * n * dim * elem + nq * dim * elem
+    flops = 2.0 * n * dim * nq
+    t_mem, t_flop = bytes_ / bandwidth, flops / PEAK_FLOPS[unit]
+    return max(t_mem, t_flop), ("memory" if t_mem >= t_flop else f"{unit} FLOPs")
+
+
+def measure_bandwidth():
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    secs, _ = timed(lambda: b.copy_(a), 10)
+    return 2 * a.numel() / secs
+
+
+def run_fraglink(bin_, base, queries, gt, k, dtype):
+    cmd = [bin_, "search", "--device", "gpu", "--json", "--base", base, "--queries", queries,
+           "--groundtruth", gt, "--k", str(k), "--metric", "l2", "--dtype", dtype]
+    started = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if p.returncode != 0:
+        return {"error": p.stderr.strip()[-500:], "exit": p.returncode}
+    d = json.loads(p.stdout)
+    return {"qps": d.get("qps"), "recall": d.get("recall"), "route": d.get("route"),
+            "upload_ms": d.get("upload_ms"), "process_wall_s": wall}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--fraglink", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--nq", default="1,100,10000")
+    ap.add_argument("--k", default="10,100")
+    ap.add_argument("--dtypes", default="f32,f16")
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    torch.manual_seed(1234)
+    dev = torch.cuda.get_device_name()
+    bandwidth = measure_bandwidth()
+    out = {"device": dev, "torch": torch.__version__, "cupy": cp.__version__ if cp else None,
+           "n": a.n, "dim": a.dim, "batch": BATCH, "bandwidth_gbps": bandwidth / 1e9, "cases": []}
+    nqs = [int(v) for v in a.nq.split(",")]
+    ks = [int(v) for v in a.k.split(",")]
+    tmp = tempfile.mkdtemp(prefix="fraglink-peers-")
+    for dtype in a.dtypes.split(","):
+        tdt = {"f32": torch.float32, "f16": torch.float16}[dtype]
+        x = torch.randn(a.n, a.dim, device="cuda").to(tdt)
+        qall = torch.randn(max(nqs), a.dim, device="cuda").to(tdt)
+        base = os.path.join(tmp, f"base_{dtype}.npy")
+        np.save(base, x.cpu().numpy())
+        x64 = x.double()
+        xf = x.float()
+        xn = (xf * xf).sum(1).to(tdt)
+        for nq in nqs:
+            q = qall[:nq].contiguous()
+            qpath = os.path.join(tmp, f"q_{dtype}_{nq}.npy")
+            np.save(qpath, q.cpu().numpy())
+            for k in ks:
+                truth = exact(x64, q.double(), k)
+                gt = os.path.join(tmp, f"gt_{dtype}_{nq}_{k}.ivecs")
+                t = truth.cpu().numpy().astype(np.int32)
+                with open(gt, "wb") as f:
+                    for row in t:
+                        f.write(np.int32(k).tobytes())
+                        f.write(row.tobytes())
+                elem = 4 if dtype == "f32" else 2
+                case = {"dtype": dtype, "nq": nq, "k": k, "sides": {}}
+                unit = "f16" if dtype == "f16" else "f32"
+                fl, bound = floor_seconds(a.n, a.dim, nq, elem, unit, bandwidth)
+                case["floor_qps"] = nq / fl
+                case["floor_bound"] = bound
+                sides = {
+                    "torch.mm+topk": lambda: torch_mm(x, xn, q, k),
+                    "torch.cdist+topk": lambda: torch_cdist(xf, q.float(), k),
+                }
+                if dtype == "f32":
+                    def tf32():
+                        torch.backends.cuda.matmul.allow_tf32 = True
+                        try:
+                            return torch_mm(x, xn, q, k)
+                        finally:
+                            torch.backends.cuda.matmul.allow_tf32 = False
+                    sides["torch.mm+topk/tf32"] = tf32
+                if cp is not None:
+                    cx, cxn, cq = cp.asarray(x), cp.asarray(xn), cp.asarray(q)
+                    sides["cupy.mm+argpartition"] = lambda: cupy_mm(cx, cxn, cq, k)
+                for name, fn in sides.items():
+                    try:
+                        secs, found = timed(fn, a.reps)
+                        case["sides"][name] = {"qps": nq / secs, "seconds": secs,
+                                               "recall": recall(found, truth)}
+                    except Exception as e:  # noqa: BLE001 - report, go on
+                        case["sides"][name] = {"error": str(e)[:300]}
+                    torch.cuda.empty_cache()
+                case["sides"]["fraglink"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype)
+                best = max((s.get("qps") or 0) for n_, s in case["sides"].items() if n_ != "fraglink")
+                fq = case["sides"]["fraglink"].get("qps")
+                case["fraglink_vs_best_peer"] = (fq / best) if (fq and best) else None
+                out["cases"].append(case)
+                print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer")}),
+                      flush=True)
+        del x, x64, xf, qall
+        torch.cuda.empty_cache()
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
