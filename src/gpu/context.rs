@@ -1,13 +1,17 @@
 //! The device context: driver availability, device enumeration, one
 //! `cudarc` context plus a stream per [`GpuContext`].
 //!
-//! cudarc loads `libcuda` lazily and **panics** when it cannot (and when the
-//! library lacks a symbol of the CUDA version it was built for, 12.9 here).
+//! cudarc loads `libcuda` on its first driver call and **panics** when it
+//! cannot, and resolves each driver function on its first use, panicking
+//! when the library lacks it (cudarc is built against the CUDA 12.4 driver
+//! API here, `cuda-12040`: the oldest that has every call fraglink makes,
+//! `cuFuncGetParamInfo` being the newest of them).
 //! [`GpuContext::available`] therefore probes on its own first, once per
 //! process: it opens the driver library with `libloading`, asks
-//! `cuDriverGetVersion` whether the driver covers the 12.9 API, and only
+//! `cuDriverGetVersion` whether the driver covers the 12.4 API, and only
 //! then lets cudarc load it and call `cuInit`. Every constructor goes
-//! through that probe, so a machine without a driver gets
+//! through that probe, so a machine without a driver, or with one older
+//! than CUDA 12.4 (NVIDIA driver 550), gets
 //! [`GpuError::DeviceNotAvailable`], never a panic.
 
 use std::ffi::c_int;
@@ -20,9 +24,52 @@ use once_cell::sync::OnceCell;
 use super::{driver_error, GpuError, GpuResult};
 use crate::build::Arch;
 
-/// Driver API version cudarc is built against (`cuda-12090`): a driver
-/// reporting less lacks symbols cudarc resolves eagerly.
-pub const REQUIRED_DRIVER_VERSION: i32 = 12090;
+/// Driver API version cudarc is built against (`cuda-12040`), as
+/// `cuDriverGetVersion` reports it: a driver reporting less may lack
+/// functions cudarc resolves on first use (`cuFuncGetParamInfo` is 12.4).
+pub const REQUIRED_DRIVER_VERSION: i32 = 12040;
+
+/// The oldest NVIDIA driver release (Linux x86_64, as in CUDA's release
+/// notes) whose `cuDriverGetVersion` reports at least `cuda_version` (e.g.
+/// 12040 → 550), for the CUDA 12 and 13 releases; `None` for others.
+pub fn minimum_driver_release(cuda_version: i32) -> Option<u32> {
+    const RELEASES: &[(i32, u32)] = &[
+        (12000, 525),
+        (12010, 530),
+        (12020, 535),
+        (12030, 545),
+        (12040, 550),
+        (12050, 555),
+        (12060, 560),
+        (12080, 570),
+        (12090, 575),
+        (13000, 580),
+    ];
+    RELEASES
+        .iter()
+        .find(|(v, _)| *v == cuda_version)
+        .map(|(_, r)| *r)
+}
+
+/// `12040` → `"12.4"`.
+fn cuda_version_text(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
+
+/// Why a driver reporting CUDA `found` cannot serve bindings that need CUDA
+/// `needed` (both as `cuDriverGetVersion` reports them): the reason of the
+/// probe's [`GpuError::DeviceNotAvailable`].
+pub fn driver_too_old_reason(found: i32, needed: i32) -> String {
+    let release = match minimum_driver_release(needed) {
+        Some(r) => format!(" (NVIDIA driver {r} or newer)"),
+        None => String::new(),
+    };
+    format!(
+        "the CUDA driver supports CUDA {}, but fraglink's driver bindings need CUDA {} or newer{release}; update the NVIDIA driver",
+        cuda_version_text(found),
+        cuda_version_text(needed),
+    )
+}
 
 /// File names tried for the driver library, in order.
 #[cfg(windows)]
@@ -145,25 +192,14 @@ fn open_driver() -> Result<(libloading::Library, i32), String> {
 fn probe() -> Probe {
     let (lib, version) = open_driver()?;
     if version < REQUIRED_DRIVER_VERSION {
-        return Err(format!(
-            "the CUDA driver supports CUDA {}.{}, but fraglink's driver bindings need {}.{} or newer; update the NVIDIA driver",
-            version / 1000,
-            (version % 1000) / 10,
-            REQUIRED_DRIVER_VERSION / 1000,
-            (REQUIRED_DRIVER_VERSION % 1000) / 10
-        ));
+        return Err(driver_too_old_reason(version, REQUIRED_DRIVER_VERSION));
     }
     drop(lib);
-    // cudarc resolves every symbol of its API version and panics on a gap;
-    // the version check above makes that unreachable, this is the net.
-    // SAFETY: `is_culib_present` only tries to load the library.
-    match std::panic::catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }) {
-        Ok(true) => {}
-        Ok(false) => return Err("cudarc could not load the CUDA driver library".into()),
-        Err(_) => {
-            return Err("the CUDA driver library lacks symbols of the CUDA 12.9 driver API".into())
-        }
-    }
+    // cudarc loads the library on this first call and resolves each function
+    // on its first use, panicking on a failure; the checks above make that
+    // unreachable, this is the net. (No `is_culib_present`: it exists only
+    // with cudarc's dynamic loading, which another crate may replace with
+    // `dynamic-linking`; `fallback-dynamic-loading` allows that.)
     match std::panic::catch_unwind(|| {
         result::init()?;
         result::device::get_count()
@@ -171,7 +207,22 @@ fn probe() -> Probe {
         Ok(Ok(n)) if n > 0 => Ok(n as usize),
         Ok(Ok(_)) => Err("the CUDA driver is installed but reports no device".into()),
         Ok(Err(e)) => Err(format!("cuInit failed: {e}")),
-        Err(_) => Err("the CUDA driver panicked during initialisation".into()),
+        Err(panic) => Err(format!(
+            "cudarc could not use the CUDA driver library (needs the CUDA {} driver API): {}",
+            cuda_version_text(REQUIRED_DRIVER_VERSION),
+            panic_message(panic.as_ref())
+        )),
+    }
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s
+    } else {
+        "panic without a message"
     }
 }
 
@@ -397,6 +448,30 @@ mod tests {
             .to_string(),
             "sm_120"
         );
+    }
+
+    #[test]
+    fn too_old_driver_names_both_versions_and_the_release() {
+        assert_eq!(REQUIRED_DRIVER_VERSION, 12040);
+        assert_eq!(minimum_driver_release(REQUIRED_DRIVER_VERSION), Some(550));
+        let reason = driver_too_old_reason(12020, REQUIRED_DRIVER_VERSION);
+        assert_eq!(
+            reason,
+            "the CUDA driver supports CUDA 12.2, but fraglink's driver bindings need CUDA 12.4 \
+             or newer (NVIDIA driver 550 or newer); update the NVIDIA driver"
+        );
+        let e = GpuError::DeviceNotAvailable { reason };
+        assert!(e.to_string().starts_with("no usable CUDA device: "), "{e}");
+        // A CUDA 11 driver, and a needed version without a known release.
+        let old = driver_too_old_reason(11080, 12040);
+        assert!(
+            old.contains("supports CUDA 11.8,") && old.contains("driver 550"),
+            "{old}"
+        );
+        let unknown = driver_too_old_reason(12040, 12070);
+        assert!(unknown.contains("need CUDA 12.7 or newer;"), "{unknown}");
+        assert_eq!(minimum_driver_release(13000), Some(580));
+        assert_eq!(minimum_driver_release(12070), None);
     }
 
     #[test]

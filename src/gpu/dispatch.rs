@@ -458,7 +458,8 @@ impl CapturedGraph {
     /// tracking is suspended while capturing (a captured stream may not wait
     /// for events recorded outside the capture); launches through
     /// [`Launcher`](super::Launcher) skip their event bookkeeping while the
-    /// stream captures.
+    /// stream captures, and cudarc (from 0.19) records and waits for no
+    /// buffer event of a copy while tracking is off.
     ///
     /// # Safety
     /// * No other thread may use the context while the capture runs (event

@@ -414,15 +414,9 @@ impl<'a> KernelArgs<'a> {
         &mut self,
         view: impl Into<GpuViewMut<'a, T>>,
     ) -> GpuResult<&mut Self> {
-        let view = view.into();
-        let (offset, len, bytes) = (view.offset(), view.len(), view.size_bytes() as usize);
-        let mut cuda = view.into_cuda_mut()?;
-        // SAFETY: as in `input`.
-        let raw = unsafe { cuda.transmute_mut::<u8>(bytes) }.ok_or(GpuError::InvalidAccess {
-            offset,
-            len,
-            size: len,
-        })?;
+        // The bytes directly: cudarc's `CudaViewMut::transmute_mut` borrows
+        // the typed view it is called on, which would not live for `'a`.
+        let raw = view.into().into_cuda_bytes_mut()?;
         self.order.push(Slot::Write(self.writes.len()));
         self.writes.push(raw);
         Ok(self)

@@ -1041,23 +1041,75 @@ impl<'a, T: DeviceRepr> GpuViewMut<'a, T, CudaMemory> {
 
     /// As [`Self::as_cuda_mut`], consuming the view (keeps the lifetime `'a`).
     pub fn into_cuda_mut(self) -> GpuResult<CudaViewMut<'a, T>> {
-        let (offset, len, total) = (self.offset, self.len, self.buffer.len);
-        let block: &'a mut CudaSlice<u8> = self.buffer.block_mut();
-        let block_len = block.len();
-        // SAFETY: as in `GpuView::as_cuda`.
+        let (offset, len) = (self.offset, self.len);
+        let (block, total) = self.into_block()?;
+        // SAFETY: as in `GpuView::as_cuda`; `into_block` checked that the
+        // block holds `total` elements.
         let mut whole =
             unsafe { block.transmute_mut::<T>(total) }.ok_or(GpuError::InvalidAccess {
                 offset: 0,
                 len: total,
-                size: block_len / std::mem::size_of::<T>().max(1),
+                size: total,
             })?;
-        whole
+        let view = whole
             .try_slice_mut(offset..offset + len)
             .ok_or(GpuError::InvalidAccess {
                 offset,
                 len,
                 size: total,
+            })?;
+        // cudarc ≥ 0.19 ties a sub-view of a `CudaViewMut<'a>` to the borrow
+        // of that view (`try_slice_mut<'b>(&'b mut self) -> CudaViewMut<'b>`)
+        // and has no consuming form, so a typed window at an offset cannot
+        // keep `'a` on its own.
+        // SAFETY: only the lifetime changes. `view` holds the device
+        // pointer, a length and the `&'a` references to the block's events
+        // and stream that `whole` holds (a `CudaViewMut` owns none of them,
+        // so nothing in `view` can point into `whole`); `whole` is dropped
+        // here, which leaves `view` the only view of the block, borrowed
+        // mutably for `'a` through `self.buffer`.
+        Ok(unsafe { std::mem::transmute::<CudaViewMut<'_, T>, CudaViewMut<'a, T>>(view) })
+    }
+
+    /// These elements' bytes as a cudarc view, consuming the view (keeps
+    /// `'a`): what [`KernelArgs`](super::KernelArgs) passes to a kernel.
+    /// The same memory, events and stream as [`Self::into_cuda_mut`].
+    pub fn into_cuda_bytes_mut(self) -> GpuResult<CudaViewMut<'a, u8>> {
+        let (offset, len) = (self.offset, self.len);
+        let size = std::mem::size_of::<T>();
+        let (block, total) = self.into_block()?;
+        if offset.checked_add(len).is_none_or(|end| end > total) {
+            return Err(GpuError::InvalidAccess {
+                offset,
+                len,
+                size: total,
+            });
+        }
+        block
+            .try_slice_mut(offset * size..(offset + len) * size)
+            .ok_or(GpuError::InvalidAccess {
+                offset,
+                len,
+                size: total,
             })
+    }
+
+    /// The pooled block and the buffer's length in elements, checked to fit.
+    fn into_block(self) -> GpuResult<(&'a mut CudaSlice<u8>, usize)> {
+        let total = self.buffer.len;
+        let block: &'a mut CudaSlice<u8> = self.buffer.block_mut();
+        let block_len = block.len();
+        let fits = total
+            .checked_mul(std::mem::size_of::<T>())
+            .is_some_and(|bytes| bytes <= block_len);
+        if !fits {
+            return Err(GpuError::InvalidAccess {
+                offset: 0,
+                len: total,
+                size: block_len / std::mem::size_of::<T>().max(1),
+            });
+        }
+        Ok((block, total))
     }
 }
 
