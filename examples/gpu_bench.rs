@@ -691,7 +691,10 @@ fn transfers(b: &Bench) -> Result<Vec<Figure>, String> {
     let (warm, reps) = (3, b.reps.n(20));
     let mut dev = b.pool.alloc::<u8>(n).map_err(err("pool alloc"))?;
     let pattern = |i: usize| (i.wrapping_mul(2654435761) >> 13) as u8;
-    let mut pinned = PinnedBuffer::<u8>::zeroed(&b.ctx, n).map_err(err("pinned alloc"))?;
+    // Upload staging is write-combined (the host only writes it), download
+    // buffers plain pinned (the host reads them): PinnedBuffer's two kinds.
+    let mut pinned = PinnedBuffer::<u8>::for_upload(&b.ctx, n).map_err(err("pinned alloc"))?;
+    let mut landing = PinnedBuffer::<u8>::for_download(&b.ctx, n).map_err(err("pinned alloc"))?;
     for (i, x) in pinned
         .as_mut_slice()
         .map_err(err("pinned access"))?
@@ -706,11 +709,11 @@ fn transfers(b: &Bench) -> Result<Vec<Figure>, String> {
         let ms = wall.ms();
         let rate = gbps(n, wall.median);
         let note = format!(
-            "100 MB = 10^8 bytes, {} (cuMemHostAlloc write-combined); host wall time from issue to PendingTransfer::wait, {}; CUDA-event time median {} = {:.2} GB/s",
+            "100 MB = 10^8 bytes, {}; host wall time from issue to PendingTransfer::wait, {}; CUDA-event time median {} = {:.2} GB/s",
             if name.contains("h2d") {
-                "PinnedBuffer -> GpuBuffer via Transfer::upload_async"
+                "PinnedBuffer::for_upload (write-combined) -> GpuBuffer via Transfer::upload_async"
             } else {
-                "GpuBuffer -> PinnedBuffer via Transfer::download_async"
+                "GpuBuffer -> PinnedBuffer::for_download (plain pinned) via Transfer::download_async"
             },
             wall.describe(),
             fmt_ms(event.ms()),
@@ -753,7 +756,7 @@ fn transfers(b: &Bench) -> Result<Vec<Figure>, String> {
         t.synchronize().map_err(err("sync"))?;
         let t0 = Instant::now();
         let p = t
-            .download_async(&dev, &mut pinned)
+            .download_async(&dev, &mut landing)
             .map_err(err("download_async"))?;
         let ev = p.wait().map_err(err("wait"))?;
         let s = t0.elapsed().as_secs_f64();
@@ -763,7 +766,7 @@ fn transfers(b: &Bench) -> Result<Vec<Figure>, String> {
     let ev = Stats::of(&events[warm.min(events.len())..]);
     pinned_fig("transfer.d2h.pinned", wall, ev);
     {
-        let host = pinned.as_slice().map_err(err("pinned access"))?;
+        let host = landing.as_slice().map_err(err("pinned access"))?;
         let bad = [0, 1, n / 2, n - 1]
             .into_iter()
             .find(|&i| host[i] != pattern(i));
@@ -776,6 +779,7 @@ fn transfers(b: &Bench) -> Result<Vec<Figure>, String> {
         }
     }
     drop(pinned);
+    drop(landing);
 
     // Pageable (a plain Vec, pre-faulted) both ways.
     let mut host: Vec<u8> = (0..n).map(pattern).collect();
