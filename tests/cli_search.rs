@@ -76,6 +76,11 @@ fn recall_is_exact_for_every_metric_dtype_filter() {
                 );
                 assert!(link["registers"].as_u64().unwrap() > 0);
                 assert!(v["qps"].as_f64().unwrap() > 0.0);
+                // The CPU path uploads nothing.
+                assert!(
+                    v["upload_ms"].is_null() && v["upload_bytes"].is_null(),
+                    "{what}: {v}"
+                );
             }
         }
     }
@@ -143,4 +148,109 @@ fn bad_inputs_exit_2_with_one_line() {
         assert_eq!(out.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&out.stderr).contains("--device gpu"));
     }
+}
+
+#[test]
+fn the_json_and_text_reports_carry_the_upload_apart_from_the_search() {
+    let cache = tempfile::tempdir().unwrap();
+    let args = [
+        "--n", "2000", "--dim", "32", "--nq", "10", "--k", "5", "--device", "cpu",
+    ];
+    let v = search_json(cache.path(), &args);
+    for field in [
+        "route",
+        "reason",
+        "fell_back",
+        "fragments",
+        "link",
+        "plan_error",
+        "qps",
+        "search_ms",
+        "upload_ms",
+        "upload_bytes",
+        "recall",
+        "k",
+        "n",
+        "nq",
+        "dim",
+        "metric",
+        "dtype",
+        "filter",
+    ] {
+        assert!(v.get(field).is_some(), "`{field}` missing: {v}");
+    }
+    assert_eq!(v["route"], "cpu");
+    assert!(v["upload_ms"].is_null(), "{v}");
+    assert!(v["search_ms"].as_f64().unwrap() > 0.0);
+    let mut all = vec!["search"];
+    all.extend_from_slice(&args);
+    let out = fraglink(cache.path(), &all);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let upload = text
+        .lines()
+        .find(|l| l.starts_with("upload "))
+        .unwrap_or_else(|| panic!("no upload line:\n{text}"));
+    assert!(upload.contains("none"), "{upload}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("search ") && l.contains("QPS")),
+        "{text}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_gpu_route_uploads_the_base_once_and_reports_it_apart() {
+    let cache = tempfile::tempdir().unwrap();
+    for (dtype, size) in [("f32", 4u64), ("f16", 2), ("u8", 1)] {
+        let v = search_json(
+            cache.path(),
+            &[
+                "--n",
+                "50000",
+                "--dim",
+                "128",
+                "--nq",
+                "300",
+                "--k",
+                "10",
+                "--dtype",
+                dtype,
+                "--metric",
+                "cosine",
+                "--filter",
+                "bitset:0.5",
+                "--device",
+                "gpu",
+            ],
+        );
+        assert_eq!(v["route"], "gpu", "{v}");
+        assert_eq!(v["fell_back"], false, "{v}");
+        assert_eq!(v["recall"], 1.0, "{v}");
+        assert_eq!(v["upload_bytes"].as_u64(), Some(50_000 * 128 * size), "{v}");
+        let (upload, search) = (
+            v["upload_ms"].as_f64().unwrap(),
+            v["search_ms"].as_f64().unwrap(),
+        );
+        assert!(upload > 0.0 && search > 0.0, "{v}");
+        // QPS is the queries over the search time alone.
+        let qps = v["qps"].as_f64().unwrap();
+        assert!((qps * search / 1e3 - 300.0).abs() < 1e-6 * 300.0, "{v}");
+    }
+    let out = fraglink(
+        cache.path(),
+        &["search", "--n", "20000", "--nq", "50", "--device", "gpu"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("upload ") && l.contains("10.2 MB of base vectors")),
+        "{text}"
+    );
 }

@@ -1,16 +1,21 @@
 //! The GPU search path. Without a GPU: every configuration has a plan whose
-//! fragments link. With one (`cargo test -- --ignored`): the GPU results
-//! equal the CPU path's bit for bit on every metric × dtype × filter.
+//! fragments link, and the routed index searches the host rows in place.
+//! With one (`cargo test -- --ignored`): the GPU results equal the CPU path's
+//! bit for bit on every metric × dtype × filter, one-shot and from a
+//! device-resident index across query batches, and the index's base crosses
+//! the bus once.
 
 use fraglink::build::Arch;
 use fraglink::gpu::GpuContext;
 use fraglink::link::metadata::check_cubin;
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::synthetic;
-use fraglink::search::gpu::GpuSearcher;
-use fraglink::search::plan::plan;
-use fraglink::search::route::{Device, Searcher};
-use fraglink::search::{Bitset, DType, Filter, Matrix, Metric, SearchParams, Vectors};
+use fraglink::search::gpu::{GpuSearchError, GpuSearcher};
+use fraglink::search::plan::{plan, PlanError};
+use fraglink::search::route::{Device, RouteError, Searcher};
+use fraglink::search::{
+    Bitset, DType, Filter, Matrix, Metric, Neighbors, SearchError, SearchParams, Vectors,
+};
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::I8, DType::U8];
 const METRICS: [Metric; 3] = [Metric::L2, Metric::InnerProduct, Metric::Cosine];
@@ -79,6 +84,90 @@ fn asking_for_the_gpu_without_one_is_a_clear_error() {
 }
 
 #[test]
+fn a_cpu_routed_index_searches_in_place_and_uploads_nothing() {
+    let s = Searcher::new(Device::Cpu).unwrap().with_max_batch(3);
+    for dtype in DTYPES {
+        let (base, queries) = synthetic(700, 24, 9, dtype, 4);
+        let index = s.index(&base);
+        for metric in METRICS {
+            let params = SearchParams::new(7, metric)
+                .with_filter(Filter::Bitset(Bitset::random(700, 0.3, 2)));
+            let want = search_cpu(&base, &queries, &params).unwrap();
+            for _ in 0..2 {
+                let r = index.search(&queries, &params).unwrap();
+                assert_eq!(r.target.to_string(), "cpu");
+                assert!(r.neighbors.bitwise_eq(&want), "{dtype} {metric}");
+                assert_eq!(r.upload_seconds, 0.0);
+                assert!(!r.fell_back);
+            }
+        }
+        assert!(index.resident().is_none() && index.upload_time().is_none());
+        assert!(std::ptr::eq(index.base(), &base));
+    }
+}
+
+#[test]
+fn a_routed_index_refuses_bad_input_with_typed_errors_naming_the_values() {
+    let s = Searcher::new(Device::Cpu).unwrap();
+    let (base, queries) = synthetic(100, 16, 2, DType::F32, 1);
+    let index = s.index(&base);
+    let p = SearchParams::new(5, Metric::L2);
+    let expect = |r: Result<_, RouteError>| match r {
+        Err(RouteError::Search(e)) => e,
+        Err(other) => panic!("expected a SearchError, got {other:?}"),
+        Ok(_) => panic!("expected an error"),
+    };
+    let (_, q8) = synthetic(1, 16, 2, DType::I8, 1);
+    let e = expect(index.search(&q8, &p));
+    assert_eq!(
+        e,
+        SearchError::DTypeMismatch {
+            base: DType::F32,
+            queries: DType::I8
+        }
+    );
+    assert!(
+        e.to_string().contains("f32") && e.to_string().contains("i8"),
+        "{e}"
+    );
+    let (_, q12) = synthetic(1, 12, 2, DType::F32, 1);
+    let e = expect(index.search(&q12, &p));
+    assert_eq!(
+        e,
+        SearchError::DimensionMismatch {
+            base: 16,
+            queries: 12
+        }
+    );
+    assert!(
+        e.to_string().contains("16") && e.to_string().contains("12"),
+        "{e}"
+    );
+    let e = expect(index.search(&queries, &SearchParams::new(0, Metric::L2)));
+    assert_eq!(e, SearchError::InvalidK { k: 0 });
+    let e = expect(index.search(
+        &queries,
+        &p.clone().with_filter(Filter::Bitset(Bitset::all(64))),
+    ));
+    assert!(
+        matches!(
+            e,
+            SearchError::FilterLength {
+                dataset_rows: 100,
+                filter_rows: 64,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // The index still answers good input afterwards.
+    let r = index.search(&queries, &p).unwrap();
+    assert!(r
+        .neighbors
+        .bitwise_eq(&search_cpu(&base, &queries, &p).unwrap()));
+}
+
+#[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_equals_cpu_on_every_metric_dtype_filter() {
     let gpu = GpuSearcher::new(GpuContext::default().unwrap()).unwrap();
@@ -117,6 +206,267 @@ fn routing_uses_the_gpu_when_forced_and_agrees() {
     assert!(r
         .neighbors
         .bitwise_eq(&search_cpu(&base, &queries, &params).unwrap()));
+    // The one-shot form uploaded the base for this call, timed apart.
+    assert!(r.upload_seconds > 0.0 && r.seconds > 0.0, "{r:?}");
+}
+
+/// Query batches of `nq` queries: all, then the first alone and two uneven
+/// parts (together all of them again), and an empty one.
+fn batches(nq: usize) -> [std::ops::Range<usize>; 5] {
+    [0..nq, 0..1, 1..nq / 2, nq / 2..nq, nq..nq]
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_index_uploaded_once_answers_every_batch_like_the_cpu() {
+    let gpu = GpuSearcher::new(GpuContext::default().unwrap()).unwrap();
+    for dtype in DTYPES {
+        // dim 64 takes the vector-load variants, dim 33 the veclen-1 ones.
+        for (n, dim) in [(3000, 64), (1000, 33)] {
+            let (base, queries) = synthetic(n, dim, 40, dtype, 11);
+            let index = gpu.upload(&base).unwrap();
+            assert_eq!((index.dtype(), index.rows(), index.dim()), (dtype, n, dim));
+            assert_eq!(index.device_bytes(), base.size_bytes() as u64);
+            let uploads = gpu.transfer().stats().bytes_to_device;
+            let mut moved = 0u64;
+            let mut last_bits: Option<Vec<u32>> = None;
+            for metric in METRICS {
+                for fraction in [0.0, 0.5, 0.002] {
+                    let filter = if fraction == 0.0 {
+                        Filter::None
+                    } else {
+                        Filter::Bitset(Bitset::random(n, fraction, 3))
+                    };
+                    for k in [1, 10, 100] {
+                        let params = SearchParams::new(k, metric).with_filter(filter.clone());
+                        let mut joined = Neighbors {
+                            nq: 0,
+                            k,
+                            ids: Vec::new(),
+                            distances: Vec::new(),
+                        };
+                        for (i, b) in batches(40).into_iter().enumerate() {
+                            let part = queries.slice_rows(b.start, b.end);
+                            let want = search_cpu(&base, &part, &params).unwrap();
+                            let got = index.search(&part, &params).unwrap().neighbors;
+                            let what = format!(
+                                "{dtype} n {n} dim {dim} {metric} filter {fraction} k {k} batch {b:?}"
+                            );
+                            assert!(
+                                got.bitwise_eq(&want),
+                                "{what}: first difference at {:?}",
+                                got.first_difference(&want)
+                            );
+                            if (1..=3).contains(&i) {
+                                joined.nq += got.nq;
+                                joined.ids.extend(&got.ids);
+                                joined.distances.extend(&got.distances);
+                            }
+                            if !part.as_bytes().is_empty() {
+                                moved += part.size_bytes() as u64;
+                                if let Filter::Bitset(bits) = &filter {
+                                    if last_bits.as_ref() != Some(&bits.words) {
+                                        moved += 4 * bits.words.len() as u64;
+                                        last_bits = Some(bits.words.clone());
+                                    }
+                                }
+                            }
+                        }
+                        // The batches 0..1, 1..20, 20..40 together are the
+                        // whole search.
+                        let whole = search_cpu(&base, &queries, &params).unwrap();
+                        assert!(
+                            joined.bitwise_eq(&whole),
+                            "{dtype} {metric} {fraction} k {k}: joined batches differ at {:?}",
+                            joined.first_difference(&whole)
+                        );
+                    }
+                }
+            }
+            // Every byte sent after the upload was a query or a changed
+            // filter: the rows never crossed again.
+            assert_eq!(
+                gpu.transfer().stats().bytes_to_device - uploads,
+                moved,
+                "{dtype} n {n} dim {dim}"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_base_is_uploaded_once_not_per_search() {
+    let gpu = GpuSearcher::new(GpuContext::default().unwrap()).unwrap();
+    let (base, queries) = synthetic(20_000, 128, 64, DType::F32, 5);
+    let base_bytes = base.size_bytes() as u64;
+    let (t0, p0) = (gpu.transfer().stats(), gpu.pool().stats());
+    let index = gpu.upload(&base).unwrap();
+    let (t1, p1) = (gpu.transfer().stats(), gpu.pool().stats());
+    assert_eq!(t1.bytes_to_device - t0.bytes_to_device, base_bytes);
+    assert_eq!(p1.allocations - p0.allocations, 1, "one dataset allocation");
+    assert_eq!(p1.current_bytes, base_bytes, "only the rows are resident");
+    assert!(index.upload_time() > std::time::Duration::ZERO);
+
+    let k = 10;
+    let bits_a = Bitset::random(20_000, 0.5, 1);
+    let bits_b = Bitset::random(20_000, 0.5, 2);
+    let filter_bytes = 4 * bits_a.words.len() as u64;
+    // (filter, expected bytes besides the queries): the bits cross when
+    // they change, not per search.
+    let plan = [
+        (Filter::None, 0),
+        (Filter::None, 0),
+        (Filter::Bitset(bits_a.clone()), filter_bytes),
+        (Filter::Bitset(bits_a.clone()), 0),
+        (Filter::Bitset(bits_b.clone()), filter_bytes),
+        (Filter::None, 0),
+        (Filter::Bitset(bits_b), 0),
+    ];
+    for (i, (filter, extra)) in plan.into_iter().enumerate() {
+        let part = queries.slice_rows(i * 8, i * 8 + 8);
+        let params = SearchParams::new(k, Metric::Cosine).with_filter(filter);
+        let before = gpu.transfer().stats();
+        let got = index.search(&part, &params).unwrap();
+        let after = gpu.transfer().stats();
+        assert_eq!(
+            after.bytes_to_device - before.bytes_to_device,
+            part.size_bytes() as u64 + extra,
+            "search {i}: only the queries (and a changed filter) go up"
+        );
+        assert_eq!(
+            after.bytes_to_host - before.bytes_to_host,
+            (8 * k * (4 + 4)) as u64,
+            "search {i}: only the results (u32 ids, f32 distances) come back"
+        );
+        let want = search_cpu(&base, &part, &params).unwrap();
+        assert!(got.neighbors.bitwise_eq(&want), "search {i}");
+        // The queries and results went back to the pool; the rows (and the
+        // kept filter bits) stay.
+        let live = gpu.pool().stats().current_bytes;
+        assert!(
+            live == base_bytes || live == base_bytes + filter_bytes,
+            "search {i}: {live} bytes live"
+        );
+    }
+    drop(index);
+    assert_eq!(
+        gpu.pool().stats().current_bytes,
+        0,
+        "dropping the index frees the rows"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_router_uploads_once_for_all_batches_and_searches() {
+    // Batches of 7: the 64 queries run as 10 GPU batches against one upload.
+    let s = Searcher::new(Device::Gpu).unwrap().with_max_batch(7);
+    let gpu = s.gpu().expect("a GPU").clone();
+    for dtype in DTYPES {
+        let (base, queries) = synthetic(20_000, 128, 64, dtype, 9);
+        let index = s.index(&base);
+        assert!(index.resident().is_none(), "nothing moves before a search");
+        for metric in METRICS {
+            for filter in [Filter::None, Filter::Bitset(Bitset::random(20_000, 0.1, 4))] {
+                let params = SearchParams::new(10, metric).with_filter(filter.clone());
+                let before = gpu.transfer().stats().bytes_to_device;
+                let first = index.resident().is_none();
+                let r = index.search(&queries, &params).unwrap();
+                let sent = gpu.transfer().stats().bytes_to_device - before;
+                let what = format!("{dtype} {metric} {}", filter.fragment_name());
+                assert_eq!(r.target.to_string(), "gpu", "{what}: {}", r.reason);
+                assert!(!r.fell_back, "{what}: {}", r.reason);
+                let want = search_cpu(&base, &queries, &params).unwrap();
+                assert!(
+                    r.neighbors.bitwise_eq(&want),
+                    "{what}: first difference at {:?}",
+                    r.neighbors.first_difference(&want)
+                );
+                let bits = match &filter {
+                    Filter::Bitset(b) => 4 * b.words.len() as u64,
+                    Filter::None => 0,
+                };
+                let queries_bytes = queries.size_bytes() as u64;
+                if first {
+                    assert!(r.upload_seconds > 0.0, "{what}");
+                    assert_eq!(
+                        sent,
+                        base.size_bytes() as u64 + queries_bytes + bits,
+                        "{what}"
+                    );
+                } else {
+                    assert_eq!(r.upload_seconds, 0.0, "{what}");
+                    // At most one filter upload across the 10 batches.
+                    assert!(
+                        sent == queries_bytes || sent == queries_bytes + bits,
+                        "{what}: {sent} bytes sent for {queries_bytes} bytes of queries"
+                    );
+                }
+            }
+        }
+        let up = index.upload_time().expect("uploaded");
+        assert_eq!(index.resident().unwrap().upload_time(), up);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gpu_index_refuses_bad_input_before_moving_a_byte() {
+    let gpu = GpuSearcher::new(GpuContext::default().unwrap()).unwrap();
+    let (base, queries) = synthetic(1000, 32, 4, DType::F16, 2);
+    let index = gpu.upload(&base).unwrap();
+    let before = gpu.transfer().stats();
+    let p = SearchParams::new(10, Metric::L2);
+    let (_, qf32) = synthetic(1, 32, 4, DType::F32, 2);
+    match index.search(&qf32, &p).unwrap_err() {
+        GpuSearchError::Search(SearchError::DTypeMismatch { base, queries }) => {
+            assert_eq!((base, queries), (DType::F16, DType::F32))
+        }
+        other => panic!("{other:?}"),
+    }
+    let (_, q16) = synthetic(1, 16, 4, DType::F16, 2);
+    match index.search(&q16, &p).unwrap_err() {
+        GpuSearchError::Search(SearchError::DimensionMismatch { base, queries }) => {
+            assert_eq!((base, queries), (32, 16))
+        }
+        other => panic!("{other:?}"),
+    }
+    match index
+        .search(&queries, &SearchParams::new(0, Metric::L2))
+        .unwrap_err()
+    {
+        GpuSearchError::Search(SearchError::InvalidK { k: 0 }) => {}
+        other => panic!("{other:?}"),
+    }
+    match index
+        .search(&queries, &SearchParams::new(257, Metric::L2))
+        .unwrap_err()
+    {
+        GpuSearchError::Plan(PlanError::KTooLarge {
+            k: 257, max: 256, ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let bad = p.clone().with_filter(Filter::Bitset(Bitset::all(999)));
+    match index.search(&queries, &bad).unwrap_err() {
+        GpuSearchError::Search(SearchError::FilterLength {
+            dataset_rows: 1000,
+            filter_rows: 999,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(gpu.transfer().stats(), before, "nothing moved");
+    // Still usable, and k larger than the rows pads like the CPU.
+    let (small, q) = synthetic(5, 32, 3, DType::F16, 8);
+    let small_index = gpu.upload(&small).unwrap();
+    let params = SearchParams::new(8, Metric::InnerProduct);
+    let got = small_index.search(&q, &params).unwrap().neighbors;
+    assert!(got.bitwise_eq(&search_cpu(&small, &q, &params).unwrap()));
+    assert_eq!(got.ids_of(0)[5..], [Neighbors::PAD_ID; 3]);
+    let got = index.search(&queries, &p).unwrap().neighbors;
+    assert!(got.bitwise_eq(&search_cpu(&base, &queries, &p).unwrap()));
 }
 
 /// Deterministic f32 data in [-1, 1) without the f64 staging of

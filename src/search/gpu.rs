@@ -3,6 +3,10 @@
 //! (contract in fragments/README.md), results come back in the CPU path's
 //! format. Thin on purpose: what cannot run here (no GPU) stays small, and
 //! `tests/search_gpu.rs` compares it with the CPU path on a GPU machine.
+//!
+//! [`GpuSearcher::upload`] puts base vectors on the device once
+//! ([`GpuIndex`]); its searches move only the queries and the results.
+//! [`GpuSearcher::search`] is the one-shot form (upload, search, drop).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -16,8 +20,9 @@ use crate::gpu::{
 };
 use crate::link::{LinkError, LinkKey, Linked};
 
-use super::plan::{plan, PlanError, ScanPlan};
-use super::{validate, Filter, Neighbors, SearchError, SearchParams, Vectors};
+use super::index::{GpuIndex, IndexShape};
+use super::plan::{PlanError, ScanPlan};
+use super::{Neighbors, SearchError, SearchParams, Vectors};
 
 /// Threads per block of every scan kernel (`__launch_bounds__(128)`).
 pub const SCAN_BLOCK: u32 = 128;
@@ -63,16 +68,28 @@ pub struct GpuSearch {
     pub neighbors: Neighbors,
     pub plan: ScanPlan,
     pub linked: Linked,
-    /// Upload, launch, download.
+    /// [`GpuIndex::search`]: query upload, launches, result download.
+    /// [`GpuSearcher::search`]: the base's upload as well.
     pub elapsed: Duration,
 }
 
-/// A device with its pool, transfer engine and loaded scan kernels.
+/// A device with its pool, transfer engine and loaded scan kernels. Cheap to
+/// clone: clones share all of it (a [`GpuIndex`] keeps one).
+#[derive(Clone)]
 pub struct GpuSearcher {
     ctx: GpuContext,
     pool: MemoryPool,
-    transfer: Transfer,
-    launchers: Mutex<HashMap<LinkKey, Arc<Launcher>>>,
+    transfer: Arc<Transfer>,
+    launchers: Arc<Mutex<HashMap<LinkKey, Arc<Launcher>>>>,
+}
+
+impl std::fmt::Debug for GpuSearcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuSearcher")
+            .field("device", &self.ctx.info())
+            .field("pool", &self.pool)
+            .finish_non_exhaustive()
+    }
 }
 
 impl GpuSearcher {
@@ -85,8 +102,8 @@ impl GpuSearcher {
         Ok(GpuSearcher {
             ctx,
             pool,
-            transfer,
-            launchers: Mutex::new(HashMap::new()),
+            transfer: Arc::new(transfer),
+            launchers: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -94,7 +111,27 @@ impl GpuSearcher {
         &self.ctx
     }
 
-    fn launcher(&self, linked: &Linked) -> Result<Arc<Launcher>, GpuError> {
+    /// The device memory every buffer of this searcher (and its indexes)
+    /// comes from; its [`stats`](MemoryPool::stats) show what is resident.
+    pub fn pool(&self) -> &MemoryPool {
+        &self.pool
+    }
+
+    /// The transfer engine; its [`stats`](Transfer::stats) count every byte
+    /// moved between host and device.
+    pub fn transfer(&self) -> &Transfer {
+        &self.transfer
+    }
+
+    /// Uploads `base` once into the pool, in its own dtype: a
+    /// [`GpuIndex`] whose searches move only queries and results. Shapes
+    /// no scan can take (an integer dim beyond its exact range, a dim beyond
+    /// the kernel's 32 bits) are refused before anything is allocated.
+    pub fn upload(&self, base: &Vectors) -> Result<GpuIndex, GpuSearchError> {
+        GpuIndex::upload(self, base)
+    }
+
+    pub(super) fn launcher(&self, linked: &Linked) -> Result<Arc<Launcher>, GpuError> {
         let mut map = self.launchers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(l) = map.get(&linked.key) {
             return Ok(l.clone());
@@ -114,60 +151,61 @@ impl GpuSearcher {
         Ok(l)
     }
 
-    /// Exact k-NN of `queries` in `base` on the device.
+    /// Exact k-NN of `queries` in `base` on the device: uploads `base`,
+    /// searches, frees it. Every check is made before anything is uploaded.
+    /// To search one base more than once, [`upload`](Self::upload) it.
     pub fn search(
         &self,
         base: &Vectors,
         queries: &Vectors,
         params: &SearchParams,
     ) -> Result<GpuSearch, GpuSearchError> {
-        validate(base, queries, params)?;
         let started = Instant::now();
-        let p = plan(
-            base.dtype(),
-            params.metric,
-            params.filter.fragment_name(),
-            base.rows(),
-            base.dim(),
-            params.k,
-        )?;
-        let contract = p.contract();
-        let (nq, k) = (queries.rows(), params.k);
-        // Every count the kernel receives, checked (not cast) before anything
-        // is linked or uploaded; the launches below take at most
-        // MAX_QUERIES_PER_LAUNCH queries each.
-        contract.scalars(
-            base.rows() as u64,
-            base.dim() as u64,
-            nq.min(MAX_QUERIES_PER_LAUNCH) as u64,
-            k as u64,
-        )?;
-        let linked = p.planner().link_for(self.ctx.arch())?;
-        let launcher = self.launcher(&linked)?;
-        let mut neighbors = Neighbors {
-            nq,
-            k,
-            ids: Vec::new(),
-            distances: Vec::new(),
-        };
-        if nq == 0 {
+        let p = IndexShape::of(base).plan(queries, params)?;
+        if queries.rows() == 0 {
+            // Nothing to launch: link and load (what a search would), but
+            // upload nothing.
+            let linked = p.planner().link_for(self.ctx.arch())?;
+            self.launcher(&linked)?;
             return Ok(GpuSearch {
-                neighbors,
+                neighbors: Neighbors {
+                    nq: 0,
+                    k: params.k,
+                    ids: Vec::new(),
+                    distances: Vec::new(),
+                },
                 plan: p,
                 linked,
                 elapsed: started.elapsed(),
             });
         }
-        let t = &self.transfer;
-        let dim = base.dim();
-        let d_base = upload_vectors(t, &self.pool, base)?;
-        let d_queries = upload_vectors(t, &self.pool, queries)?;
-        let d_bits = match &params.filter {
-            Filter::None => None,
-            Filter::Bitset(b) => Some(t.upload_new(&self.pool, &b.words)?),
-        };
+        let index = self.upload(base)?;
+        let mut found = index.search(queries, params)?;
+        found.elapsed = started.elapsed();
+        Ok(found)
+    }
+
+    /// The scan of `plan` over `nq` resident queries against `n_rows`
+    /// resident rows of `dim` elements, as launches of at most
+    /// [`MAX_QUERIES_PER_LAUNCH`] queries; downloads the `nq × k` results.
+    /// The caller has checked the counts against `plan`'s contract.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn scan(
+        &self,
+        plan: &ScanPlan,
+        launcher: &Launcher,
+        data: &DeviceVectors,
+        n_rows: usize,
+        dim: usize,
+        queries: &DeviceVectors,
+        nq: usize,
+        bits: Option<&crate::gpu::GpuBuffer<u32>>,
+        k: usize,
+    ) -> Result<Neighbors, GpuSearchError> {
+        let contract = plan.contract();
+        let t = &*self.transfer;
         let mut d_dists = self.pool.alloc::<f32>(nq * k)?;
-        let wide_ids = p.idx == "i64";
+        let wide_ids = plan.idx == "i64";
         let mut d_ids32 = if wide_ids {
             None
         } else {
@@ -180,18 +218,18 @@ impl GpuSearcher {
         };
         for chunk in query_chunks(nq, MAX_QUERIES_PER_LAUNCH) {
             let n = chunk.len();
-            let s = contract.scalars(base.rows() as u64, dim as u64, n as u64, k as u64)?;
+            let s = contract.scalars(n_rows as u64, dim as u64, n as u64, k as u64)?;
             let grid = s.n_queries.min(i32::MAX as u32);
             let cfg = LaunchConfig::new((grid, 1, 1), (SCAN_BLOCK, 1, 1));
             let mut args = KernelArgs::new();
-            d_base.push_rows(&mut args, &contract, "dataset", 0..base.rows() * dim)?;
-            d_queries.push_rows(
+            data.push_rows(&mut args, &contract, "dataset", 0..n_rows * dim)?;
+            queries.push_rows(
                 &mut args,
                 &contract,
                 "queries",
                 chunk.start * dim..chunk.end * dim,
             )?;
-            match &d_bits {
+            match bits {
                 Some(b) => args.input(b)?.require_alignment(4, "filter_bits"),
                 None => args.null_ptr(),
             };
@@ -227,8 +265,8 @@ impl GpuSearcher {
             // pointer alignments against the real addresses by the launcher.
             unsafe { launcher.launch(&cfg, &mut args)? };
         }
-        neighbors.distances = t.download_vec(&d_dists)?;
-        neighbors.ids = match (&d_ids32, &d_ids64) {
+        let distances = t.download_vec(&d_dists)?;
+        let ids = match (&d_ids32, &d_ids64) {
             (Some(ids), _) => t
                 .download_vec(ids)?
                 .into_iter()
@@ -243,18 +281,18 @@ impl GpuSearcher {
             (_, Some(ids)) => t.download_vec(ids)?,
             _ => unreachable!("one id buffer exists"),
         };
-        Ok(GpuSearch {
-            neighbors,
-            plan: p,
-            linked,
-            elapsed: started.elapsed(),
+        Ok(Neighbors {
+            nq,
+            k,
+            ids,
+            distances,
         })
     }
 }
 
 /// Device copies of a [`Vectors`], typed by its dtype (f16 travels as its
 /// bits: the kernel reads `__half`, which is 16 plain bits).
-enum DeviceVectors {
+pub(super) enum DeviceVectors {
     F32(crate::gpu::GpuBuffer<f32>),
     F16(crate::gpu::GpuBuffer<u16>),
     I8(crate::gpu::GpuBuffer<i8>),
@@ -265,7 +303,7 @@ impl DeviceVectors {
     /// Elements `elems` of the buffer as the scan's pointer argument
     /// `name`, its alignment checked (typed) from the offset here and from
     /// the real address by the launcher.
-    fn push_rows<'a>(
+    pub(super) fn push_rows<'a>(
         &'a self,
         args: &mut KernelArgs<'a>,
         contract: &ScanContract,
@@ -308,13 +346,17 @@ fn push_output<'a, T: cudarc::driver::DeviceRepr>(
     Ok(())
 }
 
-fn upload_vectors(t: &Transfer, pool: &MemoryPool, v: &Vectors) -> Result<DeviceVectors, GpuError> {
+/// A device copy of `v` in its own dtype (f16 as its bits, read in place:
+/// no host-side conversion copy).
+pub(super) fn upload_vectors(
+    t: &Transfer,
+    pool: &MemoryPool,
+    v: &Vectors,
+) -> Result<DeviceVectors, GpuError> {
+    use half::slice::HalfFloatSliceExt;
     Ok(match v {
         Vectors::F32(m) => DeviceVectors::F32(t.upload_new(pool, m.data())?),
-        Vectors::F16(m) => {
-            let bits: Vec<u16> = m.data().iter().map(|h| h.to_bits()).collect();
-            DeviceVectors::F16(t.upload_new(pool, &bits)?)
-        }
+        Vectors::F16(m) => DeviceVectors::F16(t.upload_new(pool, m.data().reinterpret_cast())?),
         Vectors::I8(m) => DeviceVectors::I8(t.upload_new(pool, m.data())?),
         Vectors::U8(m) => DeviceVectors::U8(t.upload_new(pool, m.data())?),
     })
@@ -323,6 +365,7 @@ fn upload_vectors(t: &Transfer, pool: &MemoryPool, v: &Vectors) -> Result<Device
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::search::plan::plan;
     use crate::search::{DType, Metric};
 
     #[test]

@@ -1,5 +1,7 @@
 //! Exact k-nearest-neighbour search: the types shared by the GPU path and the
-//! CPU path, the CPU implementation ([`cpu`]) and data helpers ([`data`]).
+//! CPU path, the CPU implementation ([`cpu`]), the GPU path ([`gpu`]) with its
+//! device-resident index ([`index::GpuIndex`]: the base uploaded once),
+//! routing between them ([`route`]) and data helpers ([`data`]).
 //!
 //! Semantics are those of the shipped scan kernel (fragments/README.md, "The
 //! scan kernel" and "Numerics"): distances are the metric's (l2 squared,
@@ -21,6 +23,7 @@
 pub mod cpu;
 pub mod data;
 pub mod gpu;
+pub mod index;
 pub mod plan;
 pub mod route;
 
@@ -30,6 +33,7 @@ use std::str::FromStr;
 use half::f16;
 
 pub use cpu::{distance, search_cpu, search_reference, Element};
+pub use index::{GpuIndex, IndexShape};
 
 /// A distance metric; smaller is closer for every metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -523,45 +527,14 @@ pub enum SearchError {
     UnknownDType(String),
 }
 
-/// The checks every search path makes (GPU and CPU alike).
+/// The checks every search path makes (GPU and CPU alike); see
+/// [`IndexShape::validate`].
 pub fn validate(
     base: &Vectors,
     queries: &Vectors,
     params: &SearchParams,
 ) -> Result<(), SearchError> {
-    if base.dtype() != queries.dtype() {
-        return Err(SearchError::DTypeMismatch {
-            base: base.dtype(),
-            queries: queries.dtype(),
-        });
-    }
-    if base.dim() != queries.dim() {
-        return Err(SearchError::DimensionMismatch {
-            base: base.dim(),
-            queries: queries.dim(),
-        });
-    }
-    if params.k == 0 {
-        return Err(SearchError::InvalidK { k: params.k });
-    }
-    let nq = queries.rows();
-    match nq.checked_mul(params.k) {
-        Some(total) if total <= isize::MAX as usize / 16 => {}
-        _ => return Err(SearchError::ResultTooLarge { nq, k: params.k }),
-    }
-    if let Filter::Bitset(b) = &params.filter {
-        b.validate(base.rows())?;
-    }
-    if let Some(max) = base.dtype().max_dim() {
-        if base.dim() > max {
-            return Err(SearchError::DimTooLarge {
-                dtype: base.dtype(),
-                dim: base.dim(),
-                max,
-            });
-        }
-    }
-    Ok(())
+    IndexShape::of(base).validate(queries, params)
 }
 
 #[cfg(test)]

@@ -2,10 +2,16 @@
 //! and says why; `Device::Cpu` / `Device::Gpu` override it. A GPU failure
 //! (out of memory after halving the batch, or anything else) falls back to
 //! the CPU path, which gives the same results.
+//!
+//! [`Searcher::index`] prepares a base for any number of searches: the first
+//! search sent to the GPU uploads it once ([`GpuIndex`]), and every search
+//! and query batch after it uses the resident rows. The upload is timed
+//! apart ([`Routed::upload_seconds`]) and left out of [`Routed::seconds`].
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::Instant;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use crate::cost::{
     run_with_fallback, AdaptiveCostModel, BatchPolicy, CostParams, GpuCostModel, GpuParams, OpDesc,
@@ -14,6 +20,7 @@ use crate::cost::{
 use crate::gpu::GpuContext;
 
 use super::gpu::{GpuSearchError, GpuSearcher};
+use super::index::GpuIndex;
 use super::{cpu::search_cpu, validate, Neighbors, SearchError, SearchParams, Vectors};
 
 /// Where searches may run.
@@ -71,8 +78,14 @@ pub struct Routed {
     /// Why this target (the cost model's reason, an override, or a fallback).
     pub reason: String,
     pub fell_back: bool,
-    /// Wall time of the search itself.
+    /// Wall time of the search itself (queries up, kernels, results down on
+    /// the GPU); never the base's upload.
     pub seconds: f64,
+    /// Wall time of the one-time upload of the base this search made (the
+    /// first search of a [`SearchIndex`] sent to the GPU; counted even if
+    /// the search then fell back to the CPU); 0 when the base was resident
+    /// already or the model chose the CPU.
+    pub upload_seconds: f64,
 }
 
 /// Searches on the best target.
@@ -80,6 +93,7 @@ pub struct Searcher {
     device: Device,
     model: AdaptiveCostModel,
     gpu: Option<GpuSearcher>,
+    max_batch: usize,
 }
 
 impl Searcher {
@@ -114,7 +128,17 @@ impl Searcher {
             device,
             model: AdaptiveCostModel::new(params),
             gpu,
+            max_batch: usize::MAX,
         })
+    }
+
+    /// At most `queries` queries per GPU batch (≥ 1; default: all of a
+    /// search's queries in one batch, halved only when the device runs out
+    /// of memory). Bounds the device memory of a search's queries and
+    /// results; the base stays resident across the batches either way.
+    pub fn with_max_batch(mut self, queries: usize) -> Self {
+        self.max_batch = queries.max(1);
+        self
     }
 
     pub fn device(&self) -> Device {
@@ -129,60 +153,39 @@ impl Searcher {
         &self.model
     }
 
-    /// Exact k-NN of `queries` in `base`, on the target the model picks.
+    /// `base` prepared for searches: nothing moves until a search is sent
+    /// to the GPU, which uploads it once for this index's lifetime.
+    pub fn index<'a>(&'a self, base: &'a Vectors) -> SearchIndex<'a> {
+        SearchIndex {
+            searcher: self,
+            base,
+            gpu: OnceLock::new(),
+        }
+    }
+
+    /// Exact k-NN of `queries` in `base`, on the target the model picks. The
+    /// GPU path uploads `base` once for the call (all its batches); to search
+    /// one base repeatedly, keep a [`SearchIndex`] from [`index`](Self::index).
     pub fn search(
         &self,
         base: &Vectors,
         queries: &Vectors,
         params: &SearchParams,
     ) -> Result<Routed, RouteError> {
-        validate(base, queries, params)?;
-        let op = OpDesc::knn(
-            base.rows(),
-            base.dim(),
-            queries.rows(),
-            params.k,
-            base.dtype(),
-            false,
-        );
-        let choice = self.model.choose(&op);
-        let started = Instant::now();
-        let nq = queries.rows();
-        let result = run_with_fallback(
-            choice.target,
-            &choice.reason,
-            BatchPolicy::new(nq.max(1), 1),
-            |batch| self.gpu_batched(base, queries, params, batch),
-            || search_cpu(base, queries, params),
-        );
-        let seconds = started.elapsed().as_secs_f64();
-        self.model
-            .learn(&op, result.target_used, result.final_elapsed());
-        Ok(Routed {
-            neighbors: result.value?,
-            target: result.target_used,
-            reason: result.reason,
-            fell_back: result.fell_back,
-            seconds,
-        })
+        self.index(base).search(queries, params)
     }
 
-    /// The GPU path over query batches of `batch` rows.
+    /// The GPU path over query batches of `batch` rows, against the
+    /// resident base.
     fn gpu_batched(
-        &self,
-        base: &Vectors,
+        index: &GpuIndex,
         queries: &Vectors,
         params: &SearchParams,
         batch: usize,
-    ) -> Result<Result<Neighbors, SearchError>, GpuSearchError> {
-        let gpu = self.gpu.as_ref().ok_or_else(|| {
-            GpuSearchError::Gpu(crate::gpu::GpuError::DeviceNotAvailable {
-                reason: "no GPU searcher".into(),
-            })
-        })?;
+    ) -> Result<Neighbors, GpuSearchError> {
         let nq = queries.rows();
         if batch >= nq {
-            return Ok(Ok(gpu.search(base, queries, params)?.neighbors));
+            return Ok(index.search(queries, params)?.neighbors);
         }
         let mut out = Neighbors {
             nq,
@@ -194,12 +197,137 @@ impl Searcher {
         while start < nq {
             let end = (start + batch).min(nq);
             let part = queries.slice_rows(start, end);
-            let r = gpu.search(base, &part, params)?.neighbors;
+            let r = index.search(&part, params)?.neighbors;
             out.ids.extend(r.ids);
             out.distances.extend(r.distances);
             start = end;
         }
-        Ok(Ok(out))
+        Ok(out)
+    }
+}
+
+/// Why a GPU try failed: the base's upload (not retried with smaller query
+/// batches: they would not shrink it) or a search.
+enum GpuTry<'e> {
+    NoGpu,
+    Upload(&'e GpuSearchError),
+    Search(GpuSearchError),
+}
+
+impl fmt::Display for GpuTry<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuTry::NoGpu => f.write_str("no GPU searcher"),
+            GpuTry::Upload(e) => write!(f, "uploading the base vectors: {e}"),
+            GpuTry::Search(e) => e.fmt(f),
+        }
+    }
+}
+
+impl RecoverableError for GpuTry<'_> {
+    fn is_out_of_memory(&self) -> bool {
+        match self {
+            GpuTry::NoGpu | GpuTry::Upload(_) => false,
+            GpuTry::Search(e) => e.is_out_of_memory(),
+        }
+    }
+}
+
+/// A base prepared for searches by a [`Searcher`] ([`Searcher::index`]):
+/// the host rows (the CPU path reads them in place) and, from the first
+/// search sent to the GPU on, their device copy. A failed upload is kept
+/// too: later searches sent to the GPU fall back to the CPU at once, saying
+/// why, instead of trying the copy again.
+pub struct SearchIndex<'a> {
+    searcher: &'a Searcher,
+    base: &'a Vectors,
+    gpu: OnceLock<Result<GpuIndex, GpuSearchError>>,
+}
+
+impl SearchIndex<'_> {
+    pub fn base(&self) -> &Vectors {
+        self.base
+    }
+
+    /// The resident device copy, once a search has uploaded it.
+    pub fn resident(&self) -> Option<&GpuIndex> {
+        self.gpu.get().and_then(|r| r.as_ref().ok())
+    }
+
+    /// How long the one-time upload took, once it happened.
+    pub fn upload_time(&self) -> Option<Duration> {
+        self.resident().map(GpuIndex::upload_time)
+    }
+
+    /// The device copy, uploading it on the first call (one upload however
+    /// many threads ask); with the upload's wall time when this call made
+    /// it. `None` without a GPU.
+    fn gpu_index(&self) -> Option<(Result<&GpuIndex, &GpuSearchError>, Option<Duration>)> {
+        let gpu = self.searcher.gpu.as_ref()?;
+        let mut took = None;
+        let r = self.gpu.get_or_init(|| {
+            let t0 = Instant::now();
+            let r = gpu.upload(self.base);
+            took = Some(t0.elapsed());
+            r
+        });
+        Some((r.as_ref(), took))
+    }
+
+    /// Exact k-NN of `queries` in the base, on the target the model picks
+    /// (the base counted as already on the device once it is).
+    pub fn search(&self, queries: &Vectors, params: &SearchParams) -> Result<Routed, RouteError> {
+        let (s, base) = (self.searcher, self.base);
+        validate(base, queries, params)?;
+        let resident = self.resident().is_some();
+        let op = OpDesc::knn(
+            base.rows(),
+            base.dim(),
+            queries.rows(),
+            params.k,
+            base.dtype(),
+            resident,
+        );
+        let choice = s.model.choose(&op);
+        let (gpu, uploaded) = match choice.target {
+            Target::Gpu => match self.gpu_index() {
+                Some((r, took)) => (Some(r), took),
+                None => (None, None),
+            },
+            Target::Cpu => (None, None),
+        };
+        let started = Instant::now();
+        let nq = queries.rows();
+        let result = run_with_fallback(
+            choice.target,
+            &choice.reason,
+            BatchPolicy::new(nq.min(s.max_batch).max(1), 1),
+            |batch| match gpu {
+                Some(Ok(index)) => Searcher::gpu_batched(index, queries, params, batch)
+                    .map(Ok)
+                    .map_err(GpuTry::Search),
+                Some(Err(e)) => Err(GpuTry::Upload(e)),
+                None => Err(GpuTry::NoGpu),
+            },
+            || search_cpu(base, queries, params),
+        );
+        let seconds = started.elapsed().as_secs_f64();
+        // The model learns what it estimated: with the upload when this
+        // search made it (the base was not resident when it chose).
+        let upload = uploaded.unwrap_or_default();
+        let learned = match result.target_used {
+            Target::Gpu => result.final_elapsed() + upload,
+            Target::Cpu => result.final_elapsed(),
+        };
+        s.model.learn(&op, result.target_used, learned);
+        Ok(Routed {
+            neighbors: result.value?,
+            target: result.target_used,
+            reason: result.reason,
+            fell_back: result.fell_back,
+            seconds,
+            upload_seconds: upload.as_secs_f64(),
+        })
     }
 }
 

@@ -1,0 +1,442 @@
+//! A device-resident index: base vectors uploaded once into a
+//! [`GpuSearcher`]'s memory pool, then searched any number of times, each
+//! search moving only its queries (host → device) and its `nq × k` results
+//! (device → host).
+//!
+//! The rows stay in their own dtype (f32, f16 as its 16 bits, i8, u8): the
+//! scan kernels read them as they are, so nothing is converted per search.
+//! The kernels compute every metric from the rows alone (cosine's norms
+//! included, in the same pass, fragments/README.md), so the index holds the
+//! rows and nothing else. A bitset filter is a search parameter: it is
+//! uploaded when it first appears and kept while the following searches pass
+//! the same bits (query batches of one search do), replaced when they differ.
+//!
+//! Results are those of the CPU path bit for bit, as for
+//! [`GpuSearcher::search`] (the same kernels on the same bytes).
+//!
+//! ```no_run
+//! use fraglink::gpu::GpuContext;
+//! use fraglink::search::{data::synthetic, gpu::GpuSearcher, DType, Metric, SearchParams};
+//! let (base, queries) = synthetic(100_000, 128, 1000, DType::F32, 7);
+//! let gpu = GpuSearcher::new(GpuContext::default()?)?;
+//! let index = gpu.upload(&base)?; // the only time the base moves
+//! println!("uploaded {} bytes in {:?}", index.device_bytes(), index.upload_time());
+//! let params = SearchParams::new(10, Metric::L2);
+//! for batch in [0..500, 500..1000] {
+//!     let part = queries.slice_rows(batch.start, batch.end);
+//!     let found = index.search(&part, &params)?; // queries and results only
+//!     assert_eq!(found.neighbors.nq, 500);
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::gpu::launch::ScanArgError;
+use crate::gpu::{GpuBuffer, GpuError};
+
+use super::gpu::{
+    upload_vectors, DeviceVectors, GpuSearch, GpuSearchError, GpuSearcher, MAX_QUERIES_PER_LAUNCH,
+};
+use super::plan::{plan, ScanPlan};
+use super::{DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
+
+/// What a search needs to know of the base: element type and shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IndexShape {
+    pub dtype: DType,
+    pub rows: usize,
+    pub dim: usize,
+}
+
+impl IndexShape {
+    pub fn of(base: &Vectors) -> Self {
+        IndexShape {
+            dtype: base.dtype(),
+            rows: base.rows(),
+            dim: base.dim(),
+        }
+    }
+
+    /// Bytes of the rows (`rows × dim × dtype size`), saturating.
+    pub fn size_bytes(&self) -> u64 {
+        (self.rows as u64)
+            .saturating_mul(self.dim as u64)
+            .saturating_mul(self.dtype.size() as u64)
+    }
+
+    /// Can a scan ever take these rows? The integer dtypes' exact range of
+    /// `dim` ([`DType::max_dim`]) and the kernel's 32-bit `dim`; checked
+    /// before an upload, so a base no search could use is never copied.
+    pub fn check_searchable(&self) -> Result<(), GpuSearchError> {
+        if let Some(max) = self.dtype.max_dim() {
+            if self.dim > max {
+                return Err(SearchError::DimTooLarge {
+                    dtype: self.dtype,
+                    dim: self.dim,
+                    max,
+                }
+                .into());
+            }
+        }
+        if u32::try_from(self.dim).is_err() {
+            return Err(ScanArgError::TooLarge {
+                argument: "dim",
+                value: self.dim as u64,
+                max: u64::from(u32::MAX),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The checks every search path makes (GPU and CPU alike): queries of
+    /// this dtype and dim, `k ≥ 1`, a result size that fits, a filter
+    /// covering exactly these rows, an integer dim in its exact range.
+    pub fn validate(&self, queries: &Vectors, params: &SearchParams) -> Result<(), SearchError> {
+        if self.dtype != queries.dtype() {
+            return Err(SearchError::DTypeMismatch {
+                base: self.dtype,
+                queries: queries.dtype(),
+            });
+        }
+        if self.dim != queries.dim() {
+            return Err(SearchError::DimensionMismatch {
+                base: self.dim,
+                queries: queries.dim(),
+            });
+        }
+        if params.k == 0 {
+            return Err(SearchError::InvalidK { k: params.k });
+        }
+        let nq = queries.rows();
+        match nq.checked_mul(params.k) {
+            Some(total) if total <= isize::MAX as usize / 16 => {}
+            _ => return Err(SearchError::ResultTooLarge { nq, k: params.k }),
+        }
+        if let Filter::Bitset(b) = &params.filter {
+            b.validate(self.rows)?;
+        }
+        if let Some(max) = self.dtype.max_dim() {
+            if self.dim > max {
+                return Err(SearchError::DimTooLarge {
+                    dtype: self.dtype,
+                    dim: self.dim,
+                    max,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Everything decided before a byte moves: [`validate`](Self::validate),
+    /// the scan variant ([`PlanError::KTooLarge`](super::plan::PlanError)
+    /// when `k` exceeds every capacity), and the counts the kernel receives.
+    pub fn plan(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+    ) -> Result<ScanPlan, GpuSearchError> {
+        self.validate(queries, params)?;
+        let p = plan(
+            self.dtype,
+            params.metric,
+            params.filter.fragment_name(),
+            self.rows,
+            self.dim,
+            params.k,
+        )?;
+        // Checked, not cast; the launches take at most
+        // MAX_QUERIES_PER_LAUNCH queries each.
+        p.contract().scalars(
+            self.rows as u64,
+            self.dim as u64,
+            queries.rows().min(MAX_QUERIES_PER_LAUNCH) as u64,
+            params.k as u64,
+        )?;
+        Ok(p)
+    }
+}
+
+/// A bitset on the device and the host words it was uploaded from.
+struct ResidentBits {
+    words: Vec<u32>,
+    buf: Arc<GpuBuffer<u32>>,
+}
+
+/// Base vectors resident on a GPU ([`GpuSearcher::upload`]). Searches take
+/// `&self` and may run from several threads; the rows go back to the pool
+/// when the index is dropped.
+pub struct GpuIndex {
+    gpu: GpuSearcher,
+    shape: IndexShape,
+    data: DeviceVectors,
+    upload: Duration,
+    bits: Mutex<Option<ResidentBits>>,
+}
+
+impl std::fmt::Debug for GpuIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuIndex")
+            .field("shape", &self.shape)
+            .field("upload", &self.upload)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GpuIndex {
+    /// Uploads `base` into `gpu`'s pool (see [`GpuSearcher::upload`]).
+    pub fn upload(gpu: &GpuSearcher, base: &Vectors) -> Result<Self, GpuSearchError> {
+        let shape = IndexShape::of(base);
+        shape.check_searchable()?;
+        let started = Instant::now();
+        let data = upload_vectors(gpu.transfer(), gpu.pool(), base)?;
+        Ok(GpuIndex {
+            gpu: gpu.clone(),
+            shape,
+            data,
+            upload: started.elapsed(),
+            bits: Mutex::new(None),
+        })
+    }
+
+    pub fn shape(&self) -> IndexShape {
+        self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.shape.dtype
+    }
+
+    pub fn rows(&self) -> usize {
+        self.shape.rows
+    }
+
+    pub fn dim(&self) -> usize {
+        self.shape.dim
+    }
+
+    /// Bytes of the resident rows (what the upload moved).
+    pub fn device_bytes(&self) -> u64 {
+        self.shape.size_bytes()
+    }
+
+    /// Wall time of the one-time upload (allocation and copy, synchronised).
+    pub fn upload_time(&self) -> Duration {
+        self.upload
+    }
+
+    /// The searcher (device, pool, transfers, kernels) the index lives on.
+    pub fn searcher(&self) -> &GpuSearcher {
+        &self.gpu
+    }
+
+    /// Exact k-NN of `queries` against the resident rows. Moves the queries
+    /// to the device, a bitset filter when it differs from the last one, and
+    /// the results back; never the rows. Bad input (a dtype or dim other than
+    /// the index's, `k` = 0 or beyond the scan capacities, a filter of another
+    /// length) is a typed error naming the value, found before anything
+    /// moves. `elapsed` covers the query upload, the launches and the download.
+    pub fn search(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+    ) -> Result<GpuSearch, GpuSearchError> {
+        let started = Instant::now();
+        let p = self.shape.plan(queries, params)?;
+        let linked = p.planner().link_for(self.gpu.context().arch())?;
+        let launcher = self.gpu.launcher(&linked)?;
+        let (nq, k) = (queries.rows(), params.k);
+        let neighbors = if nq == 0 {
+            Neighbors {
+                nq,
+                k,
+                ids: Vec::new(),
+                distances: Vec::new(),
+            }
+        } else {
+            let d_queries = upload_vectors(self.gpu.transfer(), self.gpu.pool(), queries)?;
+            let bits = self.resident_bits(&params.filter)?;
+            self.gpu.scan(
+                &p,
+                &launcher,
+                &self.data,
+                self.shape.rows,
+                self.shape.dim,
+                &d_queries,
+                nq,
+                bits.as_deref(),
+                k,
+            )?
+        };
+        Ok(GpuSearch {
+            neighbors,
+            plan: p,
+            linked,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// The device copy of `filter`'s bits (`None` without a bitset): the
+    /// kept one when the words are the same, else a fresh upload kept for the
+    /// next search. A search still using the previous bits holds its own
+    /// `Arc`, and every use is ordered on the searcher's one stream.
+    fn resident_bits(&self, filter: &Filter) -> Result<Option<Arc<GpuBuffer<u32>>>, GpuError> {
+        let Filter::Bitset(b) = filter else {
+            return Ok(None);
+        };
+        let mut kept = self.bits.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = kept.as_ref().filter(|r| r.words == b.words) {
+            return Ok(Some(r.buf.clone()));
+        }
+        let buf = Arc::new(self.gpu.transfer().upload_new(self.gpu.pool(), &b.words)?);
+        *kept = Some(ResidentBits {
+            words: b.words.clone(),
+            buf: buf.clone(),
+        });
+        Ok(Some(buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::plan::PlanError;
+    use crate::search::{Bitset, Matrix, Metric};
+
+    fn shape(dtype: DType, rows: usize, dim: usize) -> IndexShape {
+        IndexShape { dtype, rows, dim }
+    }
+
+    #[test]
+    fn shape_of_vectors_and_bytes() {
+        let v = Vectors::f16(vec![half::f16::ZERO; 30], 6).unwrap();
+        let s = IndexShape::of(&v);
+        assert_eq!(s, shape(DType::F16, 5, 6));
+        assert_eq!(s.size_bytes(), 60);
+        assert_eq!(s.size_bytes(), v.size_bytes() as u64);
+        assert_eq!(shape(DType::F32, usize::MAX, 2).size_bytes(), u64::MAX);
+    }
+
+    #[test]
+    fn bad_queries_are_typed_errors_naming_the_values() {
+        let idx = shape(DType::F32, 100, 16);
+        let q = Vectors::f32(vec![0.0; 32], 16).unwrap();
+        let p = SearchParams::new(10, Metric::L2);
+        assert!(idx.plan(&q, &p).is_ok());
+
+        let e = idx
+            .plan(&Vectors::u8(vec![0; 32], 16).unwrap(), &p)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                GpuSearchError::Search(SearchError::DTypeMismatch {
+                    base: DType::F32,
+                    queries: DType::U8
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("f32") && e.to_string().contains("u8"),
+            "{e}"
+        );
+
+        let e = idx
+            .plan(&Vectors::f32(vec![0.0; 24], 12).unwrap(), &p)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                GpuSearchError::Search(SearchError::DimensionMismatch {
+                    base: 16,
+                    queries: 12
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("16") && e.to_string().contains("12"),
+            "{e}"
+        );
+
+        let e = idx.plan(&q, &SearchParams::new(0, Metric::L2)).unwrap_err();
+        assert!(
+            matches!(e, GpuSearchError::Search(SearchError::InvalidK { k: 0 })),
+            "{e:?}"
+        );
+
+        let e = idx
+            .plan(&q, &SearchParams::new(300, Metric::L2))
+            .unwrap_err();
+        match &e {
+            GpuSearchError::Plan(PlanError::KTooLarge { k, max, .. }) => {
+                assert_eq!((*k, *max), (300, 256))
+            }
+            other => panic!("expected KTooLarge, got {other:?}"),
+        }
+        assert!(e.to_string().contains("k = 300"), "{e}");
+
+        let p = SearchParams::new(5, Metric::Cosine).with_filter(Filter::Bitset(Bitset::all(99)));
+        let e = idx.plan(&q, &p).unwrap_err();
+        match &e {
+            GpuSearchError::Search(SearchError::FilterLength {
+                dataset_rows,
+                filter_rows,
+                ..
+            }) => assert_eq!((*dataset_rows, *filter_rows), (100, 99)),
+            other => panic!("expected FilterLength, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_dtype_metric_filter_plans_against_its_shape() {
+        for dtype in DType::ALL {
+            for metric in Metric::ALL {
+                for filter in [Filter::None, Filter::Bitset(Bitset::random(500, 0.5, 1))] {
+                    for (dim, k) in [(64, 1), (33, 10), (8, 256)] {
+                        let idx = shape(dtype, 500, dim);
+                        let (_, q) = crate::search::data::synthetic(1, dim, 3, dtype, 5);
+                        let params = SearchParams::new(k, metric).with_filter(filter.clone());
+                        let p = idx.plan(&q, &params).unwrap();
+                        assert_eq!(p.dtype, dtype);
+                        assert!(p.capacity as usize >= k);
+                        assert_eq!(dim % p.veclen as usize, 0);
+                        let want = format!("filter_{}_", filter.fragment_name());
+                        assert!(p.filter.name.starts_with(&want), "{}", p.filter.name);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bases_no_scan_can_take_are_refused_before_the_upload() {
+        assert!(shape(DType::I8, 10, 33025).check_searchable().is_ok());
+        let e = shape(DType::I8, 10, 33026).check_searchable().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                GpuSearchError::Search(SearchError::DimTooLarge {
+                    dtype: DType::I8,
+                    dim: 33026,
+                    max: 33025
+                })
+            ),
+            "{e:?}"
+        );
+        let e = shape(DType::F32, 1, u32::MAX as usize + 1)
+            .check_searchable()
+            .unwrap_err();
+        assert!(e.to_string().contains("`dim` = 4294967296"), "{e}");
+        // An empty base is searchable (every result is padding).
+        assert!(shape(DType::U8, 0, 4).check_searchable().is_ok());
+        let empty = Vectors::U8(Matrix::new(vec![], 0, 4).unwrap());
+        let q = Vectors::u8(vec![1, 2, 3, 4], 4).unwrap();
+        assert!(IndexShape::of(&empty)
+            .plan(&q, &SearchParams::new(3, Metric::L2))
+            .is_ok());
+    }
+}
