@@ -202,12 +202,19 @@ def main():
                                                "recall": recall(found, truth)}
                     except Exception as e:  # noqa: BLE001 - report, go on
                         case["sides"][name] = {"error": str(e)[:300]}
+                    # Each side's distance batches must not stay cached for the
+                    # next (CuPy's pool once held 65 GB here and starved torch).
                     torch.cuda.empty_cache()
+                    if cp is not None:
+                        cp.get_default_memory_pool().free_all_blocks()
                 case["sides"]["fraglink"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype)
                 best = max((s.get("qps") or 0) for n_, s in case["sides"].items() if n_ != "fraglink")
                 fq = case["sides"]["fraglink"].get("qps")
                 case["fraglink_vs_best_peer"] = (fq / best) if (fq and best) else None
                 out["cases"].append(case)
+                # Written after every case, so a late failure keeps the rest.
+                with open(a.out, "w") as f:
+                    json.dump(out, f, indent=1)
                 print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer")}),
                       flush=True)
         del x, x64, xf, qall
