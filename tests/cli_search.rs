@@ -254,3 +254,338 @@ fn the_gpu_route_uploads_the_base_once_and_reports_it_apart() {
         "{text}"
     );
 }
+
+// ---------------------------------------------------------------------------------
+// Issue 12: data files and sizes. Every bad input exits 2 with one `error:` line
+// naming the file or option at fault; the child runs with a timeout and, for the
+// error cases, a 2 GiB address-space cap, so a panic, an abort on allocation,
+// a hang or an unbounded allocation fails the test instead of the machine.
+// ---------------------------------------------------------------------------------
+
+/// Address-space cap of the bounded children (RLIMIT_AS).
+const AS_CAP: u64 = 2 << 30;
+
+struct Bounded {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the CLI with `args` and `env`, under `RLIMIT_AS = cap` (when given),
+/// killed after `timeout`; output goes through files, so nothing blocks on a pipe.
+fn run_bounded(
+    args: &[&str],
+    env: &[(&str, &str)],
+    cap: Option<u64>,
+    timeout: std::time::Duration,
+) -> Bounded {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (out_p, err_p) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut cmd = Command::new(support::fraglink_bin());
+    cmd.args(args)
+        .env("FRAGLINK_CACHE_DIR", dir.path().join("cache"))
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out_p).unwrap())
+        .stderr(std::fs::File::create(&err_p).unwrap());
+    if let Some(cap) = cap {
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs between
+        // fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: cap as libc::rlim_t,
+                    rlim_max: cap as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{args:?} ({env:?}) still running after {timeout:?}; stderr so far: {}",
+                std::fs::read_to_string(&err_p).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Bounded {
+        code: status.code(),
+        stdout: std::fs::read_to_string(&out_p).unwrap(),
+        stderr: std::fs::read_to_string(&err_p).unwrap(),
+    }
+}
+
+/// `fraglink search ARGS` exits 2 with exactly one `error:` line that
+/// contains every one of `needles`, without a panic, within 60 s and 2 GiB.
+fn assert_refused(args: &[&str], needles: &[&str]) -> String {
+    let mut all = vec!["search", "--device", "cpu"];
+    all.extend_from_slice(args);
+    let r = run_bounded(&all, &[], Some(AS_CAP), std::time::Duration::from_secs(60));
+    let err = r.stderr.trim_end();
+    assert!(!err.contains("panicked"), "{all:?} panicked: {err}");
+    assert_eq!(r.code, Some(2), "{all:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{all:?}: {err}");
+    assert!(err.starts_with("error: "), "{all:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{all:?}: `{n}` missing from: {err}");
+    }
+    err.to_string()
+}
+
+/// A base, queries (`nq` rows) and the exact ground truth (`.ivecs`) written
+/// into `dir`; returns the three paths and the truth rows.
+fn files_with_truth(dir: &std::path::Path, n: usize, nq: usize) -> (String, String, Vec<Vec<i32>>) {
+    let (base, queries) = synthetic(n, 16, nq, DType::F32, 9);
+    let (b, q) = (dir.join("base.fvecs"), dir.join("q.fvecs"));
+    write_vecs_file(&b, &base).unwrap();
+    write_vecs_file(&q, &queries).unwrap();
+    let p = fraglink::search::SearchParams::new(10, fraglink::search::Metric::L2);
+    let t = fraglink::search::search_reference(&base, &queries, &p).unwrap();
+    let rows = (0..nq)
+        .map(|r| t.ids_of(r).iter().map(|&i| i as i32).collect())
+        .collect();
+    (
+        b.to_str().unwrap().to_string(),
+        q.to_str().unwrap().to_string(),
+        rows,
+    )
+}
+
+fn write_truth(path: &std::path::Path, rows: &[Vec<i32>]) -> String {
+    let dim = rows[0].len();
+    let data = rows.iter().flatten().copied().collect();
+    let m = fraglink::search::Matrix::new(data, rows.len(), dim).unwrap();
+    fraglink::search::data::write_ivecs(path, &m).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+fn npy(path: &std::path::Path, descr: &str, shape: &str, data: &[u8]) -> String {
+    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    h.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    out.extend_from_slice(h.as_bytes());
+    out.extend_from_slice(data);
+    std::fs::write(path, out).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn ground_truth_that_does_not_fit_the_search_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, q, rows) = files_with_truth(dir.path(), 300, 7);
+    let files = |gt: &str| -> Vec<String> {
+        ["--base", &b, "--queries", &q, "--groundtruth", gt]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let refused = |gt: &str, extra: &[&str], needles: &[&str]| {
+        let f = files(gt);
+        let mut args: Vec<&str> = f.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
+        assert_refused(&args, needles)
+    };
+    // The good one passes with recall 1.0.
+    let good = write_truth(&dir.path().join("good.ivecs"), &rows);
+    let f = files(&good);
+    let mut args = vec!["search", "--json", "--device", "cpu"];
+    args.extend(f.iter().map(String::as_str));
+    let r = run_bounded(&args, &[], None, std::time::Duration::from_secs(120));
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["recall"], 1.0, "{v}");
+
+    // 1. More rows than queries (used to panic in recall_at_k), and fewer.
+    let mut more = rows.clone();
+    more.extend(rows[..5].iter().cloned());
+    let gt = write_truth(&dir.path().join("more.ivecs"), &more);
+    refused(&gt, &[], &[&gt, "12 rows", "7 queries"]);
+    let gt = write_truth(&dir.path().join("fewer.ivecs"), &rows[..3]);
+    refused(&gt, &[], &[&gt, "3 rows", "7 queries"]);
+
+    // 4. Fewer columns than k: no longer recall 1.0.
+    let narrow: Vec<Vec<i32>> = rows.iter().map(|r| r[..4].to_vec()).collect();
+    let gt = write_truth(&dir.path().join("narrow.ivecs"), &narrow);
+    refused(&gt, &[], &[&gt, "4 columns", "k = 10"]);
+    // Ids outside the base, and the padding id -1.
+    for (name, id) in [("big_id.ivecs", 300), ("pad.ivecs", -1)] {
+        let mut bad = rows.clone();
+        bad[3][2] = id;
+        let gt = write_truth(&dir.path().join(name), &bad);
+        refused(&gt, &[], &[&gt, "row 3", &format!("id {id}")]);
+    }
+    // An .npy ground truth whose shape overflows.
+    let gt = npy(
+        &dir.path().join("gt_huge.npy"),
+        "<i8",
+        "(7, 4611686018427387904)",
+        &[],
+    );
+    let e = refused(&gt, &[], &[&gt, "[7, 4611686018427387904]", "overflows"]);
+    assert!(!e.contains("18446744073709551615"), "{e}");
+}
+
+#[test]
+fn vector_files_are_checked_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2. 12 bytes claiming dim 2^31 - 1 (8 GiB a record): refused at once.
+    let big = dir.path().join("big.fvecs");
+    let mut bytes = i32::MAX.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&[0; 8]);
+    std::fs::write(&big, &bytes).unwrap();
+    let big = big.to_str().unwrap();
+    assert_refused(
+        &["--base", big, "--queries", big],
+        &[big, "dimension 2147483647", "12 bytes"],
+    );
+    // 5. An .npy shape whose size overflows: named with its shape.
+    let huge = npy(
+        &dir.path().join("huge.npy"),
+        "<f4",
+        "(4611686018427387904, 8)",
+        &[0; 32],
+    );
+    let e = assert_refused(
+        &["--base", &huge, "--queries", &huge],
+        &[&huge, "[4611686018427387904, 8]", "overflows"],
+    );
+    assert!(!e.contains("18446744073709551615"), "{e}");
+    // 4. An empty base / no queries (.npy of zero rows): an error, not recall 1.0.
+    let (b, q, _) = files_with_truth(dir.path(), 300, 7);
+    let empty = npy(&dir.path().join("empty.npy"), "<f4", "(0, 16)", &[]);
+    let (bn, qn) = (dir.path().join("b.npy"), dir.path().join("q.npy"));
+    let (base, queries) = synthetic(300, 16, 7, DType::F32, 9);
+    fraglink::search::data::write_npy(&bn, &base).unwrap();
+    fraglink::search::data::write_npy(&qn, &queries).unwrap();
+    let (bn, qn) = (bn.to_str().unwrap(), qn.to_str().unwrap());
+    assert_refused(
+        &["--base", &empty, "--queries", qn],
+        &[&empty, "no vectors"],
+    );
+    assert_refused(
+        &["--base", bn, "--queries", &empty],
+        &[&empty, "no vectors"],
+    );
+    // k above the base's rows names --k and the base file.
+    assert_refused(
+        &["--base", &b, "--queries", &q, "--k", "301"],
+        &["--k 301", "300", &b],
+    );
+}
+
+#[test]
+fn sizes_are_checked_before_allocating() {
+    // 3. Sizes that used to abort on allocation or wrap in n * dim.
+    assert_refused(
+        &["--k", "1000000000000", "--n", "100"],
+        &["--k 1000000000000", "100"],
+    );
+    assert_refused(
+        &["--n", "1000000000000"],
+        &["--n 1000000000000", "bytes", "this process may use"],
+    );
+    assert_refused(
+        &["--n", "4611686018427387904", "--dim", "8"],
+        &["--n 4611686018427387904", "--dim 8", "overflows"],
+    );
+    assert_refused(
+        &["--n", "1", "--k", "1", "--dim", "1000000000000000"],
+        &["--dim 1000000000000000", "this process may use"],
+    );
+    // Representable and below physical memory on most machines, but above
+    // the 2 GiB cap: refused by RLIMIT_AS, not aborted.
+    assert_refused(
+        &["--n", "10000000", "--dim", "128"],
+        &["--n 10000000", "this process may use"],
+    );
+    // 4. No queries: an error, not recall 1.0.
+    assert_refused(&["--nq", "0", "--n", "100"], &["--nq 0"]);
+}
+
+/// k > n is an error (README, Commands): k = n is the largest accepted.
+#[test]
+fn k_above_n_is_an_error_and_k_equal_to_n_is_fine() {
+    assert_refused(&["--k", "101", "--n", "100"], &["--k 101", "100", "--n"]);
+    let r = run_bounded(
+        &[
+            "search", "--json", "--device", "cpu", "--k", "100", "--n", "100", "--nq", "3",
+            "--dim", "8",
+        ],
+        &[],
+        None,
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        (v["k"].as_u64(), v["recall"].as_f64()),
+        (Some(100), Some(1.0))
+    );
+}
+
+#[test]
+fn rayon_num_threads_is_clamped_and_checked() {
+    let args = [
+        "search", "--json", "--device", "cpu", "--n", "3000", "--dim", "32", "--nq", "50",
+    ];
+    // 6. 100 000 threads took minutes; clamped, it takes about as long as
+    // the default, with one warning naming the variable.
+    let started = std::time::Instant::now();
+    let r = run_bounded(
+        &args,
+        &[("RAYON_NUM_THREADS", "100000")],
+        None,
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let warnings: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(warnings.len(), 1, "{}", r.stderr);
+    assert!(
+        warnings[0].starts_with("warning: ") && warnings[0].contains("RAYON_NUM_THREADS=100000"),
+        "{}",
+        r.stderr
+    );
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["recall"], 1.0);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    // An unparsable value is an error naming the variable when consulted...
+    let r = run_bounded(
+        &args,
+        &[("RAYON_NUM_THREADS", "many")],
+        Some(AS_CAP),
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    let err = r.stderr.trim_end();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("RAYON_NUM_THREADS") && err.contains("many"),
+        "{err}"
+    );
+    // ...and not when unused.
+    let r = run_bounded(
+        &["catalog", "--family", "metric"],
+        &[("RAYON_NUM_THREADS", "many")],
+        None,
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+}

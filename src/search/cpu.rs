@@ -312,6 +312,99 @@ fn reference_query<T: Element>(
     }
 }
 
+// --------------------------------------------------------------------------------
+// Threads
+// --------------------------------------------------------------------------------
+
+/// The CPU path runs at most this many threads per available core: the work is
+/// compute-bound, so more only adds scheduling (100 000 threads take minutes to
+/// start and stop where the default takes 0.15 s), while a few per core still
+/// let tests oversubscribe a small machine.
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// `RAYON_NUM_THREADS` holds something other than a whole number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("RAYON_NUM_THREADS=`{value}` is not a number of threads (expected a whole number; 0 or unset means one per core)")]
+pub struct ThreadsVarError {
+    pub value: String,
+}
+
+/// The CPU path's thread count and, when `RAYON_NUM_THREADS` asked for more
+/// than the clamp allows, a one-line warning naming it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuThreads {
+    pub threads: usize,
+    pub warning: Option<String>,
+}
+
+/// The thread count for a `RAYON_NUM_THREADS` value (`None` or empty: unset)
+/// on `cores` available cores: the value, 0 or unset meaning `cores`, clamped
+/// to `MAX_THREADS_PER_CORE × cores`.
+pub fn cpu_threads_for(
+    value: Option<&std::ffi::OsStr>,
+    cores: usize,
+) -> Result<CpuThreads, ThreadsVarError> {
+    let cores = cores.max(1);
+    let max = cores.saturating_mul(MAX_THREADS_PER_CORE);
+    let asked = match value.filter(|v| !v.is_empty()) {
+        None => 0,
+        Some(v) => v
+            .to_str()
+            .and_then(|s| s.parse::<usize>().ok())
+            .ok_or_else(|| ThreadsVarError {
+                value: v.to_string_lossy().into_owned(),
+            })?,
+    };
+    Ok(match asked {
+        0 => CpuThreads {
+            threads: cores,
+            warning: None,
+        },
+        t if t > max => CpuThreads {
+            threads: max,
+            warning: Some(format!(
+                "RAYON_NUM_THREADS={t} is more than {MAX_THREADS_PER_CORE} threads per core \
+                 ({cores} cores here): the CPU path uses {max} threads"
+            )),
+        },
+        t => CpuThreads {
+            threads: t,
+            warning: None,
+        },
+    })
+}
+
+/// Reads `RAYON_NUM_THREADS` ([`cpu_threads_for`] on the available cores) and,
+/// the first time, builds rayon's global pool with that many threads (unless
+/// something built it already). Called by [`search_cpu`] and
+/// [`search_reference`] outside any rayon pool (where an invalid value leaves
+/// one thread per core); `fraglink search` calls it first and reports the
+/// error or the warning.
+pub fn init_cpu_threads() -> Result<CpuThreads, ThreadsVarError> {
+    static INIT: std::sync::OnceLock<Result<CpuThreads, ThreadsVarError>> =
+        std::sync::OnceLock::new();
+    INIT.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let value = std::env::var_os("RAYON_NUM_THREADS");
+        let chosen = cpu_threads_for(value.as_deref(), cores);
+        let threads = chosen.as_ref().map_or(cores, |c| c.threads);
+        // Err: a global pool exists already; it is used as it is.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+        chosen
+    })
+    .clone()
+}
+
+/// Sizes rayon's global pool before a search uses it (not inside a pool the
+/// caller chose).
+fn ensure_threads() {
+    if rayon::current_thread_index().is_none() {
+        let _ = init_cpu_threads();
+    }
+}
+
 /// The plain scalar search: every allowed row's distance by the README fold
 /// ([`distance`]), NaN → +inf, sorted by `(distance, id)`, padded. Parallel over
 /// queries only. The oracle [`search_cpu`] is tested against.
@@ -321,6 +414,7 @@ pub fn search_reference(
     params: &SearchParams,
 ) -> Result<Neighbors, SearchError> {
     validate(base, queries, params)?;
+    ensure_threads();
     Ok(match (base, queries) {
         (Vectors::F32(b), Vectors::F32(q)) => reference_all(b, q, params),
         (Vectors::F16(b), Vectors::F16(q)) => reference_all(b, q, params),
@@ -351,6 +445,7 @@ pub fn search_cpu(
     params: &SearchParams,
 ) -> Result<Neighbors, SearchError> {
     validate(base, queries, params)?;
+    ensure_threads();
     Ok(match (base, queries) {
         (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params),
         (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params),
@@ -1236,6 +1331,35 @@ mod tests {
             p.k,
             a.first_difference(&r)
         );
+    }
+
+    #[test]
+    fn thread_counts_are_clamped_and_checked() {
+        use std::ffi::OsStr;
+        let t = |v: Option<&str>, cores| cpu_threads_for(v.map(OsStr::new), cores);
+        assert_eq!(t(None, 8).unwrap().threads, 8);
+        assert_eq!(t(Some(""), 8).unwrap().threads, 8);
+        assert_eq!(t(Some("0"), 8).unwrap().threads, 8);
+        assert_eq!(
+            t(Some("3"), 8).unwrap(),
+            CpuThreads {
+                threads: 3,
+                warning: None
+            }
+        );
+        assert_eq!(t(Some("32"), 8).unwrap().threads, 32);
+        let c = t(Some("100000"), 2).unwrap();
+        assert_eq!(c.threads, 2 * MAX_THREADS_PER_CORE);
+        let w = c.warning.unwrap();
+        assert!(
+            w.contains("RAYON_NUM_THREADS=100000") && !w.contains('\n'),
+            "{w}"
+        );
+        for bad in ["abc", "-1", "2.5", " 4"] {
+            let e = t(Some(bad), 2).unwrap_err();
+            assert!(e.to_string().contains("RAYON_NUM_THREADS"), "{e}");
+            assert_eq!(e.value, bad);
+        }
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! - `.npy` version 1, 2 or 3: a C-order 2-D array of `<f4` (f32), `<f2` (f16),
 //!   `|i1` (i8) or `|u1` (u8) for vectors, `<i4` or `<i8` for ground truth.
 //!
-//! Every error names the file and what is wrong with it ([`DataError`]).
+//! Every error names the file (or the synthetic sizes) and what is wrong with it
+//! ([`DataError`]); sizes are checked (checked arithmetic, [`memory_limit`])
+//! before anything is allocated.
 
 use std::fs;
 use std::io::Write;
@@ -106,59 +108,173 @@ impl Rng {
 /// uniform in [-1, 1]^dim; queries come from the same blobs. For i8 the values are
 /// scaled by 100 and for u8 mapped by `(v + 1) * 110`, then rounded and clamped to
 /// the type's range (so the extremes do occur); f16 rounds to nearest.
+///
+/// Panics with [`try_synthetic`]'s error when the data cannot be held.
 pub fn synthetic(n: usize, dim: usize, nq: usize, dtype: DType, seed: u64) -> (Vectors, Vectors) {
+    try_synthetic(n, dim, nq, dtype, seed).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Bytes [`synthetic`] holds at its peak: the base and the queries in `dtype`
+/// plus the f64 centres; `None` when that overflows 64 bits.
+pub fn synthetic_bytes(n: usize, dim: usize, nq: usize, dtype: DType) -> Option<u64> {
+    let centres = ((n / 64).clamp(1, 256) as u64).checked_mul(dim as u64)?;
+    let rows = (n as u64).checked_add(nq as u64)?;
+    let elems = rows.checked_mul(dim as u64)?;
+    // Indexing needs every element count to fit in usize.
+    usize::try_from(elems).ok()?;
+    elems
+        .checked_mul(dtype.size() as u64)?
+        .checked_add(centres.checked_mul(8)?)
+}
+
+/// [`synthetic`], or an error when its size ([`synthetic_bytes`]) overflows,
+/// exceeds the [`memory_limit`], or cannot be allocated. Checked before any
+/// allocation; the same seed gives the same data as [`synthetic`].
+pub fn try_synthetic(
+    n: usize,
+    dim: usize,
+    nq: usize,
+    dtype: DType,
+    seed: u64,
+) -> Result<(Vectors, Vectors), DataError> {
+    let too_large = |bytes: Option<u64>, limit: MemoryLimit| DataError::SyntheticTooLarge {
+        n,
+        dim,
+        nq,
+        dtype,
+        bytes,
+        limit,
+    };
+    let limit = memory_limit();
+    match synthetic_bytes(n, dim, nq, dtype) {
+        Some(b) if b <= limit.bytes => {}
+        bytes => return Err(too_large(bytes, limit)),
+    }
+    let what = || format!("synthetic data (n = {n}, dim = {dim}, nq = {nq}, {dtype})");
     let mut rng = Rng::new(seed);
     let n_centers = (n / 64).clamp(1, 256);
-    let centers: Vec<f64> = (0..n_centers * dim)
-        .map(|_| rng.uniform(-1.0, 1.0))
-        .collect();
-    let draw = |count: usize, rng: &mut Rng| -> Vec<f64> {
-        let mut out = Vec::with_capacity(count * dim);
+    // Cannot overflow: synthetic_bytes checked these products.
+    let mut centers: Vec<f64> = try_vec(n_centers * dim, what)?;
+    centers.extend((0..n_centers * dim).map(|_| rng.uniform(-1.0, 1.0)));
+    fn draw<T>(
+        count: usize,
+        dim: usize,
+        centers: &[f64],
+        rng: &mut Rng,
+        conv: impl Fn(f64) -> T,
+        what: impl Fn() -> String,
+    ) -> Result<Matrix<T>, DataError> {
+        let n_centers = centers.len() / dim.max(1);
+        let mut out = try_vec(count * dim, what)?;
         for _ in 0..count {
             let c = rng.below(n_centers as u64) as usize;
             for j in 0..dim {
-                out.push(centers[c * dim + j] + 0.15 * rng.normal());
+                out.push(conv(centers[c * dim + j] + 0.15 * rng.normal()));
             }
         }
-        out
-    };
-    let base = draw(n, &mut rng);
-    let queries = draw(nq, &mut rng);
-    (
-        quantize(base, n, dim, dtype),
-        quantize(queries, nq, dim, dtype),
-    )
+        Ok(Matrix::new(out, count, dim).expect("count × dim elements"))
+    }
+    // Values are quantized as they are drawn: the same sequence as drawing all
+    // f64 values first, without holding them.
+    macro_rules! both {
+        ($variant:ident, $conv:expr) => {{
+            let base = draw(n, dim, &centers, &mut rng, $conv, what)?;
+            let queries = draw(nq, dim, &centers, &mut rng, $conv, what)?;
+            (Vectors::$variant(base), Vectors::$variant(queries))
+        }};
+    }
+    Ok(match dtype {
+        DType::F32 => both!(F32, |x: f64| x as f32),
+        DType::F16 => both!(F16, f16::from_f64),
+        DType::I8 => both!(I8, |x: f64| (x * 100.0).round().clamp(-128.0, 127.0) as i8),
+        DType::U8 => both!(U8, |x: f64| ((x + 1.0) * 110.0).round().clamp(0.0, 255.0)
+            as u8),
+    })
 }
 
-fn quantize(v: Vec<f64>, rows: usize, dim: usize, dtype: DType) -> Vectors {
-    match dtype {
-        DType::F32 => {
-            Vectors::F32(Matrix::new(v.iter().map(|&x| x as f32).collect(), rows, dim).unwrap())
-        }
-        DType::F16 => Vectors::F16(
-            Matrix::new(v.iter().map(|&x| f16::from_f64(x)).collect(), rows, dim).unwrap(),
-        ),
-        DType::I8 => Vectors::I8(
-            Matrix::new(
-                v.iter()
-                    .map(|&x| (x * 100.0).round().clamp(-128.0, 127.0) as i8)
-                    .collect(),
-                rows,
-                dim,
-            )
-            .unwrap(),
-        ),
-        DType::U8 => Vectors::U8(
-            Matrix::new(
-                v.iter()
-                    .map(|&x| ((x + 1.0) * 110.0).round().clamp(0.0, 255.0) as u8)
-                    .collect(),
-                rows,
-                dim,
-            )
-            .unwrap(),
-        ),
+// --------------------------------------------------------------------------------
+// Memory
+// --------------------------------------------------------------------------------
+
+/// The most bytes of data this process can hold, and what sets that limit.
+///
+/// Sizes are refused before anything is allocated when the data they need
+/// exceeds this: the smallest of the machine's physical memory, the soft
+/// address-space limit (`RLIMIT_AS`, `ulimit -v`) and the cgroup memory limit
+/// (v2 `memory.max`, v1 `memory.limit_in_bytes`). Data beyond any of them can
+/// never be held (the allocation fails or the kernel's OOM killer ends the
+/// process), so this is a bound, not a promise: data under it may still not
+/// fit beside everything else running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryLimit {
+    pub bytes: u64,
+    /// `physical memory`, `RLIMIT_AS`, `cgroup memory limit` or `none found`.
+    pub source: &'static str,
+}
+
+impl std::fmt::Display for MemoryLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes ({})", self.bytes, self.source)
     }
+}
+
+/// The [`MemoryLimit`] in force now (read afresh on every call).
+pub fn memory_limit() -> MemoryLimit {
+    let mut best = MemoryLimit {
+        bytes: u64::MAX,
+        source: "none found",
+    };
+    let mut consider = |bytes: Option<u64>, source: &'static str| {
+        if let Some(b) = bytes.filter(|&b| b < best.bytes) {
+            best = MemoryLimit { bytes: b, source };
+        }
+    };
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf and getrlimit only read process/system state; the
+        // rlimit struct is fully initialised and outlives the call.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        if pages > 0 && page > 0 {
+            consider((pages as u64).checked_mul(page as u64), "physical memory");
+        }
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0
+            && r.rlim_cur != libc::RLIM_INFINITY
+        {
+            #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every unix
+            consider(Some(r.rlim_cur as u64), "RLIMIT_AS");
+        }
+    }
+    for file in [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ] {
+        let v = fs::read_to_string(file)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        consider(v, "cgroup memory limit");
+    }
+    best
+}
+
+/// An empty vector with room for `count` elements, or an error naming `what`
+/// (instead of the abort of a failed allocation).
+fn try_vec<T>(count: usize, what: impl Fn() -> String) -> Result<Vec<T>, DataError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(count)
+        .map_err(|_| DataError::OutOfMemory {
+            what: what(),
+            bytes: (count as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        })?;
+    Ok(v)
 }
 
 // --------------------------------------------------------------------------------
@@ -243,6 +359,64 @@ pub enum DataError {
         dtype: DType,
         format: &'static str,
     },
+    #[error("{path}: the first record declares dimension {dim} ({record_bytes} bytes a record), but the file has only {file_bytes} bytes")]
+    DimExceedsFile {
+        path: PathBuf,
+        dim: usize,
+        record_bytes: u64,
+        file_bytes: u64,
+    },
+    #[error(
+        "{path}: shape {shape:?} of {descr} is too large: its size in bytes overflows 64 bits"
+    )]
+    ShapeOverflow {
+        path: PathBuf,
+        descr: String,
+        shape: Vec<usize>,
+    },
+    #[error("{path}: reading it needs {bytes} bytes (the file and its decoded copy), more than the {limit} this process may use")]
+    FileTooLarge {
+        path: PathBuf,
+        bytes: u64,
+        limit: MemoryLimit,
+    },
+    #[error("synthetic data of n = {n}, dim = {dim}, nq = {nq} ({dtype}) {}", match .bytes {
+        Some(b) => format!("needs {b} bytes, more than the {limit} this process may use"),
+        None => "overflows: its size in bytes does not fit in 64 bits".to_string(),
+    })]
+    SyntheticTooLarge {
+        n: usize,
+        dim: usize,
+        nq: usize,
+        dtype: DType,
+        bytes: Option<u64>,
+        limit: MemoryLimit,
+    },
+    #[error("{what}: cannot allocate {bytes} bytes")]
+    OutOfMemory { what: String, bytes: u64 },
+    #[error(
+        "{path}: ground truth has {rows} rows but there are {queries} queries (one row per query)"
+    )]
+    TruthRows {
+        path: PathBuf,
+        rows: usize,
+        queries: usize,
+    },
+    #[error("{path}: ground-truth row {row} has {columns} columns, fewer than k = {k}")]
+    TruthColumns {
+        path: PathBuf,
+        row: usize,
+        columns: usize,
+        k: usize,
+    },
+    #[error("{path}: ground-truth row {row}, column {column} holds id {id}, not a row of the base (0..{n})")]
+    TruthId {
+        path: PathBuf,
+        row: usize,
+        column: usize,
+        id: i64,
+        n: usize,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
@@ -256,21 +430,19 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
 // TEXMEX (.fvecs, .bvecs, .ivecs)
 // --------------------------------------------------------------------------------
 
-/// Parses records `i32 dim, dim × elem_size bytes`; returns (dim, rows, payload bytes).
-fn parse_vecs(
-    path: &Path,
-    bytes: &[u8],
-    elem_size: usize,
-) -> Result<(usize, usize, Vec<u8>), DataError> {
+/// Checks the records `i32 dim, dim × elem_size bytes` of a TEXMEX file and
+/// returns (dim, rows). The first record's header is checked against the file
+/// length (checked arithmetic) before anything is allocated.
+fn parse_vecs(path: &Path, bytes: &[u8], elem_size: usize) -> Result<(usize, usize), DataError> {
     if bytes.is_empty() {
         return Err(DataError::Empty {
             path: path.to_path_buf(),
         });
     }
+    let file_bytes = bytes.len() as u64;
+    let mut dim0: Option<(usize, usize)> = None; // (dim, record bytes)
     let mut off = 0usize;
     let mut record = 0usize;
-    let mut dim0: Option<usize> = None;
-    let mut payload = Vec::new();
     while off < bytes.len() {
         let avail = (bytes.len() - off) as u64;
         if avail < 4 {
@@ -291,12 +463,24 @@ fn parse_vecs(
             });
         }
         let d = d as usize;
-        match dim0 {
+        let rec = match dim0 {
             None => {
-                dim0 = Some(d);
-                payload.reserve((bytes.len() / (4 + d * elem_size) + 1) * d * elem_size);
+                let rec = (d as u64)
+                    .checked_mul(elem_size as u64)
+                    .and_then(|v| v.checked_add(4))
+                    .filter(|&r| r <= file_bytes)
+                    .ok_or_else(|| DataError::DimExceedsFile {
+                        path: path.to_path_buf(),
+                        dim: d,
+                        record_bytes: (d as u64)
+                            .saturating_mul(elem_size as u64)
+                            .saturating_add(4),
+                        file_bytes,
+                    })? as usize;
+                dim0 = Some((d, rec));
+                rec
             }
-            Some(e) if e != d => {
+            Some((e, _)) if e != d => {
                 return Err(DataError::InconsistentDim {
                     path: path.to_path_buf(),
                     record,
@@ -304,56 +488,91 @@ fn parse_vecs(
                     found: d,
                 })
             }
-            _ => {}
-        }
-        let need = 4 + (d * elem_size) as u64;
-        if avail < need {
+            Some((_, rec)) => rec,
+        };
+        if avail < rec as u64 {
             return Err(DataError::Truncated {
                 path: path.to_path_buf(),
                 record,
                 offset: off as u64,
-                needed: need,
+                needed: rec as u64,
                 available: avail,
             });
         }
-        payload.extend_from_slice(&bytes[off + 4..off + need as usize]);
-        off += need as usize;
+        off += rec;
         record += 1;
     }
-    Ok((dim0.unwrap(), record, payload))
+    Ok((dim0.expect("at least one record").0, record))
 }
 
+/// The elements of a checked TEXMEX file ([`parse_vecs`]), converted by `conv`
+/// from `elem_size` bytes each.
+fn decode_vecs<T>(
+    path: &Path,
+    bytes: &[u8],
+    elem_size: usize,
+    conv: impl Fn(&[u8]) -> T,
+) -> Result<Matrix<T>, DataError> {
+    let (dim, rows) = parse_vecs(path, bytes, elem_size)?;
+    // rows × dim × elem_size ≤ the file length: no overflow.
+    let mut data = try_vec(rows * dim, || path.display().to_string())?;
+    for rec in bytes.chunks_exact(4 + dim * elem_size) {
+        data.extend(rec[4..].chunks_exact(elem_size).map(&conv));
+    }
+    Ok(Matrix::new(data, rows, dim).expect("rows × dim elements"))
+}
+
+/// The file's bytes, after checking that it and a decoded copy of the same
+/// size fit in the [`memory_limit`].
 fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
-    fs::read(path).map_err(io_err(path))
+    use std::io::Read;
+    let mut f = fs::File::open(path).map_err(io_err(path))?;
+    let len = f.metadata().map_err(io_err(path))?.len();
+    let limit = memory_limit();
+    let need = len.saturating_mul(2);
+    if need > limit.bytes {
+        return Err(DataError::FileTooLarge {
+            path: path.to_path_buf(),
+            bytes: need,
+            limit,
+        });
+    }
+    let len = usize::try_from(len).map_err(|_| DataError::FileTooLarge {
+        path: path.to_path_buf(),
+        bytes: need,
+        limit,
+    })?;
+    let mut buf = try_vec(len, || path.display().to_string())?;
+    f.read_to_end(&mut buf).map_err(io_err(path))?;
+    Ok(buf)
 }
 
 /// Reads an `.fvecs` file as f32 vectors.
 pub fn read_fvecs(path: impl AsRef<Path>) -> Result<Vectors, DataError> {
     let path = path.as_ref();
-    let (dim, rows, p) = parse_vecs(path, &read_bytes(path)?, 4)?;
-    let data = p
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    Ok(Vectors::F32(Matrix::new(data, rows, dim).unwrap()))
+    let m = decode_vecs(path, &read_bytes(path)?, 4, |c| {
+        f32::from_le_bytes(c.try_into().unwrap())
+    })?;
+    Ok(Vectors::F32(m))
 }
 
 /// Reads a `.bvecs` file as u8 vectors.
 pub fn read_bvecs(path: impl AsRef<Path>) -> Result<Vectors, DataError> {
     let path = path.as_ref();
-    let (dim, rows, p) = parse_vecs(path, &read_bytes(path)?, 1)?;
-    Ok(Vectors::U8(Matrix::new(p, rows, dim).unwrap()))
+    Ok(Vectors::U8(decode_vecs(
+        path,
+        &read_bytes(path)?,
+        1,
+        |c| c[0],
+    )?))
 }
 
 /// Reads an `.ivecs` file (usually ground truth: one row of neighbour ids per query).
 pub fn read_ivecs(path: impl AsRef<Path>) -> Result<Matrix<i32>, DataError> {
     let path = path.as_ref();
-    let (dim, rows, p) = parse_vecs(path, &read_bytes(path)?, 4)?;
-    let data = p
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    Ok(Matrix::new(data, rows, dim).unwrap())
+    decode_vecs(path, &read_bytes(path)?, 4, |c| {
+        i32::from_le_bytes(c.try_into().unwrap())
+    })
 }
 
 fn write_vecs(
@@ -526,7 +745,9 @@ fn parse_npy(path: &Path, bytes: Vec<u8>) -> Result<Npy, DataError> {
             path: path.to_path_buf(),
         });
     }
-    let data = bytes[hstart + hlen..].to_vec();
+    // The data section, moved to the front in place (no second copy).
+    let mut data = bytes;
+    data.drain(..hstart + hlen);
     Ok(Npy { descr, shape, data })
 }
 
@@ -541,7 +762,11 @@ fn npy_2d(path: &Path, npy: &Npy, elem_size: usize) -> Result<(usize, usize), Da
     let expected = (rows as u64)
         .checked_mul(dim as u64)
         .and_then(|v| v.checked_mul(elem_size as u64))
-        .unwrap_or(u64::MAX);
+        .ok_or_else(|| DataError::ShapeOverflow {
+            path: path.to_path_buf(),
+            descr: npy.descr.clone(),
+            shape: npy.shape.clone(),
+        })?;
     if expected != npy.data.len() as u64 {
         return Err(DataError::SizeMismatch {
             path: path.to_path_buf(),
@@ -574,33 +799,34 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<Vectors, DataError> {
         _ => return Err(unsupported()),
     };
     let (rows, dim) = npy_2d(path, &npy, dtype.size())?;
-    let d = &npy.data;
+    let what = || path.display().to_string();
     Ok(match dtype {
-        DType::F32 => Vectors::F32(
-            Matrix::new(
-                d.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-                rows,
-                dim,
-            )
-            .unwrap(),
-        ),
-        DType::F16 => Vectors::F16(
-            Matrix::new(
-                d.chunks_exact(2)
-                    .map(|c| f16::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-                rows,
-                dim,
-            )
-            .unwrap(),
-        ),
-        DType::I8 => {
-            Vectors::I8(Matrix::new(d.iter().map(|&b| b as i8).collect(), rows, dim).unwrap())
+        DType::F32 => Vectors::F32(decode(&npy.data, rows, dim, 4, what, |c| {
+            f32::from_le_bytes(c.try_into().unwrap())
+        })?),
+        DType::F16 => Vectors::F16(decode(&npy.data, rows, dim, 2, what, |c| {
+            f16::from_le_bytes(c.try_into().unwrap())
+        })?),
+        DType::I8 => Vectors::I8(decode(&npy.data, rows, dim, 1, what, |c| c[0] as i8)?),
+        DType::U8 => {
+            Vectors::U8(Matrix::new(npy.data, rows, dim).expect("npy_2d checked the size"))
         }
-        DType::U8 => Vectors::U8(Matrix::new(d.clone(), rows, dim).unwrap()),
     })
+}
+
+/// `rows × dim` elements of `size` bytes each from `data` (whose length
+/// [`npy_2d`] checked), into a fallibly allocated matrix.
+fn decode<T>(
+    data: &[u8],
+    rows: usize,
+    dim: usize,
+    size: usize,
+    what: impl Fn() -> String,
+    conv: impl Fn(&[u8]) -> T,
+) -> Result<Matrix<T>, DataError> {
+    let mut out = try_vec(data.len() / size, what)?;
+    out.extend(data.chunks_exact(size).map(conv));
+    Ok(Matrix::new(out, rows, dim).expect("npy_2d checked the size"))
 }
 
 fn npy_bytes(descr: &str, rows: usize, dim: usize, data: &[u8]) -> Vec<u8> {
@@ -703,15 +929,34 @@ pub fn read_dataset(
 }
 
 /// Reads ground truth (one row of neighbour ids per query): `.ivecs`, or `.npy`
-/// of `<i4` / `<i8`.
+/// of `<i4` / `<i8`. Check it against the search with [`check_ground_truth`].
 pub fn read_ground_truth(path: impl AsRef<Path>) -> Result<Vec<Vec<i64>>, DataError> {
     let path = path.as_ref();
+    let what = || path.display().to_string();
+    let i4 = |c: &[u8]| i32::from_le_bytes(c.try_into().unwrap()) as i64;
+    let i8 = |c: &[u8]| i64::from_le_bytes(c.try_into().unwrap());
+    // Rows of `dim` ids of `size` bytes each, every row's own allocation fallible.
+    fn rows_of(
+        chunks: impl ExactSizeIterator<Item = impl AsRef<[u8]>>,
+        dim: usize,
+        size: usize,
+        conv: impl Fn(&[u8]) -> i64,
+        what: impl Fn() -> String,
+    ) -> Result<Vec<Vec<i64>>, DataError> {
+        let mut out = try_vec(chunks.len(), &what)?;
+        for c in chunks {
+            let mut row = try_vec(dim, &what)?;
+            row.extend(c.as_ref().chunks_exact(size).map(&conv));
+            out.push(row);
+        }
+        Ok(out)
+    }
     match extension(path).as_str() {
         "ivecs" => {
-            let m = read_ivecs(path)?;
-            Ok((0..m.rows())
-                .map(|r| m.row(r).iter().map(|&v| v as i64).collect())
-                .collect())
+            let bytes = read_bytes(path)?;
+            let (dim, _) = parse_vecs(path, &bytes, 4)?;
+            let records = bytes.chunks_exact(4 + dim * 4).map(|r| &r[4..]);
+            rows_of(records, dim, 4, i4, what)
         }
         "npy" => {
             let npy = parse_npy(path, read_bytes(path)?)?;
@@ -727,25 +972,69 @@ pub fn read_ground_truth(path: impl AsRef<Path>) -> Result<Vec<Vec<i64>>, DataEr
                 }
             };
             let (rows, dim) = npy_2d(path, &npy, size)?;
-            let vals: Vec<i64> = if size == 4 {
-                npy.data
-                    .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
-                    .collect()
+            if dim == 0 {
+                // Empty rows (an error for any k ≥ 1 in check_ground_truth).
+                let mut out = try_vec(rows, what)?;
+                out.resize(rows, Vec::new());
+                return Ok(out);
+            }
+            let chunks = npy.data.chunks_exact(dim * size);
+            if size == 4 {
+                rows_of(chunks, dim, 4, i4, what)
             } else {
-                npy.data
-                    .chunks_exact(8)
-                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                    .collect()
-            };
-            Ok((0..rows)
-                .map(|r| vals[r * dim..(r + 1) * dim].to_vec())
-                .collect())
+                rows_of(chunks, dim, 8, i8, what)
+            }
         }
         _ => Err(DataError::UnknownFormat {
             path: path.to_path_buf(),
         }),
     }
+}
+
+/// Checks ground truth read from `path` against a search of `queries`
+/// queries over a base of `n` rows at `k`: exactly one row per query, at
+/// least `k` columns in every row, and every id among a row's first `k` a row
+/// of the base (`0..n`; the padding id -1 included, which no file of true
+/// neighbours holds when `k ≤ n`). [`recall_at_k`] may then not panic.
+pub fn check_ground_truth<T: Truth + ?Sized>(
+    path: &Path,
+    truth: &T,
+    queries: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), DataError> {
+    if truth.n_queries() != queries {
+        return Err(DataError::TruthRows {
+            path: path.to_path_buf(),
+            rows: truth.n_queries(),
+            queries,
+        });
+    }
+    for r in 0..truth.n_queries() {
+        let row = truth.row(r);
+        if row.len() < k {
+            return Err(DataError::TruthColumns {
+                path: path.to_path_buf(),
+                row: r,
+                columns: row.len(),
+                k,
+            });
+        }
+        if let Some((column, &id)) = row[..k]
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| id < 0 || id as u64 >= n as u64)
+        {
+            return Err(DataError::TruthId {
+                path: path.to_path_buf(),
+                row: r,
+                column,
+                id,
+                n,
+            });
+        }
+    }
+    Ok(())
 }
 
 // --------------------------------------------------------------------------------
@@ -789,7 +1078,8 @@ impl Truth for Neighbors {
 /// ignoring padding ids (negative) on both sides; a query whose truth has no
 /// valid id among its first `k` counts as 1. Returns 1.0 for zero queries.
 ///
-/// Panics when the query counts differ or `k` exceeds `found.k`.
+/// Panics when the query counts differ or `k` exceeds `found.k`; check ground
+/// truth read from a file with [`check_ground_truth`] first.
 pub fn recall_at_k<T: Truth + ?Sized>(found: &Neighbors, truth: &T, k: usize) -> f64 {
     assert_eq!(
         found.nq,
@@ -857,6 +1147,250 @@ mod tests {
         if let Vectors::I8(m) = b {
             assert!(m.data().contains(&127) && m.data().contains(&-128));
         }
+    }
+
+    /// The generator before it quantized as it drew: all f64 values first.
+    fn synthetic_f64(n: usize, dim: usize, nq: usize, seed: u64) -> (Vec<f64>, Vec<f64>) {
+        let mut rng = Rng::new(seed);
+        let n_centers = (n / 64).clamp(1, 256);
+        let centers: Vec<f64> = (0..n_centers * dim)
+            .map(|_| rng.uniform(-1.0, 1.0))
+            .collect();
+        let mut draw = |count: usize| -> Vec<f64> {
+            let mut out = Vec::new();
+            for _ in 0..count {
+                let c = rng.below(n_centers as u64) as usize;
+                for j in 0..dim {
+                    out.push(centers[c * dim + j] + 0.15 * rng.normal());
+                }
+            }
+            out
+        };
+        let b = draw(n);
+        (b, draw(nq))
+    }
+
+    #[test]
+    fn synthetic_data_is_unchanged_by_the_fallible_generator() {
+        let (b, q) = synthetic_f64(200, 9, 5, 3);
+        let (vb, vq) = synthetic(200, 9, 5, DType::F32, 3);
+        let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
+        assert_eq!(vb, Vectors::F32(Matrix::new(f32s(&b), 200, 9).unwrap()));
+        assert_eq!(vq, Vectors::F32(Matrix::new(f32s(&q), 5, 9).unwrap()));
+        let (vb, _) = synthetic(200, 9, 5, DType::U8, 3);
+        let u8s: Vec<u8> = b
+            .iter()
+            .map(|&x| ((x + 1.0) * 110.0).round().clamp(0.0, 255.0) as u8)
+            .collect();
+        assert_eq!(vb, Vectors::U8(Matrix::new(u8s, 200, 9).unwrap()));
+    }
+
+    #[test]
+    fn synthetic_sizes_are_checked_before_allocating() {
+        // n × dim wraps in u64/usize: refused as an overflow, not allocated.
+        assert_eq!(synthetic_bytes(1 << 62, 8, 200, DType::F32), None);
+        let e = try_synthetic(1 << 62, 8, 200, DType::F32, 1).unwrap_err();
+        assert!(
+            matches!(e, DataError::SyntheticTooLarge { bytes: None, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("overflows"), "{e}");
+        // Representable but beyond any machine here.
+        let e = try_synthetic(1_000_000_000_000, 128, 200, DType::F32, 1).unwrap_err();
+        let DataError::SyntheticTooLarge {
+            bytes: Some(b),
+            limit,
+            ..
+        } = e
+        else {
+            panic!("{e}")
+        };
+        assert_eq!(b, (1_000_000_000_200u64 * 128 * 4) + 256 * 128 * 8);
+        assert!(b > limit.bytes);
+        assert!(e.to_string().contains("n = 1000000000000"), "{e}");
+        // The centres count too (dim huge, n tiny).
+        assert_eq!(synthetic_bytes(1, 10, 1, DType::U8), Some(20 + 80));
+        let limit = memory_limit();
+        assert!(limit.bytes > 0 && !limit.source.is_empty());
+    }
+
+    fn fvecs_header(dim: i32, extra: usize) -> Vec<u8> {
+        let mut v = dim.to_le_bytes().to_vec();
+        v.extend(std::iter::repeat_n(0u8, extra));
+        v
+    }
+
+    #[test]
+    fn vecs_headers_are_checked_against_the_file_length() {
+        let p = Path::new("big.fvecs");
+        // 12 bytes claiming dim 2^31 - 1: refused before any allocation.
+        let e = parse_vecs(p, &fvecs_header(i32::MAX, 8), 4).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DataError::DimExceedsFile {
+                    dim: 2147483647,
+                    record_bytes: 8589934592,
+                    file_bytes: 12,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let s = e.to_string();
+        assert!(
+            s.contains("big.fvecs") && s.contains("2147483647") && s.contains("12 bytes"),
+            "{s}"
+        );
+        // The same through the file reader.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("big.fvecs");
+        fs::write(&f, fvecs_header(i32::MAX, 8)).unwrap();
+        assert!(matches!(
+            read_fvecs(&f),
+            Err(DataError::DimExceedsFile { .. })
+        ));
+        // A first record that fits, a later one that does not: truncated.
+        let mut two = fvecs_header(2, 8);
+        two.extend(fvecs_header(2, 4));
+        assert!(matches!(
+            parse_vecs(p, &two, 4),
+            Err(DataError::Truncated {
+                record: 1,
+                needed: 12,
+                available: 8,
+                ..
+            })
+        ));
+        two.extend([0u8; 4]);
+        assert_eq!(parse_vecs(p, &two, 4).unwrap(), (2, 2));
+        // .bvecs records of one byte per element.
+        assert_eq!(parse_vecs(p, &fvecs_header(3, 3), 1).unwrap(), (3, 1));
+    }
+
+    fn npy_file(dir: &Path, name: &str, descr: &str, shape: &str, data: &[u8]) -> PathBuf {
+        let p = dir.join(name);
+        let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        h.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        out.extend_from_slice(h.as_bytes());
+        out.extend_from_slice(data);
+        fs::write(&p, out).unwrap();
+        p
+    }
+
+    #[test]
+    fn npy_shapes_that_overflow_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = npy_file(
+            dir.path(),
+            "huge.npy",
+            "<f4",
+            "(4611686018427387904, 8)",
+            &[0; 8],
+        );
+        let e = read_npy(&p).unwrap_err();
+        assert!(matches!(e, DataError::ShapeOverflow { .. }), "{e}");
+        let s = e.to_string();
+        assert!(
+            s.contains("huge.npy") && s.contains("[4611686018427387904, 8]"),
+            "{s}"
+        );
+        assert!(!s.contains("18446744073709551615"), "{s}");
+        let p = npy_file(dir.path(), "gt.npy", "<i8", "(3, 6148914691236517206)", &[]);
+        assert!(matches!(
+            read_ground_truth(&p),
+            Err(DataError::ShapeOverflow { .. })
+        ));
+        // Zero columns: rows of nothing, refused by the check for any k.
+        let p = npy_file(dir.path(), "gt0.npy", "<i4", "(2, 0)", &[]);
+        let t = read_ground_truth(&p).unwrap();
+        assert_eq!(t, vec![Vec::<i64>::new(); 2]);
+        assert!(matches!(
+            check_ground_truth(&p, &t, 2, 10, 1),
+            Err(DataError::TruthColumns {
+                columns: 0,
+                k: 1,
+                ..
+            })
+        ));
+        // Still decodes what it should.
+        let data: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let p = npy_file(dir.path(), "ok.npy", "<f4", "(1, 2)", &data);
+        assert_eq!(
+            read_npy(&p).unwrap(),
+            Vectors::F32(Matrix::new(vec![1.5, -2.0], 1, 2).unwrap())
+        );
+    }
+
+    #[test]
+    fn ground_truth_is_checked_against_the_search() {
+        let p = Path::new("gt.ivecs");
+        let gt = vec![vec![0i64, 1, 2], vec![3, 4, 5]];
+        check_ground_truth(p, &gt, 2, 6, 3).unwrap();
+        check_ground_truth(p, &gt, 2, 6, 2).unwrap();
+        // More rows than queries (used to panic in recall_at_k), and fewer.
+        for queries in [1, 3] {
+            let e = check_ground_truth(p, &gt, queries, 6, 3).unwrap_err();
+            assert!(
+                matches!(e, DataError::TruthRows { rows: 2, queries: q, .. } if q == queries),
+                "{e}"
+            );
+            let s = e.to_string();
+            assert!(
+                s.contains("gt.ivecs")
+                    && s.contains("2 rows")
+                    && s.contains(&format!("{queries} queries")),
+                "{s}"
+            );
+        }
+        // Fewer columns than k.
+        let e = check_ground_truth(p, &gt, 2, 6, 4).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DataError::TruthColumns {
+                    row: 0,
+                    columns: 3,
+                    k: 4,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("gt.ivecs"));
+        // Ids outside the base, -1 included, within the first k columns.
+        let bad = vec![vec![0i64, 1, 2], vec![3, 6, 5]];
+        let e = check_ground_truth(p, &bad, 2, 6, 3).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DataError::TruthId {
+                    row: 1,
+                    column: 1,
+                    id: 6,
+                    n: 6,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let s = e.to_string();
+        assert!(
+            s.contains("gt.ivecs") && s.contains("row 1") && s.contains("id 6"),
+            "{s}"
+        );
+        let pad = vec![vec![0i64, -1, 2], vec![3, 4, 5]];
+        assert!(matches!(
+            check_ground_truth(p, &pad, 2, 6, 3),
+            Err(DataError::TruthId { row: 0, id: -1, .. })
+        ));
+        // Past column k nothing is compared, so nothing is checked.
+        check_ground_truth(p, &bad, 2, 6, 1).unwrap();
     }
 
     #[test]

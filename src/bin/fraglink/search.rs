@@ -10,10 +10,14 @@ use std::time::{Duration, Instant};
 
 use fraglink::build::Arch;
 use fraglink::link::LinkRuntime;
-use fraglink::search::data::{read_dataset, read_ground_truth, recall_at_k, synthetic};
+use fraglink::search::cpu::init_cpu_threads;
+use fraglink::search::data::{
+    check_ground_truth, memory_limit, read_dataset, read_ground_truth, recall_at_k,
+    synthetic_bytes, try_synthetic, DataError, MemoryLimit,
+};
 use fraglink::search::plan::plan;
 use fraglink::search::route::{Device, Searcher};
-use fraglink::search::{search_reference, Bitset, DType, Filter, Metric, SearchParams};
+use fraglink::search::{search_reference, Bitset, DType, Filter, Metric, SearchParams, Vectors};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
@@ -91,28 +95,127 @@ fn spinner(msg: &str, quiet: bool) -> ProgressBar {
     pb
 }
 
+/// Bytes of one result set (ids i64 + distances f32) of `nq` queries × `k`.
+const RESULT_BYTES_PER_SLOT: u64 = 12;
+
+/// `what` needs `bytes` beside `held` bytes already counted: an error naming
+/// `what` when the sum overflows or exceeds the memory limit.
+fn fits(what: &str, bytes: Option<u64>, held: u64, limit: MemoryLimit) -> Result<u64, String> {
+    match bytes.and_then(|b| b.checked_add(held)) {
+        Some(total) if total <= limit.bytes => Ok(total),
+        Some(total) => Err(format!(
+            "{what}: needs {total} bytes in memory, more than the {limit} this process may use"
+        )),
+        None => Err(format!("{what}: the size overflows 64 bits")),
+    }
+}
+
+/// The synthetic data set, its sizes checked (option by option) before anything
+/// is allocated.
+fn synthetic_data(a: &SearchArgs, limit: MemoryLimit) -> Result<(Vectors, Vectors, u64), String> {
+    if a.n == 0 || a.dim == 0 {
+        return Err("--n and --dim must be at least 1".into());
+    }
+    if a.nq == 0 {
+        return Err("--nq 0: there must be at least one query".into());
+    }
+    check_k(a, a.n, "--n")?;
+    let what = format!(
+        "--n {} --dim {} --nq {} (synthetic {} data)",
+        a.n, a.dim, a.nq, a.dtype
+    );
+    let bytes = fits(&what, synthetic_bytes(a.n, a.dim, a.nq, a.dtype), 0, limit)?;
+    let (b, q) = try_synthetic(a.n, a.dim, a.nq, a.dtype, a.seed).map_err(|e| e.to_string())?;
+    Ok((b, q, bytes))
+}
+
+/// k ≤ n: asking for more neighbours than the base has rows is an error.
+fn check_k(a: &SearchArgs, n: usize, base: &str) -> Result<(), String> {
+    if a.k > n {
+        return Err(format!(
+            "--k {} exceeds the number of base rows, {n} ({base}): k must be at most n",
+            a.k
+        ));
+    }
+    Ok(())
+}
+
 pub fn run(a: &SearchArgs) -> ExitCode {
     let quiet = a.json;
+    let limit = memory_limit();
     // Data.
     let pb = spinner("loading data", quiet);
-    let (base, queries) = match (&a.base, &a.queries) {
+    let (base, queries, data_bytes) = match (&a.base, &a.queries) {
         (Some(b), Some(q)) => match read_dataset(b, q) {
+            Ok((base, queries)) => {
+                for (v, path) in [(&base, b), (&queries, q)] {
+                    if v.rows() == 0 {
+                        return fail(DataError::Empty { path: path.clone() });
+                    }
+                    if v.dim() == 0 {
+                        return fail(format!("{}: vectors of dimension 0", path.display()));
+                    }
+                }
+                if let Err(e) = check_k(a, base.rows(), &format!("--base {}", b.display())) {
+                    return fail(e);
+                }
+                // Held already, so no overflow; saturating all the same.
+                let bytes = (base.rows() as u64)
+                    .saturating_add(queries.rows() as u64)
+                    .saturating_mul(base.dim() as u64)
+                    .saturating_mul(base.dtype().size() as u64);
+                (base, queries, bytes)
+            }
+            Err(e) => return fail(e),
+        },
+        _ => match synthetic_data(a, limit) {
             Ok(v) => v,
             Err(e) => return fail(e),
         },
-        _ => {
-            if a.n == 0 || a.dim == 0 {
-                return fail("--n and --dim must be at least 1");
-            }
-            synthetic(a.n, a.dim, a.nq, a.dtype, a.seed)
-        }
     };
     pb.finish_and_clear();
+    // Two result sets (the search's and the exact ground truth's), checked
+    // before either is allocated.
+    let results = (queries.rows() as u64)
+        .checked_mul(a.k as u64)
+        .and_then(|s| s.checked_mul(2 * RESULT_BYTES_PER_SLOT));
+    let what = format!(
+        "--k {} for {} queries (the results and the exact ground truth)",
+        a.k,
+        queries.rows()
+    );
+    if let Err(e) = fits(&what, results, data_bytes, limit) {
+        return fail(e);
+    }
+    // Ground truth from a file: read and checked against this search (rows,
+    // columns, ids) before it runs.
+    let truth_started = Instant::now();
+    let file_truth = match &a.groundtruth {
+        Some(path) => match read_ground_truth(path).and_then(|t| {
+            check_ground_truth(path, &t, queries.rows(), base.rows(), a.k).map(|()| t)
+        }) {
+            Ok(t) => Some(t),
+            Err(e) => return fail(e),
+        },
+        None => None,
+    };
+    let file_truth_s = truth_started.elapsed().as_secs_f64();
     let filter = match parse_filter(&a.filter, base.rows(), a.seed) {
         Ok(f) => f,
         Err(e) => return fail(e),
     };
     let params = SearchParams::new(a.k, a.metric).with_filter(filter);
+
+    // The CPU path's threads (RAYON_NUM_THREADS, clamped), before anything
+    // starts rayon's pool (the router's cost model is the first).
+    match init_cpu_threads() {
+        Ok(t) => {
+            if let Some(w) = t.warning {
+                eprintln!("warning: {w}");
+            }
+        }
+        Err(e) => return fail(e),
+    }
 
     // The router (probes the GPU; --device gpu without one is an error).
     let searcher = match Searcher::new(a.device) {
@@ -172,25 +275,14 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     // Recall against exact ground truth.
     let pb = spinner("exact ground truth", quiet);
     let truth_started = Instant::now();
-    let recall = match &a.groundtruth {
-        Some(path) => match read_ground_truth(path) {
-            Ok(t) if t.len() < queries.rows() => {
-                return fail(format!(
-                    "{}: {} ground-truth rows for {} queries",
-                    path.display(),
-                    t.len(),
-                    queries.rows()
-                ))
-            }
-            Ok(t) => recall_at_k(&routed.neighbors, &t, a.k),
-            Err(e) => return fail(e),
-        },
+    let recall = match &file_truth {
+        Some(t) => recall_at_k(&routed.neighbors, t, a.k),
         None => match search_reference(&base, &queries, &params) {
             Ok(t) => recall_at_k(&routed.neighbors, &t, a.k),
             Err(e) => return fail(e),
         },
     };
-    let truth_s = truth_started.elapsed().as_secs_f64();
+    let truth_s = truth_started.elapsed().as_secs_f64() + file_truth_s;
     pb.finish_and_clear();
 
     let route = routed.target.to_string();
