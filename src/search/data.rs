@@ -550,7 +550,11 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
 /// Reads an `.fvecs` file as f32 vectors.
 pub fn read_fvecs(path: impl AsRef<Path>) -> Result<Vectors, DataError> {
     let path = path.as_ref();
-    let m = decode_vecs(path, &read_bytes(path)?, 4, |c| {
+    fvecs_from_bytes(path, &read_bytes(path)?)
+}
+
+fn fvecs_from_bytes(path: &Path, bytes: &[u8]) -> Result<Vectors, DataError> {
+    let m = decode_vecs(path, bytes, 4, |c| {
         f32::from_le_bytes(c.try_into().unwrap())
     })?;
     Ok(Vectors::F32(m))
@@ -559,20 +563,39 @@ pub fn read_fvecs(path: impl AsRef<Path>) -> Result<Vectors, DataError> {
 /// Reads a `.bvecs` file as u8 vectors.
 pub fn read_bvecs(path: impl AsRef<Path>) -> Result<Vectors, DataError> {
     let path = path.as_ref();
-    Ok(Vectors::U8(decode_vecs(
-        path,
-        &read_bytes(path)?,
-        1,
-        |c| c[0],
-    )?))
+    bvecs_from_bytes(path, &read_bytes(path)?)
+}
+
+fn bvecs_from_bytes(path: &Path, bytes: &[u8]) -> Result<Vectors, DataError> {
+    Ok(Vectors::U8(decode_vecs(path, bytes, 1, |c| c[0])?))
 }
 
 /// Reads an `.ivecs` file (usually ground truth: one row of neighbour ids per query).
 pub fn read_ivecs(path: impl AsRef<Path>) -> Result<Matrix<i32>, DataError> {
     let path = path.as_ref();
-    decode_vecs(path, &read_bytes(path)?, 4, |c| {
+    ivecs_from_bytes(path, &read_bytes(path)?)
+}
+
+/// Decodes `.ivecs` bytes (`path` names them in errors), as [`read_ivecs`]
+/// does after reading the file; the fuzz targets drive it directly.
+pub fn ivecs_from_bytes(path: &Path, bytes: &[u8]) -> Result<Matrix<i32>, DataError> {
+    decode_vecs(path, bytes, 4, |c| {
         i32::from_le_bytes(c.try_into().unwrap())
     })
+}
+
+/// Decodes vector-file bytes in the format `path`'s extension names
+/// (`.fvecs`, `.bvecs`, `.npy`), as [`read_vectors`] does after reading the
+/// file; the fuzz targets drive it directly.
+pub fn vectors_from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Vectors, DataError> {
+    match extension(path).as_str() {
+        "fvecs" => fvecs_from_bytes(path, &bytes),
+        "bvecs" => bvecs_from_bytes(path, &bytes),
+        "npy" => npy_from_bytes(path, bytes),
+        _ => Err(DataError::UnknownFormat {
+            path: path.to_path_buf(),
+        }),
+    }
 }
 
 fn write_vecs(
@@ -785,7 +808,11 @@ const NPY_TRUTH_DTYPES: &str = "<i4, <i8";
 /// Reads a `.npy` file of vectors (`<f4`, `<f2`, `|i1`, `|u1`; 2-D, C order).
 pub fn read_npy(path: impl AsRef<Path>) -> Result<Vectors, DataError> {
     let path = path.as_ref();
-    let npy = parse_npy(path, read_bytes(path)?)?;
+    npy_from_bytes(path, read_bytes(path)?)
+}
+
+fn npy_from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Vectors, DataError> {
+    let npy = parse_npy(path, bytes)?;
     let unsupported = || DataError::UnsupportedDType {
         path: path.to_path_buf(),
         descr: npy.descr.clone(),
