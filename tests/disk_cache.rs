@@ -6,6 +6,7 @@
 #![cfg(unix)]
 
 use std::fs::{self, File};
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -841,4 +842,486 @@ fn processes_race_on_one_key() {
 fn disk_cache_is_send_sync() {
     fn check<T: Send + Sync>() {}
     check::<DiskCache>();
+}
+
+// ------------------------------------------- issue 12: entries checked one by one
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn cpath(p: &Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+/// Runs `f` on another thread and fails the test if it does not finish in
+/// 30 s (instead of hanging the test binary).
+fn within_30s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("{what}: still blocked after 30 s"))
+}
+
+/// After a rejection the cache heals: a fresh put is served.
+fn heals(cache: &DiskCache) {
+    cache.put(KEY, b"fresh").unwrap();
+    assert_eq!(cache.get(KEY), DiskLookup::Hit(b"fresh".to_vec()));
+}
+
+#[test]
+fn a_fifo_entry_is_rejected_without_blocking() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = std::sync::Arc::new(open(tmp.path()));
+    let path = cache.entry_path(KEY);
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(cpath(&path).as_ptr(), 0o600) }, 0);
+    let c = cache.clone();
+    let lookup = within_30s("get on a FIFO", move || c.get(KEY));
+    assert_eq!(
+        lookup,
+        DiskLookup::Rejected {
+            reason: RejectReason::NotARegularFile { kind: "FIFO" }
+        }
+    );
+    assert!(fs::symlink_metadata(&path).is_err(), "the FIFO is removed");
+    assert_eq!(cache.stats().rejected, 1);
+    assert_eq!(cache.stats().hits, 0);
+    heals(&cache);
+}
+
+#[test]
+fn symlinked_entries_are_never_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = std::sync::Arc::new(open(&tmp.path().join("cache")));
+    let path = cache.entry_path(KEY);
+    // To /dev/zero: read until allocation failed before issue 12.
+    std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+    let c = cache.clone();
+    assert_eq!(
+        within_30s("get on a symlink to /dev/zero", move || c.get(KEY)),
+        DiskLookup::Rejected {
+            reason: RejectReason::Symlink
+        }
+    );
+    assert!(fs::symlink_metadata(&path).is_err(), "the link is removed");
+    // To a perfectly valid entry elsewhere: still not followed.
+    let elsewhere = tmp.path().join("valid-entry");
+    fs::write(&elsewhere, encode_entry(KEY, b"planted")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+    assert_eq!(
+        cache.get(KEY),
+        DiskLookup::Rejected {
+            reason: RejectReason::Symlink
+        }
+    );
+    assert_eq!(
+        fs::read(&elsewhere).unwrap(),
+        encode_entry(KEY, b"planted"),
+        "the target is left alone"
+    );
+    assert_eq!(cache.stats().rejected, 2);
+    heals(&cache);
+}
+
+#[test]
+fn a_device_entry_is_never_opened() {
+    if !is_root() {
+        println!("note: not root; skipping (creating a device node needs CAP_MKNOD)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = std::sync::Arc::new(open(tmp.path()));
+    let path = cache.entry_path(KEY);
+    // A character device 1:5, i.e. another /dev/zero.
+    // SAFETY: a valid NUL-terminated path.
+    let r = unsafe {
+        libc::mknod(
+            cpath(&path).as_ptr(),
+            libc::S_IFCHR | 0o600,
+            libc::makedev(1, 5),
+        )
+    };
+    if r != 0 {
+        println!(
+            "note: mknod failed ({}); skipping (no CAP_MKNOD in this container)",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    let c = cache.clone();
+    assert_eq!(
+        within_30s("get on a device", move || c.get(KEY)),
+        DiskLookup::Rejected {
+            reason: RejectReason::NotARegularFile {
+                kind: "character device"
+            }
+        }
+    );
+    heals(&cache);
+}
+
+#[test]
+fn an_oversized_entry_is_rejected_unread() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = open(tmp.path());
+    let path = cache.entry_path(KEY);
+    // A valid header, then a sparse tail past the cap: nothing is read.
+    let f = File::create(&path).unwrap();
+    (&f).write_all(&encode_entry(KEY, b"x")).unwrap();
+    f.set_len(MAX_ENTRY_BYTES + 1).unwrap();
+    drop(f);
+    assert_eq!(
+        cache.get(KEY),
+        DiskLookup::Rejected {
+            reason: RejectReason::TooLarge {
+                size: MAX_ENTRY_BYTES + 1,
+                max: MAX_ENTRY_BYTES
+            }
+        }
+    );
+    assert!(!path.exists());
+    // Nothing that large is written either, whatever the cap.
+    let big = DiskCache::open(DiskCacheConfig {
+        dir: tmp.path().to_path_buf(),
+        max_bytes: u64::MAX,
+        enabled: true,
+    })
+    .unwrap();
+    let e = big
+        .put(KEY, &vec![0u8; MAX_ENTRY_BYTES as usize])
+        .unwrap_err();
+    assert!(
+        matches!(e, DiskCacheError::EntryTooLarge { max_bytes, .. } if max_bytes == MAX_ENTRY_BYTES),
+        "{e}"
+    );
+    heals(&cache);
+}
+
+#[test]
+fn entries_writable_by_others_are_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = open(tmp.path());
+    for m in [0o620, 0o602, 0o666] {
+        cache.put(KEY, b"good bytes").unwrap();
+        set_mode(&cache.entry_path(KEY), m);
+        assert_eq!(
+            cache.get(KEY),
+            DiskLookup::Rejected {
+                reason: RejectReason::WritableByOthers { mode: m }
+            },
+            "mode {m:o}"
+        );
+        assert!(!cache.entry_path(KEY).exists());
+    }
+    assert_eq!(cache.stats().rejected, 3);
+    heals(&cache);
+}
+
+#[test]
+fn entries_of_another_owner_are_rejected() {
+    if !is_root() {
+        println!("note: not root; skipping (giving a file away needs chown)");
+        return;
+    }
+    // Root's permission bypass does not extend to the ownership check.
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = open(tmp.path());
+    cache.put(KEY, b"good bytes").unwrap();
+    let path = cache.entry_path(KEY);
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::chown(cpath(&path).as_ptr(), 1, 1) }, 0);
+    assert_eq!(
+        cache.get(KEY),
+        DiskLookup::Rejected {
+            reason: RejectReason::ForeignOwner { owner: 1, uid: 0 }
+        }
+    );
+    heals(&cache);
+}
+
+#[test]
+fn a_directory_made_unsafe_at_run_time_is_not_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let cache = open(&dir);
+    cache.put(KEY, b"good").unwrap();
+    // Opened while 0700; then someone makes it 0777 and forges an entry.
+    set_mode(&dir, 0o777);
+    fs::write(cache.entry_path(KEY), encode_entry(KEY, b"forged")).unwrap();
+    match cache.get(KEY) {
+        DiskLookup::Rejected {
+            reason:
+                RejectReason::UnsafeDirectory(DiskCacheWarning::InsecurePermissions { mode, .. }),
+        } => assert_eq!(mode, 0o777),
+        other => panic!("expected a rejection, got {:?}", short(&other)),
+    }
+    // Nothing is written, cleared or counted there either.
+    assert!(matches!(
+        cache.put("other", b"x"),
+        Err(DiskCacheError::UnsafeDirectory(_))
+    ));
+    assert!(!cache.entry_path("other").exists());
+    assert!(matches!(
+        cache.clear(),
+        Err(DiskCacheError::UnsafeDirectory(_))
+    ));
+    let e = cache.try_stats().unwrap_err();
+    assert!(e.to_string().contains("0777"), "{e}");
+    assert_eq!(
+        fs::read(cache.entry_path(KEY)).unwrap(),
+        encode_entry(KEY, b"forged"),
+        "an unsafe directory is not touched"
+    );
+    // Back to 0700: the owner's own directory is trusted again.
+    set_mode(&dir, 0o700);
+    assert_eq!(cache.get(KEY), DiskLookup::Hit(b"forged".to_vec()));
+    if is_root() {
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::chown(cpath(&dir).as_ptr(), 1, 1) }, 0);
+        assert!(matches!(
+            cache.get(KEY),
+            DiskLookup::Rejected {
+                reason: RejectReason::UnsafeDirectory(DiskCacheWarning::NotOwned { owner: 1, .. })
+            }
+        ));
+    } else {
+        println!("note: not root; skipping the run-time owner change (needs chown)");
+    }
+}
+
+#[test]
+fn temp_files_count_against_the_cap_and_stale_ones_go() {
+    let tmp = tempfile::tempdir().unwrap();
+    let entry = encoded_len(&key(0), 1000);
+    let cache = DiskCache::open(DiskCacheConfig {
+        dir: tmp.path().to_path_buf(),
+        max_bytes: 4 * entry,
+        enabled: true,
+    })
+    .unwrap();
+    let now = SystemTime::now();
+    for i in 0..3 {
+        cache.put(&key(i), &payload(1000, i as u8)).unwrap();
+        set_mtime(
+            &cache.entry_path(&key(i)),
+            now - Duration::from_secs(1000 - 100 * i as u64),
+        );
+    }
+    // A writer in flight holds two entries' worth; a crashed one left a
+    // large, old temporary file.
+    let fresh = tmp.path().join(".tmp-0123456789abcdef-7-0-000000000");
+    let stale = tmp.path().join(".tmp-0123456789abcdef-8-0-000000000");
+    fs::write(&fresh, vec![0u8; 2 * entry as usize]).unwrap();
+    fs::write(&stale, vec![0u8; 10 * entry as usize]).unwrap();
+    set_mtime(&stale, now - STALE_TEMP_AGE - Duration::from_secs(60));
+    let s = cache.stats();
+    assert!(!stale.exists(), "a scan removes stale temporaries");
+    assert_eq!((s.temp_files, s.temp_bytes), (1, 2 * entry));
+    assert_eq!(s.stale_temps_removed, 1);
+    // 4 entries + 2 in flight > 4: the two oldest entries go.
+    cache.put(&key(3), &payload(1000, 3)).unwrap();
+    assert_eq!(cache.stats().evictions, 2);
+    assert_eq!(cache.get(&key(0)), DiskLookup::Miss);
+    assert_eq!(cache.get(&key(1)), DiskLookup::Miss);
+    assert!(matches!(cache.get(&key(2)), DiskLookup::Hit(_)));
+    assert!(matches!(cache.get(&key(3)), DiskLookup::Hit(_)));
+    assert!(fresh.exists(), "a writer's temporary file is never removed");
+    let s = cache.stats();
+    assert!(s.bytes + s.temp_bytes <= cache.max_bytes(), "{s:?}");
+}
+
+#[test]
+fn stats_report_a_directory_that_cannot_be_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let cache = open(&dir);
+    cache.put(KEY, b"x").unwrap();
+    assert_eq!(cache.try_stats().unwrap().entries, 1);
+    if is_root() {
+        println!("note: root reads a mode-0300 directory anyway; testing a removed one only");
+    } else {
+        // Search permission only: lookups still work, listing does not.
+        set_mode(&dir, 0o300);
+        let e = cache.try_stats().unwrap_err();
+        assert!(e.to_string().contains("read directory"), "{e}");
+        assert_eq!(cache.get(KEY), DiskLookup::Hit(b"x".to_vec()));
+        set_mode(&dir, 0o700);
+    }
+    fs::remove_dir_all(&dir).unwrap();
+    let e = cache.try_stats().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            DiskCacheError::Io {
+                op: "open directory",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // `stats` keeps the counters for callers that only want those.
+    assert_eq!(cache.stats().writes, 1);
+    assert_eq!(cache.stats().entries, 0);
+}
+
+// ------------------------------------- issue 12: forged entries with valid checksums
+
+mod forged {
+    use super::*;
+    use fraglink::build::Arch;
+    use fraglink::fragments::{
+        FilterFragment, MetricFragment, NoneFilter, ScanFragment, F32, L2, U32,
+    };
+    use fraglink::link::metadata::check_cubin;
+    use fraglink::link::{DiskPayload, LinkRuntime, Linked, Planner, RuntimeConfig, Source};
+
+    fn runtime(dir: &Path) -> LinkRuntime {
+        LinkRuntime::new(RuntimeConfig {
+            memory_capacity: 16,
+            disk: Some(DiskCacheConfig::new(dir)),
+        })
+        .expect("nvJitLink loads from the path baked at build time")
+    }
+
+    fn plan() -> Planner {
+        Planner::new("scan_f32_u32_v4_k128")
+            .add::<ScanFragment<F32, U32, 4, 128>>()
+            .add::<MetricFragment<L2, F32>>()
+            .add::<FilterFragment<NoneFilter, U32>>()
+    }
+
+    /// The verified payload stored for `l`.
+    fn stored(dir: &Path, l: &Linked) -> Vec<u8> {
+        let hex = l.key.hex();
+        let bytes = fs::read(dir.join(DiskCache::file_name(&hex))).unwrap();
+        decode_entry(&hex, &bytes).unwrap().to_vec()
+    }
+
+    /// Writes `payload` as a valid (checksummed) entry for `l`'s key.
+    fn forge(dir: &Path, l: &Linked, payload: &[u8]) {
+        let hex = l.key.hex();
+        fs::write(
+            dir.join(DiskCache::file_name(&hex)),
+            encode_entry(&hex, payload),
+        )
+        .unwrap();
+    }
+
+    /// A fresh runtime (a new process) must refuse the forged entry, link
+    /// afresh, count the refusal, and store a good entry for the next one.
+    fn refused(dir: &Path, arch: Arch, real: &Linked) {
+        let rt = runtime(dir);
+        let l = rt.link(&plan(), arch).unwrap();
+        assert_eq!(l.source, Source::Linked, "the forged entry was served");
+        assert_eq!(rt.disk().unwrap().stats().rejected, 1);
+        assert_eq!(l.kernel.cubin, real.kernel.cubin);
+        assert_eq!(l.kernel.metadata.registers, real.kernel.metadata.registers);
+        let next = runtime(dir).link(&plan(), arch).unwrap();
+        assert_eq!(next.source, Source::Disk);
+        // The same figures (only the link time of the fresh link differs).
+        let mut expect = real.kernel.metadata.clone();
+        expect.link_ms = l.kernel.metadata.link_ms;
+        assert_eq!(next.kernel.metadata, expect);
+    }
+
+    #[test]
+    fn a_cubin_for_another_sm_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rt = runtime(tmp.path());
+        let sm75 = rt.link(&plan(), Arch::sm(75)).unwrap();
+        let sm90 = rt.link(&plan(), Arch::sm(90)).unwrap();
+        assert_eq!(
+            check_cubin(&sm75.kernel.cubin, "scan_f32_u32_v4_k128")
+                .unwrap()
+                .sm,
+            Some(75)
+        );
+        // sm_75's payload, checksummed under sm_90's key.
+        forge(tmp.path(), &sm90, &stored(tmp.path(), &sm75));
+        refused(tmp.path(), Arch::sm(90), &sm90);
+    }
+
+    #[test]
+    fn a_cubin_without_the_entry_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rt = runtime(tmp.path());
+        let real = rt.link(&plan(), Arch::sm(80)).unwrap();
+        let other = Planner::new("scan_f32_u32_v4_k32")
+            .add_named("scan_f32_u32_v4_k32")
+            .unwrap()
+            .add_named("metric_l2_f32")
+            .unwrap()
+            .add_named("filter_none_u32")
+            .unwrap();
+        let other = rt.link(&other, Arch::sm(80)).unwrap();
+        forge(tmp.path(), &real, &stored(tmp.path(), &other));
+        refused(tmp.path(), Arch::sm(80), &real);
+    }
+
+    fn fake_log(entry: &str, arch: &str, registers: u32, stack: u32, spills: u32) -> String {
+        format!(
+            "ptxas info    : 0 bytes gmem\n\
+             ptxas info    : Compiling entry function '{entry}' for '{arch}'\n\
+             ptxas info    : Function properties for {entry}\n\
+             ptxas         .     {stack} bytes stack frame, {spills} bytes spill stores, {spills} bytes spill loads\n\
+             ptxas info    : Used {registers} registers, used 1 barriers, 380 bytes cmem[0]\n"
+        )
+    }
+
+    #[test]
+    fn resource_figures_are_rederived_not_believed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let arch = Arch::sm(80);
+        let real = runtime(tmp.path()).link(&plan(), arch).unwrap();
+        let m = &real.kernel.metadata;
+        let entry = "scan_f32_u32_v4_k128";
+        let payload = stored(tmp.path(), &real);
+        let good = DiskPayload::decode(&payload).unwrap();
+
+        // Registers 9999 and spills 12345: the cubin says otherwise.
+        let log = fake_log(entry, "sm_80", 9999, m.stack_bytes, 12345);
+        let lie = DiskPayload {
+            info_log: &log,
+            ..good
+        };
+        forge(tmp.path(), &real, &lie.encode());
+        refused(tmp.path(), arch, &real);
+
+        // The right registers and frame, but spills without a stack frame.
+        assert_eq!(m.stack_bytes, 0, "{m:?}");
+        let log = fake_log(entry, "sm_80", m.registers, 0, 12345);
+        let lie = DiskPayload {
+            info_log: &log,
+            ..good
+        };
+        forge(tmp.path(), &real, &lie.encode());
+        refused(tmp.path(), arch, &real);
+
+        // A log for another arch.
+        let log = fake_log(entry, "sm_90", m.registers, 0, 0);
+        let lie = DiskPayload {
+            info_log: &log,
+            ..good
+        };
+        forge(tmp.path(), &real, &lie.encode());
+        refused(tmp.path(), arch, &real);
+
+        // No log at all: the figures come from the cubin.
+        let bare = DiskPayload {
+            info_log: "",
+            ..good
+        };
+        forge(tmp.path(), &real, &bare.encode());
+        let l = runtime(tmp.path()).link(&plan(), arch).unwrap();
+        assert_eq!(l.source, Source::Disk);
+        assert_eq!(
+            (l.kernel.metadata.registers, l.kernel.metadata.stack_bytes),
+            (m.registers, m.stack_bytes)
+        );
+        assert_eq!(l.kernel.metadata.shared_bytes, m.shared_bytes);
+    }
 }

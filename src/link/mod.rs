@@ -30,7 +30,7 @@ pub use key::LinkKey;
 pub use linker::{LinkOptions, Linker};
 pub use metadata::KernelMetadata;
 pub use planner::Planner;
-pub use runtime::{LinkRuntime, Linked, LinkedKernel, RuntimeConfig};
+pub use runtime::{DiskPayload, LinkRuntime, Linked, LinkedKernel, RuntimeConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -61,6 +61,15 @@ pub enum LinkError {
     NoDevice { reason: String },
     #[error("disk cache: {0}")]
     Disk(#[from] disk::DiskCacheError),
+    /// An environment variable the link runtime consulted has a value it
+    /// cannot use (the disk cache's own variables give
+    /// [`Disk`](Self::Disk)([`InvalidEnv`](disk::DiskCacheError::InvalidEnv))).
+    #[error("invalid value {value:?} for {var}: {reason}")]
+    InvalidEnv {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
     #[error(transparent)]
     Shared(Arc<LinkError>),
 }

@@ -1,20 +1,52 @@
 //! The process-wide link machinery: nvJitLink, NVRTC for run-time sources,
 //! the memory cache and the disk cache.
+//!
+//! # What a disk hit is trusted with
+//!
+//! The disk cache's own checks (format, key, checksum, and the file and
+//! directory checks of its trust model, see [`super::disk`]) say the entry
+//! is intact and was written by this user. On top of that, a hit is used
+//! only if it is consistent with the request, and nothing it reports is taken
+//! on faith ([`DiskPayload`] carries no resource figures at all):
+//!
+//! * the cubin passes [`metadata::check_cubin`] for the requested entry
+//!   symbol and is at most [`MAX_ENTRY_BYTES`] long;
+//! * its SM (`e_flags`, [`metadata::sm_from_e_flags`]) is the key's arch: an
+//!   sm_75 cubin stored under an sm_90 key is refused;
+//! * registers, stack frame and static shared memory are read from the cubin
+//!   ([`metadata::cubin_resources`]); the stored nvJitLink info log is parsed
+//!   again and used only if its figures for the entry (and its arch) agree
+//!   with the cubin's, and it claims no spills without a stack frame; spill
+//!   byte counts and barriers, which only the log records, are reported from
+//!   it then. Without ptxas output in the log, the figures are the cubin's
+//!   (as for a fresh link served from the driver's compute cache);
+//! * entry, arch and fragment names come from the request.
+//!
+//! A refused hit is counted ([`DiskCache::reject`], `rejected` in the disk
+//! stats), removed, and replaced by a fresh link.
+//!
+//! # Bounded memory
+//!
+//! Linked kernels: [`RuntimeConfig::memory_capacity`] (LRU). Run-time source
+//! fragments compiled to LTO-IR: [`DEFAULT_SOURCE_ENTRIES`] (LRU,
+//! [`LinkRuntime::set_source_capacity`]); a source is compiled only when a
+//! link actually needs its LTO-IR, never for a memory or disk hit.
 
+use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use dashmap::DashMap;
 use once_cell::sync::OnceCell;
 
 use crate::build::arch::Arch;
 use crate::sys::{InputType, Nvrtc, Output};
 
 use super::cache::{CacheStats, SingleFlightCache, Source, Weighed};
-use super::disk::{DiskCache, DiskCacheConfig, DiskLookup};
+use super::disk::{DiskCache, DiskCacheConfig, DiskCacheError, DiskLookup, MAX_ENTRY_BYTES};
 use super::key::LinkKey;
 use super::linker::{LinkInput, Linker};
 use super::metadata::{self, KernelMetadata};
+use super::planner::Planner;
 use super::LinkError;
 
 /// fraglink's device headers, embedded so that run-time sources can
@@ -58,6 +90,13 @@ pub struct Linked {
     pub elapsed: std::time::Duration,
 }
 
+/// Environment variable: linked kernels kept in memory.
+pub const ENV_MEMORY_ENTRIES: &str = "FRAGLINK_MEMORY_CACHE_ENTRIES";
+/// Linked kernels kept in memory by default.
+pub const DEFAULT_MEMORY_ENTRIES: usize = 256;
+/// Run-time source fragments kept compiled (LTO-IR) in memory by default.
+pub const DEFAULT_SOURCE_ENTRIES: usize = 64;
+
 /// Settings of a [`LinkRuntime`].
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -68,32 +107,70 @@ pub struct RuntimeConfig {
 }
 
 impl RuntimeConfig {
-    /// `FRAGLINK_MEMORY_CACHE_ENTRIES` (default 256) and the disk cache's
-    /// variables (see [`DiskCacheConfig::from_env`]).
+    /// Reads every cache variable now: `FRAGLINK_MEMORY_CACHE_ENTRIES`
+    /// ([`memory_entries`](Self::memory_entries)) and the disk cache's
+    /// (see [`DiskCacheConfig::from_env`]). An invalid value is an error
+    /// naming the variable. [`LinkRuntime::global`] does not use this: it
+    /// reads each variable only when the cache it configures is first used.
     pub fn from_env() -> Result<Self, LinkError> {
-        let memory_capacity = std::env::var("FRAGLINK_MEMORY_CACHE_ENTRIES")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(256);
-        let disk = match DiskCacheConfig::from_env() {
-            Ok(c) => Some(c),
-            // No home directory: link without a disk cache rather than fail.
-            Err(e @ super::disk::DiskCacheError::NoCacheDir) => {
-                eprintln!("fraglink: warning: {e}");
-                None
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let memory_capacity =
+            Self::memory_entries(std::env::var_os(ENV_MEMORY_ENTRIES).as_deref())?;
         Ok(RuntimeConfig {
             memory_capacity,
-            disk,
+            disk: disk_config_from_env()?,
         })
+    }
+
+    /// The value of `FRAGLINK_MEMORY_CACHE_ENTRIES`: unset or empty means
+    /// [`DEFAULT_MEMORY_ENTRIES`]; otherwise a whole number of at least 1
+    /// (surrounding whitespace ignored). Anything else is
+    /// [`LinkError::InvalidEnv`], never a silent default.
+    pub fn memory_entries(value: Option<&OsStr>) -> Result<usize, LinkError> {
+        let Some(v) = value.filter(|v| !v.is_empty()) else {
+            return Ok(DEFAULT_MEMORY_ENTRIES);
+        };
+        let invalid = |reason: &str| LinkError::InvalidEnv {
+            var: ENV_MEMORY_ENTRIES,
+            value: v.to_string_lossy().into_owned(),
+            reason: reason.to_string(),
+        };
+        let text = v.to_str().ok_or_else(|| invalid("not valid UTF-8"))?;
+        match text.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            Ok(_) => Err(invalid("at least 1 entry is needed")),
+            Err(_) => Err(invalid("expected a whole number of entries, such as 256")),
+        }
     }
 }
 
-/// One resolved input.
+/// The disk cache's configuration from the environment; `None` (with a
+/// warning) when no cache directory can be determined.
+fn disk_config_from_env() -> Result<Option<DiskCacheConfig>, LinkError> {
+    match DiskCacheConfig::from_env() {
+        Ok(c) => Ok(Some(c)),
+        // No home directory: link without a disk cache rather than fail.
+        Err(e @ DiskCacheError::NoCacheDir) => {
+            eprintln!("fraglink: warning: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn open_disk(config: Option<DiskCacheConfig>) -> Option<DiskCache> {
+    match DiskCache::open(config?) {
+        Ok(d) => Some(d),
+        // The disk cache only saves time: an unusable directory must not
+        // stop linking.
+        Err(e) => {
+            eprintln!("fraglink: warning: {e}; disk cache disabled");
+            None
+        }
+    }
+}
+
 /// One resolved input, borrowed where possible: a cache hit allocates
-/// nothing for the embedded fragments.
+/// nothing for the embedded fragments and compiles no source.
 struct Input<'a> {
     name: &'a str,
     hash: std::borrow::Cow<'a, str>,
@@ -103,90 +180,268 @@ struct Input<'a> {
 
 enum InputBytes<'a> {
     Embedded(&'a [u8]),
-    Compiled(Arc<Vec<u8>>),
+    /// A run-time source, compiled when a link needs its LTO-IR.
+    Source {
+        text: &'a str,
+        options: Vec<String>,
+    },
 }
 
-impl InputBytes<'_> {
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            InputBytes::Embedded(b) => b,
-            InputBytes::Compiled(b) => b,
-        }
+/// LTO-IR of a run-time source.
+struct CompiledSource(Vec<u8>);
+
+impl Weighed for CompiledSource {
+    fn bytes(&self) -> u64 {
+        self.0.len() as u64
     }
 }
 
 pub struct LinkRuntime {
     linker: Linker,
     memory: SingleFlightCache<LinkKey, LinkedKernel, LinkError>,
-    disk: Option<DiskCache>,
+    /// Set once the memory capacity is settled (explicitly, or from
+    /// `FRAGLINK_MEMORY_CACHE_ENTRIES` on the first link).
+    memory_settled: OnceCell<()>,
+    /// Set once the disk cache is resolved (explicitly, or from the
+    /// environment when first needed).
+    disk: OnceCell<Option<DiskCache>>,
     nvrtc: OnceCell<Nvrtc>,
-    /// Run-time sources compiled to LTO-IR, by content hash.
-    sources: DashMap<String, Arc<Vec<u8>>>,
+    /// Run-time sources compiled to LTO-IR, by content hash; bounded (LRU).
+    sources: SingleFlightCache<String, CompiledSource, LinkError>,
 }
 
 static GLOBAL: OnceCell<LinkRuntime> = OnceCell::new();
+static MEMORY_ONLY: OnceCell<LinkRuntime> = OnceCell::new();
 
-/// The format of a disk-cache payload: a JSON description, then the cubin.
-fn encode(kernel: &LinkedKernel) -> Vec<u8> {
-    let json = serde_json::to_vec(kernel).unwrap_or_default();
-    let mut out = Vec::with_capacity(4 + json.len() + kernel.cubin.len());
-    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    out.extend_from_slice(&json);
-    out.extend_from_slice(&kernel.cubin);
-    out
+/// The disk-cache payload of a linked kernel (inside the disk cache's
+/// checksummed entry, format version 2). All integers little-endian:
+///
+/// | offset  | size | field                                   |
+/// |---------|------|-----------------------------------------|
+/// | 0       | 8    | link time in ms, `f64`                  |
+/// | 8       | 4    | info log length `u32` (= L)             |
+/// | 12      | L    | nvJitLink's `-verbose` info log, UTF-8  |
+/// | 12 + L  | rest | the cubin                               |
+///
+/// Nothing else is stored: entry, arch and fragments come from the request,
+/// and the resource figures are re-derived from the cubin (and checked
+/// against the log) on every hit; see the module documentation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiskPayload<'a> {
+    pub link_ms: f64,
+    pub info_log: &'a str,
+    pub cubin: &'a [u8],
 }
 
-fn decode(bytes: &[u8]) -> Option<LinkedKernel> {
-    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
-    let json = bytes.get(4..4usize.checked_add(len)?)?;
-    let mut k: LinkedKernel = serde_json::from_slice(json).ok()?;
-    k.cubin = bytes[4 + len..].to_vec();
-    Some(k)
+impl<'a> DiskPayload<'a> {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(12 + self.info_log.len() + self.cubin.len());
+        out.extend_from_slice(&self.link_ms.to_le_bytes());
+        out.extend_from_slice(&(self.info_log.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.info_log.as_bytes());
+        out.extend_from_slice(self.cubin);
+        out
+    }
+
+    /// `None` for a payload that does not have this layout.
+    pub fn decode(bytes: &'a [u8]) -> Option<Self> {
+        let link_ms = f64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+        let len = u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?) as usize;
+        let log_end = 12usize.checked_add(len)?;
+        let info_log = std::str::from_utf8(bytes.get(12..log_end)?).ok()?;
+        Some(DiskPayload {
+            link_ms,
+            info_log,
+            cubin: &bytes[log_end..],
+        })
+    }
+}
+
+/// The metadata of a fresh link: ptxas' figures from the info log, or the
+/// cubin's own record when the log has no ptxas output.
+fn fresh_metadata(
+    entry: &str,
+    arch: Arch,
+    cubin: &[u8],
+    info_log: &str,
+    link_ms: f64,
+) -> Result<KernelMetadata, LinkError> {
+    match metadata::entry_resources(info_log, entry) {
+        Ok(res) => Ok(KernelMetadata::new(&res, cubin.len(), link_ms)),
+        // No ptxas output in the log: read the cubin instead.
+        Err(e) if e.verbose_missing() => {
+            let res =
+                metadata::cubin_resources(cubin, entry).map_err(|source| LinkError::Cubin {
+                    entry: entry.to_string(),
+                    source,
+                })?;
+            Ok(KernelMetadata::from_cubin(
+                entry,
+                &arch.to_string(),
+                &res,
+                cubin.len(),
+                link_ms,
+            ))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Checks a disk hit against the request and re-derives its metadata (see
+/// the module documentation); `Err` says why the hit is refused.
+pub fn verify_disk_hit(
+    entry: &str,
+    arch: Arch,
+    payload: &DiskPayload<'_>,
+) -> Result<KernelMetadata, String> {
+    let cubin = payload.cubin;
+    if !(payload.link_ms.is_finite() && payload.link_ms >= 0.0) {
+        return Err(format!("implausible link time {} ms", payload.link_ms));
+    }
+    if cubin.len() as u64 > MAX_ENTRY_BYTES {
+        return Err(format!("cubin of {} bytes", cubin.len()));
+    }
+    let info = metadata::check_cubin(cubin, entry).map_err(|e| format!("cubin check: {e}"))?;
+    if info.sm != Some(arch.number) {
+        return Err(format!(
+            "a cubin for {} under a key for {arch}",
+            info.sm
+                .map_or_else(|| "an unknown SM".to_string(), |s| format!("sm_{s}"))
+        ));
+    }
+    let res =
+        metadata::cubin_resources(cubin, entry).map_err(|e| format!("cubin resources: {e}"))?;
+    let log = match metadata::entry_resources(payload.info_log, entry) {
+        Ok(log) => log,
+        Err(e) if e.verbose_missing() => {
+            return Ok(KernelMetadata::from_cubin(
+                entry,
+                &arch.to_string(),
+                &res,
+                cubin.len(),
+                payload.link_ms,
+            ))
+        }
+        Err(e) => return Err(format!("info log: {e}")),
+    };
+    let arch_name = arch.to_string();
+    let mismatch = |what: &str, log: u32, cubin: u32| {
+        Err(format!(
+            "the info log claims {log} {what}, the cubin records {cubin}"
+        ))
+    };
+    if log.arch != arch_name {
+        return Err(format!(
+            "the info log is for {}, the key for {arch_name}",
+            log.arch
+        ));
+    }
+    if log.registers != res.registers {
+        return mismatch("registers", log.registers, res.registers);
+    }
+    if log.stack_bytes != res.stack_bytes {
+        return mismatch("stack bytes", log.stack_bytes, res.stack_bytes);
+    }
+    if log.shared_bytes.unwrap_or(0) != res.shared_bytes {
+        return mismatch(
+            "shared bytes",
+            log.shared_bytes.unwrap_or(0),
+            res.shared_bytes,
+        );
+    }
+    if log.stack_bytes == 0 && (log.spill_stores != 0 || log.spill_loads != 0) {
+        return Err(format!(
+            "the info log claims {} / {} bytes of spill stores / loads, but the cubin \
+             has no stack frame",
+            log.spill_stores, log.spill_loads
+        ));
+    }
+    Ok(KernelMetadata::new(&log, cubin.len(), payload.link_ms))
 }
 
 impl LinkRuntime {
+    /// A runtime configured by `config` (no environment variable is read).
     pub fn new(config: RuntimeConfig) -> Result<Self, LinkError> {
         Self::with_linker(Linker::open()?, config)
     }
 
     pub fn with_linker(linker: Linker, config: RuntimeConfig) -> Result<Self, LinkError> {
-        let disk = match config.disk {
-            Some(c) => match DiskCache::open(c) {
-                Ok(d) => Some(d),
-                // The disk cache only saves time: an unusable directory
-                // must not stop linking.
-                Err(e) => {
-                    eprintln!("fraglink: warning: {e}; disk cache disabled");
-                    None
-                }
-            },
-            None => None,
-        };
-        Ok(LinkRuntime {
+        let rt = Self::unconfigured(linker, config.memory_capacity);
+        let _ = rt.memory_settled.set(());
+        let _ = rt.disk.set(open_disk(config.disk));
+        Ok(rt)
+    }
+
+    /// Caches not configured yet: each is configured from the environment
+    /// when first used.
+    fn unconfigured(linker: Linker, memory_capacity: usize) -> Self {
+        LinkRuntime {
             linker,
-            memory: SingleFlightCache::new(config.memory_capacity),
-            disk,
+            memory: SingleFlightCache::new(memory_capacity),
+            memory_settled: OnceCell::new(),
+            disk: OnceCell::new(),
             nvrtc: OnceCell::new(),
-            sources: DashMap::new(),
+            sources: SingleFlightCache::new(DEFAULT_SOURCE_ENTRIES),
+        }
+    }
+
+    /// The process-wide runtime. Creating it opens nvJitLink and reads no
+    /// environment variable: `FRAGLINK_MEMORY_CACHE_ENTRIES` is read by the
+    /// first [`link`](Self::link), the disk cache's variables by the first
+    /// link that misses the memory cache (or by [`disk`](Self::disk)). An
+    /// invalid value fails those calls, naming the variable, every time
+    /// (a failure is not remembered). A failure to open nvJitLink is
+    /// returned, and retried by the next call.
+    pub fn global() -> Result<&'static LinkRuntime, LinkError> {
+        GLOBAL.get_or_try_init(|| {
+            Ok(LinkRuntime::unconfigured(
+                Linker::open()?,
+                DEFAULT_MEMORY_ENTRIES,
+            ))
         })
     }
 
-    /// The process-wide runtime, configured from the environment on first use.
-    /// A failure is returned, and retried by the next call.
-    pub fn global() -> Result<&'static LinkRuntime, LinkError> {
-        GLOBAL.get_or_try_init(|| LinkRuntime::new(RuntimeConfig::from_env()?))
+    /// A process-wide runtime that reads no cache variable at all: a memory
+    /// cache of [`DEFAULT_MEMORY_ENTRIES`] kernels and no disk cache. For
+    /// callers that link only to describe a plan (the CPU route of
+    /// `fraglink search`), whose run must not depend on the cache settings.
+    pub fn memory_only() -> Result<&'static LinkRuntime, LinkError> {
+        MEMORY_ONLY.get_or_try_init(|| {
+            LinkRuntime::with_linker(
+                Linker::open()?,
+                RuntimeConfig {
+                    memory_capacity: DEFAULT_MEMORY_ENTRIES,
+                    disk: None,
+                },
+            )
+        })
     }
 
     pub fn linker(&self) -> &Linker {
         &self.linker
     }
 
+    /// The disk cache, resolving it from the environment first if this
+    /// runtime was not given one explicitly. `Ok(None)`: no disk cache.
+    pub fn try_disk(&self) -> Result<Option<&DiskCache>, LinkError> {
+        self.disk
+            .get_or_try_init(|| Ok(open_disk(disk_config_from_env()?)))
+            .map(Option::as_ref)
+    }
+
+    /// [`try_disk`](Self::try_disk), with an invalid environment read as "no
+    /// disk cache" (the error itself is returned by `try_disk` and `link`).
     pub fn disk(&self) -> Option<&DiskCache> {
-        self.disk.as_ref()
+        self.try_disk().ok().flatten()
     }
 
     pub fn stats(&self) -> CacheStats {
         self.memory.stats()
+    }
+
+    /// Statistics of the compiled run-time sources (bounded, LRU).
+    pub fn source_stats(&self) -> CacheStats {
+        self.sources.stats()
     }
 
     /// Empties the memory cache (the disk cache has its own `clear`).
@@ -194,21 +449,43 @@ impl LinkRuntime {
         self.memory.clear();
     }
 
+    /// Sets the memory cache's capacity; `FRAGLINK_MEMORY_CACHE_ENTRIES` is
+    /// then never read by this runtime.
     pub fn set_memory_capacity(&self, entries: usize) {
+        let _ = self.memory_settled.set(());
         self.memory.set_capacity(entries);
+    }
+
+    /// Compiled run-time sources kept in memory (at least 1; default
+    /// [`DEFAULT_SOURCE_ENTRIES`]); the least recently used go first.
+    pub fn set_source_capacity(&self, entries: usize) {
+        self.sources.set_capacity(entries);
+    }
+
+    /// Applies `FRAGLINK_MEMORY_CACHE_ENTRIES` once, unless the capacity
+    /// was given explicitly.
+    fn settle_memory(&self) -> Result<(), LinkError> {
+        self.memory_settled
+            .get_or_try_init(|| {
+                let n =
+                    RuntimeConfig::memory_entries(std::env::var_os(ENV_MEMORY_ENTRIES).as_deref())?;
+                self.memory.set_capacity(n);
+                Ok::<(), LinkError>(())
+            })
+            .map(|_| ())
     }
 
     fn nvrtc(&self) -> Result<&Nvrtc, LinkError> {
         self.nvrtc.get_or_try_init(|| Ok(Nvrtc::open(None)?))
     }
 
-    /// Compiles a run-time fragment to LTO-IR for `arch`, once per content.
-    fn compile_source(
+    /// The content hash and NVRTC options of a run-time fragment for `arch`
+    /// (no compile: that waits until a link needs the LTO-IR).
+    fn source_identity(
         &self,
-        name: &str,
         source: &str,
         arch: Arch,
-    ) -> Result<(String, Arc<Vec<u8>>), LinkError> {
+    ) -> Result<(String, Vec<String>), LinkError> {
         let nvrtc = self.nvrtc()?;
         let (maj, min) = nvrtc.version()?;
         super::linker::check_versions(self.linker.version(), (maj as u32, min as u32))?;
@@ -235,19 +512,36 @@ impl LinkRuntime {
             h.update(file.as_bytes());
             h.update(text.as_bytes());
         }
-        let hash = h.finalize().to_hex().to_string();
-        if let Some(b) = self.sources.get(&hash) {
-            return Ok((hash, b.clone()));
-        }
-        let out =
-            nvrtc.compile_with_headers(source, name, FRAGLINK_HEADERS, &options, Output::LtoIr)?;
-        let bytes = Arc::new(out.bytes);
-        self.sources.insert(hash.clone(), bytes.clone());
-        Ok((hash, bytes))
+        Ok((h.finalize().to_hex().to_string(), options))
+    }
+
+    /// Compiles a run-time fragment to LTO-IR, once per content while it
+    /// stays in the bounded source cache.
+    fn compile_source(
+        &self,
+        name: &str,
+        source: &str,
+        hash: &str,
+        options: &[String],
+    ) -> Result<Arc<CompiledSource>, LinkError> {
+        let (bytes, _) = self
+            .sources
+            .get_or_try_insert(&hash.to_string(), || {
+                let out = self.nvrtc()?.compile_with_headers(
+                    source,
+                    name,
+                    FRAGLINK_HEADERS,
+                    options,
+                    Output::LtoIr,
+                )?;
+                Ok((CompiledSource(out.bytes), Source::Linked))
+            })
+            .map_err(LinkError::from_shared)?;
+        Ok(bytes)
     }
 
     /// Links `plan` for `arch` (memory cache, then disk cache, then nvJitLink).
-    pub fn link(&self, plan: &super::Planner, arch: Arch) -> Result<Linked, LinkError> {
+    pub fn link(&self, plan: &Planner, arch: Arch) -> Result<Linked, LinkError> {
         let requested = Instant::now();
         let arch = Arch::sm(arch.number);
         let entry = plan.entry();
@@ -256,6 +550,7 @@ impl LinkRuntime {
                 entry: entry.to_string(),
             });
         }
+        self.settle_memory()?;
         let mut inputs: Vec<Input> = Vec::new();
         for f in plan.static_fragments() {
             let covered = f.archs.iter().any(|a| {
@@ -278,12 +573,15 @@ impl LinkRuntime {
             });
         }
         for (name, source) in plan.sources() {
-            let (hash, bytes) = self.compile_source(name, source, arch)?;
+            let (hash, options) = self.source_identity(source, arch)?;
             inputs.push(Input {
                 name,
                 hash: hash.into(),
                 kind: InputType::LtoIr,
-                bytes: InputBytes::Compiled(bytes),
+                bytes: InputBytes::Source {
+                    text: source,
+                    options,
+                },
             });
         }
         let mut options = plan.options(arch);
@@ -293,27 +591,55 @@ impl LinkRuntime {
         let args = options.to_args();
         let pairs: Vec<(&str, &str)> = inputs.iter().map(|i| (i.name, i.hash.as_ref())).collect();
         let key = LinkKey::new(entry, &pairs, &args, self.linker.version());
+        let fragments = || inputs.iter().map(|i| i.name.to_string()).collect();
 
         let produce = || -> Result<(LinkedKernel, Source), LinkError> {
             let hex = key.hex();
-            if let Some(disk) = &self.disk {
+            let disk = self.try_disk()?;
+            if let Some(disk) = disk {
                 if let DiskLookup::Hit(bytes) = disk.get(&hex) {
-                    // A payload that decodes but fails the cubin check is
-                    // treated as a miss and overwritten by the fresh link.
-                    if let Some(mut k) = decode(&bytes) {
-                        if k.entry == entry && metadata::check_cubin(&k.cubin, entry).is_ok() {
-                            k.key = Some(key);
-                            return Ok((k, Source::Disk));
+                    let checked = DiskPayload::decode(&bytes)
+                        .ok_or_else(|| "the payload does not decode".to_string())
+                        .and_then(|p| verify_disk_hit(entry, arch, &p).map(|m| (p, m)));
+                    match checked {
+                        Ok((p, metadata)) => {
+                            let kernel = LinkedKernel {
+                                key: Some(key),
+                                entry: entry.to_string(),
+                                arch: arch.to_string(),
+                                fragments: fragments(),
+                                metadata,
+                                info_log: p.info_log.to_string(),
+                                cubin: p.cubin.to_vec(),
+                            };
+                            return Ok((kernel, Source::Disk));
                         }
+                        // Refused: counted, removed, and replaced by the
+                        // fresh link below.
+                        Err(why) => disk.reject(&hex, &why),
                     }
                 }
             }
+            let compiled: Vec<Option<Arc<CompiledSource>>> = inputs
+                .iter()
+                .map(|inp| match &inp.bytes {
+                    InputBytes::Embedded(_) => Ok(None),
+                    InputBytes::Source { text, options } => self
+                        .compile_source(inp.name, text, &inp.hash, options)
+                        .map(Some),
+                })
+                .collect::<Result<_, LinkError>>()?;
             let link_inputs: Vec<LinkInput<'_>> = inputs
                 .iter()
-                .map(|inp| LinkInput {
+                .zip(&compiled)
+                .map(|(inp, c)| LinkInput {
                     name: inp.name,
                     kind: inp.kind,
-                    bytes: inp.bytes.as_slice(),
+                    bytes: match (&inp.bytes, c) {
+                        (InputBytes::Embedded(b), _) => b,
+                        (InputBytes::Source { .. }, Some(c)) => &c.0,
+                        (InputBytes::Source { .. }, None) => unreachable!("compiled above"),
+                    },
                 })
                 .collect();
             let started = Instant::now();
@@ -323,40 +649,26 @@ impl LinkRuntime {
                 entry: entry.to_string(),
                 source,
             })?;
-            let metadata = match metadata::entry_resources(&out.info_log, entry) {
-                Ok(res) => KernelMetadata::new(&res, out.cubin.len(), link_ms),
-                // No ptxas output in the log: read the cubin instead.
-                Err(e) if e.verbose_missing() => {
-                    let res = metadata::cubin_resources(&out.cubin, entry).map_err(|source| {
-                        LinkError::Cubin {
-                            entry: entry.to_string(),
-                            source,
-                        }
-                    })?;
-                    KernelMetadata::from_cubin(
-                        entry,
-                        &arch.to_string(),
-                        &res,
-                        out.cubin.len(),
-                        link_ms,
-                    )
-                }
-                Err(e) => return Err(e.into()),
-            };
+            let metadata = fresh_metadata(entry, arch, &out.cubin, &out.info_log, link_ms)?;
+            if let Some(disk) = disk {
+                // The disk cache is an optimisation: failing to write it is
+                // not a failed link.
+                let payload = DiskPayload {
+                    link_ms,
+                    info_log: &out.info_log,
+                    cubin: &out.cubin,
+                };
+                let _ = disk.put(&hex, &payload.encode());
+            }
             let kernel = LinkedKernel {
                 key: Some(key),
                 entry: entry.to_string(),
                 arch: arch.to_string(),
-                fragments: inputs.iter().map(|i| i.name.to_string()).collect(),
+                fragments: fragments(),
                 metadata,
                 info_log: out.info_log,
                 cubin: out.cubin,
             };
-            if let Some(disk) = &self.disk {
-                // The disk cache is an optimisation: failing to write it is
-                // not a failed link.
-                let _ = disk.put(&hex, &encode(&kernel));
-            }
             Ok((kernel, Source::Linked))
         };
         let (kernel, source) = self
@@ -378,33 +690,107 @@ mod tests {
 
     #[test]
     fn payload_roundtrip_and_garbage() {
-        let k = LinkedKernel {
-            key: None,
-            entry: "e".into(),
-            arch: "sm_80".into(),
-            fragments: vec!["a".into()],
-            metadata: KernelMetadata {
-                entry: "e".into(),
-                arch: "sm_80".into(),
-                registers: 32,
-                spill_stores: 0,
-                spill_loads: 0,
-                stack_bytes: 0,
-                shared_bytes: Some(2048),
-                barriers: Some(1),
-                cubin_bytes: 3,
-                link_ms: 1.5,
-            },
-            info_log: "log".into(),
-            cubin: vec![1, 2, 3],
+        let p = DiskPayload {
+            link_ms: 1.5,
+            info_log: "log \u{e9}",
+            cubin: &[1, 2, 3],
         };
-        let d = decode(&encode(&k)).unwrap();
+        let bytes = p.encode();
+        assert_eq!(&bytes[..8], &1.5f64.to_le_bytes());
+        assert_eq!(DiskPayload::decode(&bytes), Some(p));
+        assert!(DiskPayload::decode(&[]).is_none());
+        assert!(DiskPayload::decode(&[0; 11]).is_none());
+        // A log length past the end, and a log that is not UTF-8.
+        let mut long = vec![0u8; 8];
+        long.extend_from_slice(&100u32.to_le_bytes());
+        long.extend_from_slice(b"short");
+        assert!(DiskPayload::decode(&long).is_none());
+        let mut bad = vec![0u8; 8];
+        bad.extend_from_slice(&1u32.to_le_bytes());
+        bad.push(0xff);
+        assert!(DiskPayload::decode(&bad).is_none());
+    }
+
+    #[test]
+    fn memory_entries_policy() {
+        // Issue 12 finding 8: invalid values are errors naming the variable
+        // and the value, never a silent default.
+        assert_eq!(RuntimeConfig::memory_entries(None).unwrap(), 256);
         assert_eq!(
-            (d.entry.as_str(), d.cubin.as_slice(), d.metadata.registers),
-            ("e", &[1u8, 2, 3][..], 32)
+            RuntimeConfig::memory_entries(Some(OsStr::new(""))).unwrap(),
+            256
         );
-        assert!(decode(&[]).is_none());
-        assert!(decode(&[255, 255, 255, 255, 0]).is_none());
-        assert!(decode(&[2, 0, 0, 0, b'{']).is_none());
+        assert_eq!(
+            RuntimeConfig::memory_entries(Some(OsStr::new(" 12 "))).unwrap(),
+            12
+        );
+        for bad in ["0", "-3", "lots", "1.5", "99999999999999999999999"] {
+            let e = RuntimeConfig::memory_entries(Some(OsStr::new(bad))).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(&e, LinkError::InvalidEnv { var, value, .. }
+                    if *var == ENV_MEMORY_ENTRIES && value == bad),
+                "{msg}"
+            );
+            assert!(
+                msg.contains(ENV_MEMORY_ENTRIES) && msg.contains(bad),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn verify_refuses_garbage_cubins() {
+        let p = DiskPayload {
+            link_ms: 1.0,
+            info_log: "",
+            cubin: b"not an ELF file at all, but long enough to have a header......",
+        };
+        let why = verify_disk_hit("e", Arch::sm(90), &p).unwrap_err();
+        assert!(why.contains("cubin check"), "{why}");
+        let p = DiskPayload {
+            link_ms: f64::NAN,
+            ..p
+        };
+        assert!(verify_disk_hit("e", Arch::sm(90), &p)
+            .unwrap_err()
+            .contains("link time"));
+    }
+
+    /// Issue 12 finding 18: compiled run-time sources are bounded (LRU).
+    /// Needs NVRTC and nvJitLink (found as for every link test).
+    #[test]
+    fn compiled_sources_are_bounded() {
+        use crate::fragments::{FilterFragment, NoneFilter, ScanFragment, F32, U32};
+        const METRIC: &str = r#"
+#include "abi.cuh"
+extern "C" __device__ void fraglink_metric_init_f32(fraglink_metric_state_f32* s) { s->a = 0.0f; s->qq = 0.0f; s->xx = 0.0f; }
+extern "C" __device__ void fraglink_metric_accumulate_f32(fraglink_metric_state_f32* s, float q, float x) { s->a += fabsf(q - x); }
+extern "C" __device__ float fraglink_metric_finalize_f32(const fraglink_metric_state_f32* s) { return s->a; }
+"#;
+        let rt = LinkRuntime::new(RuntimeConfig {
+            memory_capacity: 16,
+            disk: None,
+        })
+        .expect("nvJitLink loads from the path baked at build time");
+        rt.set_source_capacity(2);
+        let plan = |i: usize| {
+            Planner::new("scan_f32_u32_v4_k128")
+                .add::<ScanFragment<F32, U32, 4, 128>>()
+                .add::<FilterFragment<NoneFilter, U32>>()
+                .add_source("metric_l1_f32", format!("{METRIC}// variant {i}\n"))
+        };
+        for i in 0..3 {
+            let l = rt.link(&plan(i), Arch::sm(80)).unwrap();
+            assert_eq!(l.source, Source::Linked);
+        }
+        let st = rt.source_stats();
+        assert_eq!((st.entries, st.evictions, st.links), (2, 1, 3), "{st:?}");
+        // A memory hit compiles nothing, even for an evicted source.
+        assert_eq!(
+            rt.link(&plan(0), Arch::sm(80)).unwrap().source,
+            Source::Memory
+        );
+        assert_eq!(rt.source_stats().links, 3);
     }
 }

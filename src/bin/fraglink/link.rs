@@ -134,7 +134,8 @@ pub fn run(args: &LinkArgs) -> ExitCode {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum CacheCommand {
-    /// Show the disk cache's location, size and limits.
+    /// Show the disk cache's location, size and limits. A directory that
+    /// cannot be read is an error (exit 2), not an empty cache.
     Stats {
         #[arg(long)]
         json: bool,
@@ -144,43 +145,72 @@ pub enum CacheCommand {
 }
 
 pub fn run_cache(cmd: &CacheCommand) -> ExitCode {
-    let config = match fraglink::link::disk::DiskCacheConfig::from_env() {
+    use fraglink::link::disk::{DiskCache, DiskCacheConfig};
+    // `clear` never writes, so it does not consult FRAGLINK_CACHE_MAX_BYTES.
+    let config = match cmd {
+        CacheCommand::Stats { .. } => DiskCacheConfig::from_env(),
+        CacheCommand::Clear => DiskCacheConfig::location_from_env(),
+    };
+    let config = match config {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let cache = match fraglink::link::disk::DiskCache::open(config.clone()) {
+    let cache = match DiskCache::open(config) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // A disabled configuration does not look for a directory.
+    let dir = (!cache.dir().as_os_str().is_empty()).then(|| cache.dir());
     match cmd {
         CacheCommand::Stats { json } => {
-            let s = cache.stats();
+            let s = match cache.try_stats() {
+                Ok(s) => s,
+                Err(e) => return fail(e),
+            };
             if *json {
                 println!(
                     "{}",
                     json!({
-                        "dir": cache.dir(),
+                        // Lossy: a path need not be UTF-8 (serde_json
+                        // refuses to serialise such a Path).
+                        "dir": dir.map(|d| d.to_string_lossy()),
                         "enabled": cache.is_enabled(),
                         "warning": cache.warning(),
                         "entries": s.entries,
                         "bytes": s.bytes,
+                        "temp_files": s.temp_files,
+                        "temp_bytes": s.temp_bytes,
                         "max_bytes": cache.max_bytes(),
                     })
                 );
             } else {
-                println!("dir        {}", cache.dir().display());
+                match dir {
+                    Some(d) => println!("dir        {}", d.display()),
+                    None => println!("dir        (none: disabled by FRAGLINK_CACHE_DISABLE)"),
+                }
                 println!("enabled    {}", cache.is_enabled());
                 if let Some(w) = cache.warning() {
                     println!("warning    {w}");
                 }
                 println!("entries    {}", s.entries);
-                println!("bytes      {} of {} max", s.bytes, cache.max_bytes());
+                println!(
+                    "bytes      {} of {} max ({} more in {} temporary files)",
+                    s.bytes,
+                    cache.max_bytes(),
+                    s.temp_bytes,
+                    s.temp_files
+                );
             }
             ExitCode::SUCCESS
         }
         CacheCommand::Clear => match cache.clear() {
             Ok(bytes) => {
-                println!("removed {bytes} bytes from {}", cache.dir().display());
+                match dir {
+                    Some(d) => println!("removed {bytes} bytes from {}", d.display()),
+                    None => {
+                        println!("disk cache disabled by FRAGLINK_CACHE_DISABLE; nothing removed")
+                    }
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => fail(e),
