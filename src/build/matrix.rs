@@ -26,12 +26,29 @@
 //! that begins with `_` and an unused key that does not begin with `_` each
 //! produce one warning (deduplicated, in first-emission order).
 //!
+//! Files are read as cuVS's Python reads them, within bounds ([`load_file`]):
+//!
+//! * at most [`MAX_FILE_BYTES`]; UTF-8 without a byte-order mark (Python's
+//!   `json.load` rejects one too);
+//! * numbers as Python's `json` reads them: the integer `-0` is 0, integers
+//!   keep every digit, and those beyond 64 bits, which a `serde_json::Value`
+//!   cannot hold exactly, are refused rather than rounded; so are numbers
+//!   beyond ±1.8e308 (Python: infinities) and Python's `NaN`/`Infinity`
+//!   extensions. Floats print as Python prints them ([`py_float_repr`],
+//!   [`PyNumberFormatter`]);
+//! * the product's size is computed from the document first ([`product_size`],
+//!   checked arithmetic, nothing allocated per entry) and a product over the
+//!   [`Limits`] (`FRAGLINK_MATRIX_MAX_ENTRIES`) is refused before expanding;
+//! * entries can be streamed ([`MatrixFile::for_each_entry`], [`expand_each`])
+//!   instead of collected.
+//!
 //! This file is also compiled into `build.rs` through `#[path]`, so it may only
 //! use `std`, `serde`, `serde_json` and `thiserror`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::io;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -173,7 +190,135 @@ pub enum MatrixError {
     },
 }
 
-/// Why a matrix file has no product. Each message is one line naming the file.
+/// The environment variable that overrides [`DEFAULT_MAX_ENTRIES`].
+pub const MAX_ENTRIES_VAR: &str = "FRAGLINK_MATRIX_MAX_ENTRIES";
+
+/// The most entries a matrix file's product may have unless
+/// [`MAX_ENTRIES_VAR`] says otherwise: about 460 times the largest cuVS matrix
+/// (218 entries) and more fragments than a build compiles in hours, yet small
+/// enough that the build, which holds the whole product in memory, stays
+/// near 300 MB for entries of a dozen keys (a 10^6-entry product of 12 keys
+/// took 2.7 GB). `fraglink expand` streams, so it may be raised freely there.
+pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
+
+/// The expansion's work budget per allowed entry: a product is also refused
+/// when its [`ProductSize::cost`] exceeds this many times the entry limit
+/// (the cuVS matrices cost 2 to 35 per entry, 5,729 at most in all). This
+/// bounds products of few entries with very many keys each, and matrices
+/// whose product is small but whose expansion is not (`{"a": [1000 values], "b": [1000
+/// values], "c": [1000 values], "z": []}` has no entry but a billion steps).
+pub const COST_PER_ENTRY: u64 = 64;
+
+/// The largest matrix file read, in bytes (16 MiB, over 2,000 times the
+/// largest cuVS matrix, 7 KB). Parsed JSON takes up to about 16 bytes of
+/// memory per input byte, and without a bound a device such as `/dev/zero`
+/// would be read until memory runs out.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// How large a product a matrix file may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The most entries; the expansion's cost may be [`COST_PER_ENTRY`] times this.
+    pub max_entries: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_entries: DEFAULT_MAX_ENTRIES,
+        }
+    }
+}
+
+impl Limits {
+    /// [`DEFAULT_MAX_ENTRIES`], or [`MAX_ENTRIES_VAR`] when it is set (a
+    /// whole number; an empty value means the default).
+    pub fn from_env() -> Result<Limits, MatrixFileError> {
+        let Some(raw) = std::env::var_os(MAX_ENTRIES_VAR) else {
+            return Ok(Limits::default());
+        };
+        let text = raw.to_string_lossy();
+        let trimmed = text.trim();
+        if trimmed.is_empty() {
+            return Ok(Limits::default());
+        }
+        match trimmed.parse::<u64>() {
+            Ok(max_entries) => Ok(Limits { max_entries }),
+            Err(_) => Err(MatrixFileError::BadLimit {
+                value: text.into_owned(),
+            }),
+        }
+    }
+
+    /// The most [`ProductSize::cost`] allowed.
+    pub fn max_cost(&self) -> u128 {
+        u128::from(self.max_entries) * u128::from(COST_PER_ENTRY)
+    }
+
+    /// Whether a product of this size is allowed.
+    pub fn allows(&self, size: &ProductSize) -> bool {
+        size.entries <= u128::from(self.max_entries) && size.cost() <= self.max_cost()
+    }
+}
+
+/// The size of a matrix's product, computed from the document without
+/// expanding it. Every count saturates at `u128::MAX` (shown as "more than
+/// 10^38"); below that it is exact.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProductSize {
+    /// Entries of the product.
+    pub entries: u128,
+    /// Key settings summed over all entries (an entry's scalars along its
+    /// branch, overridden ones included): the work of building the entries.
+    pub values: u128,
+    /// Items the expansion processes over all branches (objects, arrays and
+    /// scalars, once per branch that reaches them), entries yielded included.
+    pub steps: u128,
+}
+
+impl ProductSize {
+    /// The expansion's work: `steps + values`.
+    pub fn cost(&self) -> u128 {
+        self.steps.saturating_add(self.values)
+    }
+}
+
+/// A count for messages: exact, or "more than 10^38" once saturated.
+struct Count(u128);
+
+impl fmt::Display for Count {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == u128::MAX {
+            f.write_str("more than 10^38")
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+fn too_large_message(size: &ProductSize, max_entries: u64) -> String {
+    let limits = Limits { max_entries };
+    if size.entries > u128::from(max_entries) {
+        format!(
+            "the matrix product has {} entries, more than the limit of {max_entries} \
+             (set {MAX_ENTRIES_VAR} to raise it)",
+            Count(size.entries)
+        )
+    } else {
+        format!(
+            "expanding the matrix takes {} steps for its {} entries ({} values in all), \
+             more than the limit of {} ({COST_PER_ENTRY} per allowed entry, \
+             {MAX_ENTRIES_VAR}={max_entries}; set it to raise the limit)",
+            Count(size.cost()),
+            Count(size.entries),
+            Count(size.values),
+            limits.max_cost()
+        )
+    }
+}
+
+/// Why a matrix file has no product. Each message is one line naming the file
+/// (or, for [`MatrixFileError::BadLimit`], the variable).
 #[derive(Debug, thiserror::Error)]
 pub enum MatrixFileError {
     /// The file could not be read.
@@ -184,7 +329,21 @@ pub enum MatrixFileError {
         /// The I/O failure.
         source: io::Error,
     },
-    /// The file is not valid JSON.
+    /// The file is larger than [`MAX_FILE_BYTES`].
+    #[error(
+        "{}: the matrix file is larger than {} bytes (16 MiB), the most fraglink reads{}",
+        .path.display(),
+        MAX_FILE_BYTES,
+        .bytes.map(|b| format!(" (it has {b})")).unwrap_or_default()
+    )]
+    TooBig {
+        /// The matrix file.
+        path: PathBuf,
+        /// Its size, when it is a regular file.
+        bytes: Option<u64>,
+    },
+    /// The file is not valid JSON (a byte-order mark and invalid UTF-8
+    /// included: Python's `json.load`, which cuVS uses, rejects both).
     #[error("{}:{line}:{column}: invalid JSON: {message}", .path.display())]
     Parse {
         /// The matrix file.
@@ -192,6 +351,19 @@ pub enum MatrixFileError {
         /// 1-based line of the error.
         line: usize,
         /// 1-based column of the error.
+        column: usize,
+        /// What is wrong, without the position.
+        message: String,
+    },
+    /// Valid JSON that fraglink cannot represent as cuVS's Python does: an
+    /// integer beyond 64 bits.
+    #[error("{}:{line}:{column}: {message}", .path.display())]
+    Unsupported {
+        /// The matrix file.
+        path: PathBuf,
+        /// 1-based line of the value.
+        line: usize,
+        /// 1-based column (in characters) of the value.
         column: usize,
         /// What is wrong, without the position.
         message: String,
@@ -204,37 +376,435 @@ pub enum MatrixFileError {
         /// Where the leaf is in the document.
         json_path: JsonPath,
     },
+    /// The product is over the [`Limits`].
+    #[error("{}: {}", .path.display(), too_large_message(.size, *.max_entries))]
+    TooLarge {
+        /// The matrix file.
+        path: PathBuf,
+        /// The product's size.
+        size: ProductSize,
+        /// The entry limit in force.
+        max_entries: u64,
+    },
+    /// [`MAX_ENTRIES_VAR`] is not a whole number.
+    #[error("{MAX_ENTRIES_VAR}={value:?}: expected a whole number of matrix entries")]
+    BadLimit {
+        /// The variable's value.
+        value: String,
+    },
 }
 
-/// Reads, parses and expands a matrix file.
+/// A matrix file that has been read, parsed and checked: every leaf has a key
+/// and its product is within the [`Limits`], so expanding it cannot fail.
+#[derive(Clone, Debug)]
+pub struct MatrixFile {
+    path: PathBuf,
+    value: Value,
+    size: ProductSize,
+}
+
+impl MatrixFile {
+    /// The file it was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The parsed document.
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// Its product's size.
+    pub fn size(&self) -> ProductSize {
+        self.size
+    }
+
+    /// The product, materialised (at most the limit's entries).
+    pub fn expand(&self) -> Result<Product, MatrixFileError> {
+        // Reserve for the product, but never more than the default limit's worth.
+        let reserve = self.size.entries.min(u128::from(DEFAULT_MAX_ENTRIES)) as usize;
+        let mut entries = Vec::with_capacity(reserve);
+        let warnings = self.for_each_entry(|entry| {
+            entries.push(entry);
+            ControlFlow::Continue(())
+        })?;
+        Ok(Product { entries, warnings })
+    }
+
+    /// Streams the product: `sink` gets each entry as it is generated and may
+    /// stop the expansion with `ControlFlow::Break`. Returns the warnings (all
+    /// of them unless stopped early).
+    pub fn for_each_entry(
+        &self,
+        mut sink: impl FnMut(Entry) -> ControlFlow<()>,
+    ) -> Result<Vec<Warning>, MatrixFileError> {
+        Expander::new(&mut sink)
+            .run(&self.value)
+            .map_err(|err| self.file_error(err))
+    }
+
+    fn file_error(&self, err: MatrixError) -> MatrixFileError {
+        match err {
+            MatrixError::NoKey { path: json_path } => MatrixFileError::NoKey {
+                path: self.path.clone(),
+                json_path,
+            },
+        }
+    }
+}
+
+/// Reads, parses and checks a matrix file under the [`Limits`] from the
+/// environment ([`Limits::from_env`]).
+pub fn load_file(path: &Path) -> Result<MatrixFile, MatrixFileError> {
+    load_file_with(path, &Limits::from_env()?)
+}
+
+/// Reads, parses and checks a matrix file: at most [`MAX_FILE_BYTES`], UTF-8
+/// without a byte-order mark, JSON whose integers fit in 64 bits, every leaf
+/// under a key, and a product within `limits`. Nothing is expanded.
+pub fn load_file_with(path: &Path, limits: &Limits) -> Result<MatrixFile, MatrixFileError> {
+    let text = read_text(path)?;
+    let value = parse_text(path, &text)?;
+    drop(text);
+    let size = product_size(&value).map_err(|err| match err {
+        MatrixError::NoKey { path: json_path } => MatrixFileError::NoKey {
+            path: path.to_path_buf(),
+            json_path,
+        },
+    })?;
+    if !limits.allows(&size) {
+        return Err(MatrixFileError::TooLarge {
+            path: path.to_path_buf(),
+            size,
+            max_entries: limits.max_entries,
+        });
+    }
+    Ok(MatrixFile {
+        path: path.to_path_buf(),
+        value,
+        size,
+    })
+}
+
+/// Reads, parses, checks and expands a matrix file (see [`load_file`]).
 pub fn expand_file(path: &Path) -> Result<Product, MatrixFileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| MatrixFileError::Read {
+    load_file(path)?.expand()
+}
+
+/// Expands a matrix into its product (entries and naming warnings). There is
+/// no size limit here: check [`product_size`] first for untrusted input, or
+/// stream with [`expand_each`].
+pub fn expand(matrix: &Value) -> Result<Product, MatrixError> {
+    let mut entries = Vec::new();
+    let warnings = Expander::new(&mut |entry| {
+        entries.push(entry);
+        ControlFlow::Continue(())
+    })
+    .run(matrix)?;
+    Ok(Product { entries, warnings })
+}
+
+/// Streams a matrix's product: `sink` gets each entry as it is generated and
+/// may stop the expansion with `ControlFlow::Break`. A keyless leaf is found
+/// before any entry is produced. Returns the warnings.
+pub fn expand_each(
+    matrix: &Value,
+    mut sink: impl FnMut(Entry) -> ControlFlow<()>,
+) -> Result<Vec<Warning>, MatrixError> {
+    product_size(matrix)?;
+    Expander::new(&mut sink).run(matrix)
+}
+
+// ---------------------------------------------------------------------------
+// Reading and parsing.
+
+fn read_text(path: &Path) -> Result<String, MatrixFileError> {
+    use std::io::Read;
+    let read_error = |source| MatrixFileError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
-    let matrix: Value = serde_json::from_str(&text).map_err(|err| {
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let regular_len = file
+        .metadata()
+        .ok()
+        .filter(|meta| meta.is_file())
+        .map(|meta| meta.len());
+    if let Some(len) = regular_len.filter(|&len| len > MAX_FILE_BYTES) {
+        return Err(MatrixFileError::TooBig {
+            path: path.to_path_buf(),
+            bytes: Some(len),
+        });
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(MatrixFileError::TooBig {
+            path: path.to_path_buf(),
+            bytes: None,
+        });
+    }
+    String::from_utf8(bytes).map_err(|err| {
+        let valid = &err.as_bytes()[..err.utf8_error().valid_up_to()];
+        let bad = err.as_bytes()[valid.len()];
+        // `valid` is valid UTF-8 by construction.
+        let (line, column) = line_column(std::str::from_utf8(valid).unwrap_or_default());
+        MatrixFileError::Parse {
+            path: path.to_path_buf(),
+            line,
+            column,
+            message: format!("invalid UTF-8 (byte 0x{bad:02x}); matrix files are UTF-8"),
+        }
+    })
+}
+
+/// 1-based line and column (in characters) just after `before`.
+fn line_column(before: &str) -> (usize, usize) {
+    let line = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[start..].chars().count() + 1)
+}
+
+fn parse_text(path: &Path, text: &str) -> Result<Value, MatrixFileError> {
+    if text.starts_with('\u{feff}') {
+        // Python's `json.loads` refuses it too ("Unexpected UTF-8 BOM").
+        return Err(MatrixFileError::Parse {
+            path: path.to_path_buf(),
+            line: 1,
+            column: 1,
+            message: "unexpected UTF-8 byte-order mark (U+FEFF) at the start of the file; \
+                      save it as UTF-8 without a BOM (cuVS's Python json.load rejects it too)"
+                .to_owned(),
+        });
+    }
+    let parse_error = |err: serde_json::Error| {
         let (line, column) = (err.line(), err.column());
         let full = err.to_string();
         let suffix = format!(" at line {line} column {column}");
-        let message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
+        let mut message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
+        if message == "number out of range" {
+            message.push_str(
+                " (beyond ±1.8e308; Python would read it as Infinity, \
+                 which fraglink cannot represent)",
+            );
+        }
         MatrixFileError::Parse {
             path: path.to_path_buf(),
             line,
             column,
             message,
         }
-    })?;
-    expand(&matrix).map_err(|err| match err {
-        MatrixError::NoKey { path: json_path } => MatrixFileError::NoKey {
+    };
+    let value: Value = serde_json::from_str(text).map_err(parse_error)?;
+    let literals = scan_integer_literals(text);
+    if let Some(range) = literals.too_wide {
+        let (line, column) = line_column(&text[..range.start]);
+        let literal = &text[range];
+        let shown = if literal.len() > 40 {
+            format!("{}… ({} characters)", &literal[..30], literal.len())
+        } else {
+            literal.to_owned()
+        };
+        return Err(MatrixFileError::Unsupported {
             path: path.to_path_buf(),
-            json_path,
-        },
-    })
+            line,
+            column,
+            message: format!(
+                "integer {shown} does not fit in 64 bits; cuVS's Python keeps it exact but \
+                 fraglink cannot (write it as a string)"
+            ),
+        });
+    }
+    if literals.negative_zeros.is_empty() {
+        return Ok(value);
+    }
+    // Python reads the integer `-0` as 0; serde_json as the float -0.0. Blank
+    // out the signs (same length, so positions are unchanged) and re-parse.
+    let mut bytes = text.as_bytes().to_vec();
+    for &at in &literals.negative_zeros {
+        bytes[at] = b' ';
+    }
+    serde_json::from_slice(&bytes).map_err(parse_error)
 }
 
-/// Expands a matrix into its product (entries and naming warnings).
-pub fn expand(matrix: &Value) -> Result<Product, MatrixError> {
-    Expander::default().run(matrix)
+/// Integer literals that Python's `json` reads differently from serde_json.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct IntegerLiterals {
+    /// Offsets of the `-` of each `-0` literal.
+    negative_zeros: Vec<usize>,
+    /// The first integer literal outside `i64`/`u64`, as a byte range.
+    too_wide: Option<std::ops::Range<usize>>,
+}
+
+/// Scans valid JSON text for integer literals (numbers without `.`, `e`, `E`)
+/// that are `-0` or do not fit in 64 bits.
+fn scan_integer_literals(text: &str) -> IntegerLiterals {
+    let bytes = text.as_bytes();
+    let mut found = IntegerLiterals::default();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len()
+                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                let literal = &text[start..i];
+                if literal.bytes().any(|b| matches!(b, b'.' | b'e' | b'E')) {
+                    continue;
+                }
+                let (negative, digits) = match literal.strip_prefix('-') {
+                    Some(digits) => (true, digits),
+                    None => (false, literal),
+                };
+                if negative && digits == "0" {
+                    found.negative_zeros.push(start);
+                    continue;
+                }
+                let limit = if negative {
+                    u128::from(i64::MIN.unsigned_abs())
+                } else {
+                    u128::from(u64::MAX)
+                };
+                let fits = digits.len() <= 20 && digits.parse::<u128>().is_ok_and(|n| n <= limit);
+                if !fits && found.too_wide.is_none() {
+                    found.too_wide = Some(start..i);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    found
+}
+
+// ---------------------------------------------------------------------------
+// The product's size, without expanding.
+//
+// For an item processed once with nothing behind it: `n` entries, `s` key
+// settings over them, `w` processing steps. An item followed by the rest of
+// the queue starts the rest once per entry of its own, so a chain of items
+// x1..xk has N = Π n_i, S = Σ s_i · Π_{j≠i} n_j and
+// W = w1 + n1·w2 + n1·n2·w3 + …; an object is the chain of its sorted
+// values, an array the sum of its elements.
+
+#[derive(Clone, Copy)]
+struct Measure {
+    n: u128,
+    s: u128,
+    w: u128,
+}
+
+enum Children<'a> {
+    Array(&'a [Value]),
+    Object(Vec<&'a Value>),
+}
+
+struct SizeFrame<'a> {
+    children: Children<'a>,
+    next: usize,
+    /// Whether the children have no object key above them.
+    keyless: bool,
+    acc: Measure,
+}
+
+impl SizeFrame<'_> {
+    fn fold(&mut self, m: Measure) {
+        let acc = &mut self.acc;
+        match self.children {
+            Children::Array(_) => {
+                acc.n = acc.n.saturating_add(m.n);
+                acc.s = acc.s.saturating_add(m.s);
+                acc.w = acc.w.saturating_add(m.w);
+            }
+            Children::Object(_) => {
+                acc.w = acc.w.saturating_add(acc.n.saturating_mul(m.w));
+                acc.s = acc
+                    .s
+                    .saturating_mul(m.n)
+                    .saturating_add(m.s.saturating_mul(acc.n));
+                acc.n = acc.n.saturating_mul(m.n);
+            }
+        }
+    }
+}
+
+/// The size of a matrix's product, or the first leaf without a key (the one
+/// the expansion would stop at), computed without expanding and without
+/// recursion.
+pub fn product_size(matrix: &Value) -> Result<ProductSize, MatrixError> {
+    let mut stack: Vec<SizeFrame<'_>> = Vec::new();
+    let mut value = matrix;
+    let mut keyless = true;
+    loop {
+        let mut done = match value {
+            Value::Object(map) => {
+                let mut members: Vec<(&String, &Value)> = map.iter().collect();
+                members.sort_by(|a, b| a.0.cmp(b.0));
+                stack.push(SizeFrame {
+                    children: Children::Object(members.into_iter().map(|(_, v)| v).collect()),
+                    next: 0,
+                    keyless: false,
+                    acc: Measure { n: 1, s: 0, w: 1 },
+                });
+                None
+            }
+            Value::Array(elements) => {
+                stack.push(SizeFrame {
+                    children: Children::Array(elements),
+                    next: 0,
+                    keyless,
+                    acc: Measure { n: 0, s: 0, w: 1 },
+                });
+                None
+            }
+            _ if keyless => {
+                // Only arrays are on the stack: the path is their indices.
+                let path = stack
+                    .iter()
+                    .map(|frame| PathSegment::Index(frame.next - 1))
+                    .collect();
+                return Err(MatrixError::NoKey {
+                    path: JsonPath(path),
+                });
+            }
+            _ => Some(Measure { n: 1, s: 1, w: 1 }),
+        };
+        loop {
+            let Some(top) = stack.last_mut() else {
+                let m = done.unwrap_or(Measure { n: 0, s: 0, w: 0 });
+                return Ok(ProductSize {
+                    entries: m.n,
+                    values: m.s,
+                    steps: m.w.saturating_add(m.n),
+                });
+            };
+            if let Some(m) = done.take() {
+                top.fold(m);
+            }
+            let child = match &top.children {
+                Children::Array(elements) => elements.get(top.next),
+                Children::Object(values) => values.get(top.next).copied(),
+            };
+            if let Some(child) = child {
+                top.next += 1;
+                value = child;
+                keyless = top.keyless;
+                break;
+            }
+            done = stack.pop().map(|frame| frame.acc);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -387,12 +957,16 @@ enum Frame<'a> {
         used: bool,
     },
     /// A scalar: used iff its downstream yielded at least one entry.
-    Scalar { entries_before: usize },
+    Scalar { entries_before: u64 },
 }
 
-#[derive(Default)]
-struct Expander<'a> {
-    entries: Vec<Entry>,
+struct Expander<'a, 's> {
+    /// Receives each entry; `Break` stops the expansion.
+    sink: &'s mut dyn FnMut(Entry) -> ControlFlow<()>,
+    /// Entries yielded so far.
+    yielded: u64,
+    /// The sink asked to stop.
+    stopped: bool,
     warnings: Vec<Warning>,
     /// (kind, identity of the key's value node): a node has exactly one path,
     /// so this dedupes exactly like (kind, key, path).
@@ -400,8 +974,20 @@ struct Expander<'a> {
     stack: Vec<Frame<'a>>,
 }
 
-impl<'a> Expander<'a> {
-    fn run(mut self, matrix: &'a Value) -> Result<Product, MatrixError> {
+impl<'a, 's> Expander<'a, 's> {
+    fn new(sink: &'s mut dyn FnMut(Entry) -> ControlFlow<()>) -> Self {
+        Expander {
+            sink,
+            yielded: 0,
+            stopped: false,
+            warnings: Vec::new(),
+            warned: HashSet::new(),
+            stack: Vec::new(),
+        }
+    }
+
+    /// Expands `matrix`, handing each entry to the sink; returns the warnings.
+    fn run(mut self, matrix: &'a Value) -> Result<Vec<Warning>, MatrixError> {
         let mut step = Step::Process {
             item: Item {
                 path: None,
@@ -411,7 +997,7 @@ impl<'a> Expander<'a> {
             rest: None,
             settings: None,
         };
-        loop {
+        while !self.stopped {
             step = match step {
                 Step::Next { queue, settings } => self.next(queue, settings),
                 Step::Process {
@@ -425,15 +1011,15 @@ impl<'a> Expander<'a> {
                 },
             };
         }
-        Ok(Product {
-            entries: self.entries,
-            warnings: self.warnings,
-        })
+        Ok(self.warnings)
     }
 
     fn next(&mut self, queue: Queue<'a>, settings: Settings<'a>) -> Step<'a> {
         let Some(node) = queue else {
-            self.entries.push(build_entry(&settings));
+            self.yielded += 1;
+            if (self.sink)(build_entry(&settings)).is_break() {
+                self.stopped = true;
+            }
             return Step::Return { used: false };
         };
         let item = node.item.clone();
@@ -504,7 +1090,7 @@ impl<'a> Expander<'a> {
                     });
                 };
                 self.stack.push(Frame::Scalar {
-                    entries_before: self.entries.len(),
+                    entries_before: self.yielded,
                 });
                 let settings = Some(Rc::new(Setting {
                     key,
@@ -557,7 +1143,7 @@ impl<'a> Expander<'a> {
                 Step::Next { queue, settings }
             }
             Frame::Scalar { entries_before } => Step::Return {
-                used: self.entries.len() > entries_before,
+                used: self.yielded > entries_before,
             },
         }
     }
@@ -575,6 +1161,112 @@ impl<'a> Expander<'a> {
                 path: materialize_path(holder),
             });
         }
+    }
+}
+
+/// A float written as Python's `repr` (and so `json.dumps`) writes it: the
+/// shortest digits that read back to the same value, in positional notation
+/// with at least one decimal (`100.0`, `0.0001`, `-0.0`) when the decimal
+/// exponent is in `-4..16`, else as `1e-05`, `1.5e+16` (a sign and at least
+/// two exponent digits). Non-finite values (which JSON values never hold) are
+/// `NaN`, `Infinity` and `-Infinity`, as `json.dumps` writes them.
+pub fn py_float_repr(value: f64) -> String {
+    if value.is_nan() {
+        return "NaN".to_owned();
+    }
+    if value.is_infinite() {
+        return if value > 0.0 { "Infinity" } else { "-Infinity" }.to_owned();
+    }
+    // Rust's `{:e}` gives the shortest round-trip digits (`-1.5e-7`), but
+    // breaks an exact tie between two such strings upwards where Python's
+    // dtoa rounds to even (2^50 + 0.25: Python ...2.2, Rust ...2.3). The
+    // correctly rounded string of that length, which `{:.Ne}` gives with ties
+    // to even, round-trips whenever one of that length does.
+    let shortest = format!("{value:e}");
+    let length = shortest
+        .split('e')
+        .next()
+        .map_or(1, |m| m.bytes().filter(u8::is_ascii_digit).count());
+    let rounded = format!("{value:.*e}", length.saturating_sub(1));
+    let sci = if rounded.parse::<f64>() == Ok(value) {
+        rounded
+    } else {
+        shortest
+    };
+    let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", mantissa),
+    };
+    let mut digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    while digits.len() > 1 && digits.ends_with('0') {
+        digits.pop();
+    }
+    let mut out = String::from(sign);
+    if (-4..16).contains(&exponent) {
+        if exponent < 0 {
+            out.push_str("0.");
+            out.extend(std::iter::repeat_n('0', (-exponent - 1) as usize));
+            out.push_str(&digits);
+        } else {
+            let int_len = exponent as usize + 1;
+            if digits.len() <= int_len {
+                out.push_str(&digits);
+                out.extend(std::iter::repeat_n('0', int_len - digits.len()));
+                out.push_str(".0");
+            } else {
+                out.push_str(&digits[..int_len]);
+                out.push('.');
+                out.push_str(&digits[int_len..]);
+            }
+        }
+    } else {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let exp_sign = if exponent < 0 { '-' } else { '+' };
+        out.push_str(&format!("e{exp_sign}{:02}", exponent.unsigned_abs()));
+    }
+    out
+}
+
+/// A `serde_json` formatter that writes floats as Python's `json` does (see
+/// [`py_float_repr`]); everything else is compact JSON as usual. Integers
+/// already agree.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PyNumberFormatter;
+
+impl serde_json::ser::Formatter for PyNumberFormatter {
+    fn write_f64<W: ?Sized + io::Write>(&mut self, writer: &mut W, value: f64) -> io::Result<()> {
+        writer.write_all(py_float_repr(value).as_bytes())
+    }
+
+    fn write_f32<W: ?Sized + io::Write>(&mut self, writer: &mut W, value: f32) -> io::Result<()> {
+        self.write_f64(writer, f64::from(value))
+    }
+}
+
+/// Writes `value` as compact JSON with Python's float rendering.
+pub fn to_writer_py<W: io::Write, T: ?Sized + Serialize>(
+    writer: W,
+    value: &T,
+) -> serde_json::Result<()> {
+    let mut serializer = serde_json::Serializer::with_formatter(writer, PyNumberFormatter);
+    value.serialize(&mut serializer)
+}
+
+/// A JSON value as Python's `json.dumps` renders a number (strings, booleans
+/// and null as compact JSON).
+pub fn to_string_py(value: &Value) -> String {
+    match value {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() => py_float_repr(f),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
     }
 }
 
@@ -1051,5 +1743,425 @@ mod tests {
         let product = expand(&Value::Object(wide)).unwrap();
         assert_eq!(product.entries.len(), 1);
         assert_eq!(product.entries[0].len(), 20_000);
+    }
+
+    // -- Limits, streaming, reading and numbers (issue 12). --
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "fraglink-matrix-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn size(matrix: Value) -> ProductSize {
+        product_size(&matrix).expect("sized")
+    }
+
+    #[test]
+    fn product_size_counts_entries_values_and_steps() {
+        assert_eq!(size(json!({})).entries, 1);
+        assert_eq!(size(json!([])).entries, 0);
+        let s = size(json!({"a": ["1", "2", "3"], "b": ["x", "y"]}));
+        assert_eq!((s.entries, s.values), (6, 12));
+        // Overridden settings count as values: "k" is set twice per entry.
+        let s = size(json!({"_g": {"k": "inner"}, "k": ["a", "b"]}));
+        assert_eq!((s.entries, s.values), (2, 4));
+        // Every matrix of the engine tests: the count is the product's length
+        // and bounds its key/value pairs.
+        for matrix in [
+            json!({"b": ["1", "2"], "a": ["x", "y"], "B": ["k"]}),
+            json!({"_a": {"y": ["1", "2"], "x": ["p", "q"]}, "b": ["u", "v"]}),
+            json!({"v": [["1", ["2", "3"]], [], "4"]}),
+            json!({"_data": [
+                {"data_type": "float", "_out": [{"out": "f"}, {"out": "d"}]},
+                {"data_type": "half", "_out": [{"out": "f"}]}
+            ], "cap": ["1", "2"]}),
+            json!({"_g": [{"a": "1", "b": []}, {"a": "2"}]}),
+            json!([{}, {}, {"a": [1, 2, [3, {"b": [4, 5]}]]}]),
+        ] {
+            let product = expand(&matrix).unwrap();
+            let s = size(matrix.clone());
+            assert_eq!(s.entries, product.entries.len() as u128, "{matrix}");
+            let pairs: usize = product.entries.iter().map(Entry::len).sum();
+            assert!(s.values >= pairs as u128, "{matrix}");
+            assert!(s.steps > s.entries, "{matrix}");
+        }
+    }
+
+    #[test]
+    fn product_size_saturates_instead_of_overflowing() {
+        // 2^200 entries: far past u128, computed without allocating.
+        let dims: serde_json::Map<String, Value> = (0..200)
+            .map(|i| (format!("k{i:03}"), json!([0, 1])))
+            .collect();
+        let s = size(Value::Object(dims.clone()));
+        assert_eq!(
+            (s.entries, s.values, s.steps),
+            (u128::MAX, u128::MAX, u128::MAX)
+        );
+        // A zero factor still makes the product empty.
+        let mut with_empty = dims;
+        with_empty.insert("zz".into(), json!([]));
+        assert_eq!(size(Value::Object(with_empty)).entries, 0);
+    }
+
+    #[test]
+    fn product_size_finds_the_keyless_leaf_the_expansion_would() {
+        for matrix in [
+            json!("x"),
+            json!([1]),
+            json!([[1]]),
+            json!([{"a": "1"}, [], [[], 3]]),
+            json!([{"a": ["1", "2"]}, [{"b": "2"}, "x"]]),
+        ] {
+            let MatrixError::NoKey { path } = product_size(&matrix).unwrap_err();
+            assert_eq!(path.to_string(), no_key_path(matrix.clone()), "{matrix}");
+        }
+    }
+
+    #[test]
+    fn expand_each_streams_and_stops_on_request() {
+        let matrix = json!({"a": ["1", "2", "3"], "b": ["x", "y"]});
+        let mut seen = Vec::new();
+        let warnings = expand_each(&matrix, |entry| {
+            seen.push(entry);
+            if seen.len() == 4 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+        assert!(warnings.is_empty());
+        assert_eq!(seen, expand(&matrix).unwrap().entries[..4]);
+        // A keyless leaf after a yielding branch: an error before any entry.
+        let mut count = 0;
+        let err = expand_each(&json!([{"a": "1"}, "x"]), |_| {
+            count += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "leaf value at root[1] has no object key above it"
+        );
+        assert_eq!(count, 0);
+    }
+
+    #[test]
+    fn products_over_the_limit_are_refused_before_expanding() {
+        let dir = temp_dir("limit");
+        let path = dir.join("m.json");
+        // 12 keys x 10 values: 10^12 entries, which used to grow until OOM.
+        let dims: serde_json::Map<String, Value> = (0..12)
+            .map(|i| (format!("k{i:02}"), json!((0..10).collect::<Vec<_>>())))
+            .collect();
+        std::fs::write(&path, Value::Object(dims).to_string()).unwrap();
+        let err = load_file_with(&path, &Limits::default()).unwrap_err();
+        assert!(matches!(err, MatrixFileError::TooLarge { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: the matrix product has 1000000000000 entries, more than the limit of \
+                 100000 (set FRAGLINK_MATRIX_MAX_ENTRIES to raise it)",
+                path.display()
+            )
+        );
+
+        // Exactly at the limit is fine; one over is not.
+        std::fs::write(&path, r#"{"a": [1, 2, 3], "b": [1, 2]}"#).unwrap();
+        let at = load_file_with(&path, &Limits { max_entries: 6 }).unwrap();
+        assert_eq!(at.size().entries, 6);
+        assert_eq!(at.expand().unwrap().entries.len(), 6);
+        let err = load_file_with(&path, &Limits { max_entries: 5 }).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("has 6 entries, more than the limit of 5"),
+            "{err}"
+        );
+
+        // Beyond u128: the size is still reported.
+        let dims: serde_json::Map<String, Value> = (0..200)
+            .map(|i| (format!("k{i:03}"), json!([0, 1])))
+            .collect();
+        std::fs::write(&path, Value::Object(dims).to_string()).unwrap();
+        let err = load_file_with(&path, &Limits::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("has more than 10^38 entries"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn expansions_that_cost_too_much_are_refused() {
+        let dir = temp_dir("cost");
+        let path = dir.join("m.json");
+        // No entry at all, but 10^9 branches before the empty array.
+        let thousand: Vec<u32> = (0..1000).collect();
+        let matrix = json!({"a": thousand, "b": thousand, "c": thousand, "z": []});
+        std::fs::write(&path, matrix.to_string()).unwrap();
+        let err = load_file_with(&path, &Limits::default()).unwrap_err();
+        let MatrixFileError::TooLarge { size, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(size.entries, 0);
+        assert!(size.steps > 1_000_000_000, "{size:?}");
+        assert!(
+            err.to_string().contains(
+                "steps for its 0 entries (0 values in all), more than the limit of 6400000 \
+                 (64 per allowed entry, FRAGLINK_MATRIX_MAX_ENTRIES=100000"
+            ),
+            "{err}"
+        );
+        // Few entries, very many keys each: 10 x 10,000 values.
+        let wide: serde_json::Map<String, Value> = (0..10_000)
+            .map(|i| (format!("k{i:05}"), json!("v")))
+            .collect();
+        let matrix = json!({"_w": wide, "n": (0..10).collect::<Vec<_>>()});
+        std::fs::write(&path, matrix.to_string()).unwrap();
+        assert!(load_file_with(&path, &Limits::default()).is_ok());
+        let err = load_file_with(&path, &Limits { max_entries: 1_000 }).unwrap_err();
+        assert!(err.to_string().contains("(100010 values in all)"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cuvs_matrices_are_far_below_the_limits() {
+        // The real matrices: at most 218 entries and a cost of a few thousand,
+        // against 10^5 entries and 64 * 10^5 by default.
+        let dir = std::env::var_os("FRAGLINK_TESTDATA")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata"))
+            .join("cuvs-matrices");
+        let Ok(files) = std::fs::read_dir(&dir) else {
+            return; // no test data here: tests/matrix_conformance.rs reports it
+        };
+        for file in files {
+            let path = file.unwrap().path();
+            if path.extension().is_some_and(|e| e == "json") {
+                let m = load_file_with(&path, &Limits::default()).unwrap();
+                let size = m.size();
+                assert!(
+                    size.entries * 400 <= u128::from(DEFAULT_MAX_ENTRIES),
+                    "{size:?}"
+                );
+                assert!(
+                    size.cost() * 1000 <= Limits::default().max_cost(),
+                    "{size:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_files_are_not_read() {
+        let dir = temp_dir("big");
+        let path = dir.join("big.json");
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(MAX_FILE_BYTES + 1).unwrap(); // sparse: no disk used
+        drop(file);
+        let err = load_file_with(&path, &Limits::default()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: the matrix file is larger than 16777216 bytes (16 MiB), the most fraglink \
+                 reads (it has 16777217)",
+                path.display()
+            )
+        );
+        // A device of endless zeros is cut off at the limit, not read to the end.
+        if Path::new("/dev/zero").exists() {
+            let err = load_file_with(Path::new("/dev/zero"), &Limits::default()).unwrap_err();
+            assert!(
+                matches!(err, MatrixFileError::TooBig { bytes: None, .. }),
+                "{err:?}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn load_text(text: &[u8]) -> Result<MatrixFile, MatrixFileError> {
+        let dir = temp_dir("text");
+        let path = dir.join("m.json");
+        std::fs::write(&path, text).unwrap();
+        let result = load_file_with(&path, &Limits::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+        result
+    }
+
+    fn message_after_path(err: MatrixFileError) -> String {
+        let text = err.to_string();
+        text.split_once("m.json")
+            .map(|(_, rest)| rest.to_owned())
+            .unwrap_or(text)
+    }
+
+    #[test]
+    fn byte_order_mark_is_rejected_by_name_as_python_does() {
+        let err = load_text(b"\xef\xbb\xbf{\"a\": \"1\"}").unwrap_err();
+        assert!(matches!(
+            err,
+            MatrixFileError::Parse {
+                line: 1,
+                column: 1,
+                ..
+            }
+        ));
+        assert_eq!(
+            message_after_path(err),
+            ":1:1: invalid JSON: unexpected UTF-8 byte-order mark (U+FEFF) at the start of the \
+             file; save it as UTF-8 without a BOM (cuVS's Python json.load rejects it too)"
+        );
+        // Anywhere else, U+FEFF is an ordinary character of a string.
+        let m = load_text("{\"a\": \"\u{feff}x\"}".as_bytes()).unwrap();
+        assert_eq!(m.expand().unwrap().entries[0]["a"], json!("\u{feff}x"));
+    }
+
+    #[test]
+    fn invalid_utf8_names_its_position() {
+        let err = load_text(b"{\n  \"a\": \"\xff\"}").unwrap_err();
+        assert_eq!(
+            message_after_path(err),
+            ":2:9: invalid JSON: invalid UTF-8 (byte 0xff); matrix files are UTF-8"
+        );
+    }
+
+    #[test]
+    fn numbers_are_read_as_python_reads_them() {
+        let m = load_text(br#"{"v": [-0, -0.0, 0, -0e0, -1, 12345678901234567890, 18446744073709551615, -9223372036854775808, "-0"]}"#)
+            .unwrap();
+        let values: Vec<Value> = m
+            .expand()
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|e| e["v"].clone())
+            .collect();
+        // `-0` is Python's int 0; `-0.0` and `-0e0` stay floats.
+        assert!(values[0].is_u64() && values[0] == json!(0));
+        assert!(values[1].is_f64() && values[1].as_f64().unwrap().is_sign_negative());
+        assert!(values[3].is_f64());
+        assert_eq!(values[5], json!(12345678901234567890u64));
+        assert_eq!(values[6], json!(u64::MAX));
+        assert_eq!(values[7], json!(i64::MIN));
+        assert_eq!(values[8], json!("-0"));
+        let mut out = Vec::new();
+        to_writer_py(&mut out, &values).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"[0,-0.0,0,-0.0,-1,12345678901234567890,18446744073709551615,-9223372036854775808,"-0"]"#
+        );
+    }
+
+    #[test]
+    fn integers_beyond_64_bits_are_refused_not_rounded() {
+        for (text, column) in [
+            (r#"{"v": 18446744073709551616}"#, 7),
+            (r#"{"v": [1, -9223372036854775809]}"#, 11),
+            (
+                r#"{"s": "123456789012345678901234567890", "v": 123456789012345678901234567890}"#,
+                46,
+            ),
+        ] {
+            let err = load_text(text.as_bytes()).unwrap_err();
+            assert!(
+                matches!(err, MatrixFileError::Unsupported { line: 1, .. }),
+                "{err:?}"
+            );
+            let message = message_after_path(err);
+            assert!(
+                message.starts_with(&format!(":1:{column}: integer ")),
+                "{message}"
+            );
+            assert!(
+                message.ends_with(
+                    "does not fit in 64 bits; cuVS's Python keeps it exact but fraglink \
+                     cannot (write it as a string)"
+                ),
+                "{message}"
+            );
+        }
+        // A huge literal is shortened in the message.
+        let digits = "9".repeat(300);
+        let err = load_text(format!("{{\"v\": {digits}}}").as_bytes()).unwrap_err();
+        assert!(message_after_path(err)
+            .contains(&format!("integer {}… (300 characters)", &digits[..30])));
+    }
+
+    #[test]
+    fn infinite_numbers_are_refused_with_a_reason() {
+        let err = load_text(br#"{"v": 1e400}"#).unwrap_err();
+        let message = message_after_path(err);
+        assert!(message.starts_with(":1:"), "{message}");
+        assert!(
+            message.ends_with(
+                "invalid JSON: number out of range (beyond ±1.8e308; Python would read it as \
+                 Infinity, which fraglink cannot represent)"
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn integer_literal_scan_skips_strings_and_floats() {
+        let text =
+            r#"{"a\"-0": "-0 99999999999999999999", "b": [-0, -0.5, 1e30, -00.0, 3], "c": -0}"#;
+        let found = scan_integer_literals(text);
+        assert_eq!(found.too_wide, None);
+        assert_eq!(found.negative_zeros.len(), 2);
+        for at in found.negative_zeros {
+            assert_eq!(&text[at..at + 2], "-0");
+        }
+        let found =
+            scan_integer_literals(r#"[1, "x", 99999999999999999999, 99999999999999999999]"#);
+        assert_eq!(found.too_wide, Some(9..29));
+    }
+
+    #[test]
+    fn floats_render_like_python_repr() {
+        // Expected strings from Python 3.11: json.dumps(float(x)).
+        for (value, python) in [
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (1.0, "1.0"),
+            (100.0, "100.0"),
+            (1e15, "1000000000000000.0"),
+            (1e16, "1e+16"),
+            (1.5e16, "1.5e+16"),
+            (123456789012345.6, "123456789012345.6"),
+            (1234567890123456.7, "1234567890123456.8"),
+            (0.0001, "0.0001"),
+            (0.00012345, "0.00012345"),
+            (0.00001, "1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (5e-324, "5e-324"),
+            (2.2250738585072014e-308, "2.2250738585072014e-308"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (-1.7976931348623157e308, "-1.7976931348623157e+308"),
+            (0.1, "0.1"),
+            (1.0 / 3.0, "0.3333333333333333"),
+            (-2.5e-5, "-2.5e-05"),
+            (9007199254740993.0, "9007199254740992.0"),
+            (1e22, "1e+22"),
+            (1e100, "1e+100"),
+            (123.456, "123.456"),
+            (-0.000123, "-0.000123"),
+            // Ties between two shortest strings go to even, as in Python.
+            (-(2f64.powi(50) + 0.25), "-1125899906842624.2"),
+            (2f64.powi(46) + 0.125, "70368744177664.12"),
+            (f64::INFINITY, "Infinity"),
+            (f64::NEG_INFINITY, "-Infinity"),
+            (f64::NAN, "NaN"),
+        ] {
+            assert_eq!(py_float_repr(value), python, "{value:e}");
+        }
+        assert_eq!(to_string_py(&json!(1.5e-7)), "1.5e-07");
+        assert_eq!(to_string_py(&json!(7)), "7");
+        assert_eq!(to_string_py(&json!("s")), "\"s\"");
     }
 }

@@ -46,6 +46,10 @@ pub const ENV_VARS: &[&str] = &[
     "FRAGLINK_ARCHS",
     "FRAGLINK_BUILD_CACHE_DIR",
     "FRAGLINK_BUILD_JOBS",
+    // The matrix product limit: `Builder::compile` refuses a family whose
+    // matrix is over it with `BuildError::Matrix(MatrixFileError::TooLarge)`,
+    // naming the file and the product's size.
+    matrix::MAX_ENTRIES_VAR,
 ];
 
 #[derive(Debug, thiserror::Error)]
