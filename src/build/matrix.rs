@@ -463,7 +463,24 @@ pub fn load_file(path: &Path) -> Result<MatrixFile, MatrixFileError> {
 /// without a byte-order mark, JSON whose integers fit in 64 bits, every leaf
 /// under a key, and a product within `limits`. Nothing is expanded.
 pub fn load_file_with(path: &Path, limits: &Limits) -> Result<MatrixFile, MatrixFileError> {
-    let text = read_text(path)?;
+    let bytes = read_bytes(path)?;
+    load_bytes_with(path, bytes, limits)
+}
+
+/// As [`load_file_with`] on a file's bytes already read (`path` names them
+/// in errors); the fuzz target drives it directly.
+pub fn load_bytes_with(
+    path: &Path,
+    bytes: Vec<u8>,
+    limits: &Limits,
+) -> Result<MatrixFile, MatrixFileError> {
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(MatrixFileError::TooBig {
+            path: path.to_path_buf(),
+            bytes: Some(bytes.len() as u64),
+        });
+    }
+    let text = utf8_text(path, bytes)?;
     let value = parse_text(path, &text)?;
     drop(text);
     let size = product_size(&value).map_err(|err| match err {
@@ -518,7 +535,7 @@ pub fn expand_each(
 // ---------------------------------------------------------------------------
 // Reading and parsing.
 
-fn read_text(path: &Path) -> Result<String, MatrixFileError> {
+fn read_bytes(path: &Path) -> Result<Vec<u8>, MatrixFileError> {
     use std::io::Read;
     let read_error = |source| MatrixFileError::Read {
         path: path.to_path_buf(),
@@ -546,6 +563,10 @@ fn read_text(path: &Path) -> Result<String, MatrixFileError> {
             bytes: None,
         });
     }
+    Ok(bytes)
+}
+
+fn utf8_text(path: &Path, bytes: Vec<u8>) -> Result<String, MatrixFileError> {
     String::from_utf8(bytes).map_err(|err| {
         let valid = &err.as_bytes()[..err.utf8_error().valid_up_to()];
         let bad = err.as_bytes()[valid.len()];

@@ -88,15 +88,19 @@ fn link_probe(arch: Arch) -> Result<(), String> {
 fn caches() -> Value {
     let disk = match DiskCacheConfig::from_env().and_then(DiskCache::open) {
         Ok(c) => {
-            let s = c.stats();
-            json!({
-                "dir": c.dir(),
-                "enabled": c.is_enabled(),
-                "warning": c.warning(),
-                "entries": s.entries,
-                "bytes": s.bytes,
-                "max_bytes": c.max_bytes(),
-            })
+            // The directory may not be UTF-8 (a non-UTF-8 HOME): shown lossily.
+            let dir = c.dir().to_string_lossy();
+            match c.try_stats() {
+                Ok(s) => json!({
+                    "dir": dir,
+                    "enabled": c.is_enabled(),
+                    "warning": c.warning(),
+                    "entries": s.entries,
+                    "bytes": s.bytes,
+                    "max_bytes": c.max_bytes(),
+                }),
+                Err(e) => json!({"dir": dir, "enabled": c.is_enabled(), "error": e.to_string()}),
+            }
         }
         Err(e) => json!({"error": e.to_string()}),
     };

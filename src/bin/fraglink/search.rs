@@ -247,7 +247,15 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     let (fragments, link) = match &gpu_plan {
         Ok(p) => {
             let pb = spinner("linking the GPU plan", quiet);
-            let linked = LinkRuntime::global().and_then(|rt| rt.link(&p.planner(), link_arch));
+            // Without a GPU the link only describes the plan: it must not
+            // depend on (or fail over) the cache settings, which the CPU
+            // route never uses.
+            let runtime = if searcher.gpu().is_some() {
+                LinkRuntime::global()
+            } else {
+                LinkRuntime::memory_only()
+            };
+            let linked = runtime.and_then(|rt| rt.link(&p.planner(), link_arch));
             pb.finish_and_clear();
             match linked {
                 Ok(l) => (p.fragment_names(), Some(l)),
