@@ -85,9 +85,12 @@ if [ "$gpu" = 1 ]; then
   done
   echo "== gpu bench"
   "$bench" --json "$logs/bench.json" 2>&1 | tee "$logs/bench.txt"
-  echo "== exact k-NN against torch / CuPy (benches/scripts/gpu_peers.py)"
-  PYTHONUNBUFFERED=1 "$py" "$root/benches/scripts/gpu_peers.py" --fraglink "$bin" \
-    --out "$logs/peers.json" 2>&1 | tee "$logs/peers.txt"
+  # GPU_RUN_PEERS=0 leaves the torch/CuPy comparison out (about a minute).
+  if [ "${GPU_RUN_PEERS:-1}" != 0 ]; then
+    echo "== exact k-NN against torch / CuPy (benches/scripts/gpu_peers.py)"
+    PYTHONUNBUFFERED=1 "$py" "$root/benches/scripts/gpu_peers.py" --fraglink "$bin" \
+      --out "$logs/peers.json" 2>&1 | tee "$logs/peers.txt"
+  fi
 fi
 
 "$py" "$root/scripts/gpu_report.py" collect --logs "$logs" --archive "$arch" --gpu "$gpu" \

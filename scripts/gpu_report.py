@@ -158,6 +158,9 @@ def render(r, summary=False):
     if p.get("cases"):
         lines.append(f"## Exact k-NN against torch and CuPy (n {p.get('n')}, dim {p.get('dim')}, "
                      f"batches of {p.get('batch')}; `benches/scripts/gpu_peers.py`)\n")
+        if p.get("from_commit"):
+            lines.append(f"From the run of commit `{p['from_commit']}` on the same kind of "
+                         "device (this run left the comparison out).\n")
         lines.append(f"torch {p.get('torch')}, CuPy {p.get('cupy')}; measured copy bandwidth "
                      f"{fmt(p.get('bandwidth_gbps'))} GB/s. QPS; recall in brackets; floor = the "
                      "case's memory or FLOP limit.\n")
@@ -185,6 +188,13 @@ def render(r, summary=False):
 def md(a):
     with open(a.results) as f:
         r = json.load(f)
+    if not r.get("peers") and a.peers_from:
+        # The comparison from an earlier run, labelled with its own commit.
+        with open(a.peers_from) as f:
+            earlier = json.load(f)
+        if earlier.get("peers"):
+            r["peers"] = dict(earlier["peers"])
+            r["peers"]["from_commit"] = earlier.get("commit")
     with open(a.out, "w") as f:
         f.write(render(r))
 
@@ -201,6 +211,8 @@ def main():
     m = sub.add_parser("md")
     m.add_argument("results")
     m.add_argument("--out", default="GPU.md")
+    m.add_argument("--peers-from", help="an earlier gpu-results.json whose torch/CuPy "
+                   "comparison to show when this run has none")
     a = p.parse_args()
     {"collect": collect, "md": md}[a.cmd](a)
 
