@@ -18,6 +18,9 @@ arch=$root/target/gpu-archive
 test -f "$arch/fraglink-tests.tar.zst" || { echo "error: $arch/fraglink-tests.tar.zst missing: run scripts/gpu-archive.sh first" >&2; exit 2; }
 
 work=$(mktemp -d /tmp/fraglink-gpu.XXXXXX)
+# Some tests run the CLI as another user (uid 65534) to check permission
+# errors: the extracted binaries must be reachable by everyone.
+chmod 755 "$work"
 mkdir -p "$work/x"
 logs=$work/logs
 mkdir -p "$logs"

@@ -1180,6 +1180,13 @@ mod forged {
     use fraglink::link::{DiskPayload, LinkRuntime, Linked, Planner, RuntimeConfig, Source};
 
     fn runtime(dir: &Path) -> LinkRuntime {
+        // These tests compare figures across fresh links. Where a driver is
+        // installed, nvJitLink serves a repeated link from the driver's
+        // compute cache with an empty info log, so the relinked kernel's
+        // figures come from the cubin alone (no barrier count): seen on an
+        // H100 host. Switch that cache off for this process.
+        static NO_DRIVER_CACHE: std::sync::Once = std::sync::Once::new();
+        NO_DRIVER_CACHE.call_once(|| std::env::set_var("CUDA_CACHE_DISABLE", "1"));
         LinkRuntime::new(RuntimeConfig {
             memory_capacity: 16,
             disk: Some(DiskCacheConfig::new(dir)),
