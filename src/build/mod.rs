@@ -18,7 +18,8 @@
 //! // src/lib.rs: mod registry { include!(concat!(env!("OUT_DIR"), "/fraglink_registry.rs")); }
 //! ```
 //!
-//! Every environment variable the build reads is listed in [`ENV_VARS`].
+//! Every environment variable the build reads is listed in
+//! [`toolkit::ENV_VARS`] and [`ENV_VARS`] ([`Builder::env_vars`]).
 
 pub mod arch;
 pub mod codegen;
@@ -35,14 +36,10 @@ pub use arch::Arch;
 pub use codegen::{Param, ParamKind};
 pub use toolkit::Toolkit;
 
-/// Every variable the build side reads (besides those cargo sets).
+/// The variables the build side reads besides toolkit discovery's
+/// ([`toolkit::ENV_VARS`], one list there) and those cargo sets; the build
+/// script reruns when any of either list changes ([`Builder::env_vars`]).
 pub const ENV_VARS: &[&str] = &[
-    "FRAGLINK_CUDA_ROOT",
-    "CUDA_PATH",
-    "CUDA_HOME",
-    "FRAGLINK_OFFLINE",
-    "CARGO_NET_OFFLINE",
-    "FRAGLINK_PYTHON",
     "FRAGLINK_ARCHS",
     "FRAGLINK_BUILD_CACHE_DIR",
     "FRAGLINK_BUILD_JOBS",
@@ -285,13 +282,23 @@ impl Builder {
         }
     }
 
+    /// Every variable a build reads: toolkit discovery's, the build's own,
+    /// and cargo's `NUM_JOBS` (each gets `cargo:rerun-if-env-changed`).
+    pub fn env_vars() -> impl Iterator<Item = &'static str> {
+        toolkit::ENV_VARS
+            .iter()
+            .chain(ENV_VARS)
+            .chain(&["NUM_JOBS"])
+            .copied()
+    }
+
     /// Runs the whole pipeline.
     pub fn compile(mut self) -> Result<BuildReport, BuildError> {
         let started = Instant::now();
         if self.manifest_dir.is_none() {
             self.manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
         }
-        for v in ENV_VARS.iter().chain(["NUM_JOBS"].iter()) {
+        for v in Self::env_vars() {
             self.directive(&format!("rerun-if-env-changed={v}"));
         }
         let out_dir = match self
@@ -496,4 +503,32 @@ fn cargo_target_dir(out_dir: &Path) -> Option<PathBuf> {
         let build = out_dir.parent()?.parent()?;
         (build.file_name()? == "build").then(|| build.parent()?.parent().map(Path::to_path_buf))?
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The build reruns on every variable it reads: a missing one once made
+    /// `FRAGLINK_CUDA_VERSION=13 cargo test` silently reuse a CUDA 12 build.
+    #[test]
+    fn every_variable_read_triggers_a_rerun() {
+        let vars: Vec<&str> = Builder::env_vars().collect();
+        for v in toolkit::ENV_VARS.iter().chain(ENV_VARS) {
+            assert!(vars.contains(v), "{v}");
+        }
+        for v in [
+            "FRAGLINK_CUDA_VERSION",
+            "FRAGLINK_CUDA_ROOT",
+            "FRAGLINK_ARCHS",
+            matrix::MAX_ENTRIES_VAR,
+            "NUM_JOBS",
+        ] {
+            assert!(vars.contains(&v), "{v}");
+        }
+        let mut sorted = vars.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), vars.len(), "listed twice: {vars:?}");
+    }
 }
