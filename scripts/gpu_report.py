@@ -174,8 +174,10 @@ def render(r, summary=False):
         for c in p["cases"]:
             cells = []
             for n in names:
-                s_ = c["sides"].get(n, {})
-                if "error" in s_:
+                s_ = c["sides"].get(n)
+                if s_ is None:
+                    cells.append("—")
+                elif "error" in s_:
                     cells.append("error")
                 else:
                     cells.append(f"{fmt(s_.get('qps'))} ({fmt(s_.get('recall'))})")
