@@ -206,6 +206,10 @@ pub struct LinkRuntime {
     /// environment when first needed).
     disk: OnceCell<Option<DiskCache>>,
     nvrtc: OnceCell<Nvrtc>,
+    /// CUDA's include directories for run-time NVRTC, found once: every link
+    /// of a plan with sources keys on them, and finding them probes the
+    /// file system (and perhaps python3).
+    cuda_includes: OnceCell<Vec<std::path::PathBuf>>,
     /// Run-time sources compiled to LTO-IR, by content hash; bounded (LRU).
     sources: SingleFlightCache<String, CompiledSource, LinkError>,
 }
@@ -381,6 +385,7 @@ impl LinkRuntime {
             memory_settled: OnceCell::new(),
             disk: OnceCell::new(),
             nvrtc: OnceCell::new(),
+            cuda_includes: OnceCell::new(),
             sources: SingleFlightCache::new(DEFAULT_SOURCE_ENTRIES),
         }
     }
@@ -493,14 +498,15 @@ impl LinkRuntime {
         // virtual arch, with CUDA's headers found beside this NVRTC (or by
         // the library search) and fraglink's own embedded in the binary, so
         // a copied binary needs no source tree.
-        let (include_dirs, _) =
-            crate::sys::loader::cuda_include_dirs(Some(nvrtc.path())).map_err(|tried| {
-                LinkError::HeadersNotFound {
+        let include_dirs = self.cuda_includes.get_or_try_init(|| {
+            crate::sys::loader::cuda_include_dirs(Some(nvrtc.path()))
+                .map(|(dirs, _)| dirs)
+                .map_err(|tried| LinkError::HeadersNotFound {
                     tried: tried.join("; "),
-                }
-            })?;
+                })
+        })?;
         let options =
-            crate::build::compile::nvrtc_options(Arch::compute(arch.number), &include_dirs, &[]);
+            crate::build::compile::nvrtc_options(Arch::compute(arch.number), include_dirs, &[]);
         let mut h = blake3::Hasher::new();
         h.update(format!("nvrtc {maj}.{min}\0").as_bytes());
         for o in &options {
