@@ -91,12 +91,9 @@ fn fail(msg: impl std::fmt::Display) -> ! {
 /// built with.
 fn toolkit(root: Option<&Path>) -> Toolkit {
     match root {
-        Some(r) => {
-            let tk = probe_root(r, Origin::Root("--cuda-root".into()))
-                .unwrap_or_else(|missing| fail(format!("{}: {missing}", r.display())));
-            preload_builtins(&tk.nvrtc);
-            tk
-        }
+        // NVRTC 13's builtins library is preloaded by `sys::nvrtc` itself.
+        Some(r) => probe_root(r, Origin::Root("--cuda-root".into()))
+            .unwrap_or_else(|missing| fail(format!("{}: {missing}", r.display()))),
         None => Toolkit {
             root: env!("FRAGLINK_BAKED_CUDA_ROOT").into(),
             nvrtc: env!("FRAGLINK_BAKED_NVRTC_PATH").into(),
@@ -105,28 +102,6 @@ fn toolkit(root: Option<&Path>) -> Toolkit {
             include_dirs: std::env::split_paths(env!("FRAGLINK_BAKED_CUDA_INCLUDES")).collect(),
             origin: Origin::Root("FRAGLINK_BAKED_CUDA_ROOT".into()),
         },
-    }
-}
-
-/// NVRTC 13 `dlopen`s `libnvrtc-builtins.so.13.N` by name, and the CUDA 13
-/// wheel's libnvrtc carries no run path to find it beside itself (the CUDA
-/// 12 wheels' does). Loading it first by absolute path makes that name
-/// resolve to the already-loaded library, with no `LD_LIBRARY_PATH`.
-fn preload_builtins(nvrtc: &Path) {
-    let Some(dir) = nvrtc.parent() else { return };
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("libnvrtc-builtins.so") && !name.contains(".alt.") {
-            // SAFETY: NVIDIA's builtins library has no initialisers with
-            // preconditions; it stays loaded for the life of the process.
-            match unsafe { libloading::Library::new(e.path()) } {
-                Ok(lib) => std::mem::forget(lib),
-                Err(err) => eprintln!("bench_build: preloading {name}: {err}"),
-            }
-        }
     }
 }
 

@@ -290,7 +290,7 @@ impl Discovery {
             }
         }
         if let Some(py) = &self.python {
-            for site in python_site_packages(py) {
+            for site in crate::sys::loader::site_packages_of(py) {
                 searched.push(site.display().to_string());
                 if let Ok(t) = self.probe(&site, Origin::SitePackages(py.clone())) {
                     return Ok(t);
@@ -382,22 +382,6 @@ fn provision(python: &str, dir: &Path, set: PinnedSet) -> Result<(), ToolkitErro
         )));
     }
     Ok(())
-}
-
-fn python_site_packages(python: &str) -> Vec<PathBuf> {
-    let out = Command::new(python)
-        .args([
-            "-c",
-            "import site,sys; print('\\n'.join(site.getsitepackages()+[site.getusersitepackages()]))",
-        ])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .map(PathBuf::from)
-            .collect(),
-        _ => Vec::new(),
-    }
 }
 
 /// Checks one root in both layouts; `Err` says what is missing.
@@ -495,33 +479,12 @@ fn find_lib(dir: &Path, stem: &str, missing: &mut Vec<String>) -> Option<PathBuf
     if plain.is_file() {
         return Some(plain);
     }
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&format!("{stem}.")) && !n.contains(".alt."))
-        })
-        .collect();
-    // Highest version last: by the numbers after the stem, not as text.
-    let key = |p: &PathBuf| -> Vec<u32> {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix(&format!("{stem}.")))
-            .map(|v| v.split('.').filter_map(|x| x.parse().ok()).collect())
-            .unwrap_or_default()
-    };
-    found.sort_by_key(key);
-    match found.pop() {
-        Some(p) => Some(p),
-        None => {
-            missing.push(format!("{}/{stem}* is missing", dir.display()));
-            None
-        }
+    // The highest `.so.N[.M]` (by number, `.alt.` variants skipped).
+    let found = crate::sys::loader::lib_files(dir, stem).into_iter().next();
+    if found.is_none() {
+        missing.push(format!("{}/{stem}* is missing", dir.display()));
     }
+    found
 }
 
 #[cfg(test)]

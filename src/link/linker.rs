@@ -122,11 +122,7 @@ pub fn check_versions(nvjitlink: (u32, u32), nvrtc: (u32, u32)) -> Result<(), Li
     Ok(())
 }
 
-/// `"12.9"` → `(12, 9)`.
-pub fn parse_version(s: &str) -> Option<(u32, u32)> {
-    let (a, b) = s.trim().split_once('.')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
-}
+pub use crate::sys::loader::parse_version;
 
 impl Linker {
     /// Opens nvJitLink (`FRAGLINK_NVJITLINK_PATH`, else the path found at

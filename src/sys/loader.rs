@@ -297,29 +297,38 @@ pub fn lib_files(dir: &Path, stem: &str) -> Vec<PathBuf> {
     out
 }
 
-/// `site-packages` directories of `python3` (run once per process, and only
-/// when the earlier steps found nothing usable).
+/// `site-packages` directories of `python3` that exist (run once per
+/// process, and only when the earlier steps found nothing usable).
 pub fn python_site_packages() -> Vec<PathBuf> {
     static SITES: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
     SITES
         .get_or_init(|| {
-            let out = std::process::Command::new("python3")
-                .args([
-                    "-c",
-                    "import site,sys; print('\\n'.join(site.getsitepackages()+[site.getusersitepackages()]))",
-                ])
-                .stderr(std::process::Stdio::null())
-                .output();
-            match out {
-                Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .map(PathBuf::from)
-                    .filter(|p| p.is_dir())
-                    .collect(),
-                _ => Vec::new(),
-            }
+            site_packages_of("python3")
+                .into_iter()
+                .filter(|p| p.is_dir())
+                .collect()
         })
         .clone()
+}
+
+/// The `site-packages` directories `python` reports (system and user), as
+/// printed; empty when it does not run. The build's toolkit discovery uses
+/// it with `FRAGLINK_PYTHON`.
+pub fn site_packages_of(python: &str) -> Vec<PathBuf> {
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import site,sys; print('\\n'.join(site.getsitepackages()+[site.getusersitepackages()]))",
+        ])
+        .stderr(std::process::Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(PathBuf::from)
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The `-I` directories run-time NVRTC needs (`cuda_fp16.h` and CCCL's
@@ -421,7 +430,11 @@ fn include_set_complete(dirs: &[PathBuf]) -> bool {
 /// `(major, minor)` of the NVRTC that produced the embedded LTO-IR, when this
 /// module is compiled into the fraglink crate (`None` inside build.rs).
 pub fn embedded_ir_version() -> Option<(u32, u32)> {
-    let s = option_env!("FRAGLINK_BUILD_NVRTC_VERSION")?;
+    parse_version(option_env!("FRAGLINK_BUILD_NVRTC_VERSION")?)
+}
+
+/// `"12.9"` → `(12, 9)`.
+pub fn parse_version(s: &str) -> Option<(u32, u32)> {
     let (a, b) = s.trim().split_once('.')?;
     Some((a.parse().ok()?, b.parse().ok()?))
 }
