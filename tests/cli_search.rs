@@ -265,68 +265,7 @@ fn the_gpu_route_uploads_the_base_once_and_reports_it_apart() {
 /// Address-space cap of the bounded children (RLIMIT_AS).
 const AS_CAP: u64 = 2 << 30;
 
-struct Bounded {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs the CLI with `args` and `env`, under `RLIMIT_AS = cap` (when given),
-/// killed after `timeout`; output goes through files, so nothing blocks on a pipe.
-fn run_bounded(
-    args: &[&str],
-    env: &[(&str, &str)],
-    cap: Option<u64>,
-    timeout: std::time::Duration,
-) -> Bounded {
-    use std::os::unix::process::CommandExt;
-    let dir = tempfile::tempdir().unwrap();
-    let (out_p, err_p) = (dir.path().join("stdout"), dir.path().join("stderr"));
-    let mut cmd = Command::new(support::fraglink_bin());
-    cmd.args(args)
-        .env("FRAGLINK_CACHE_DIR", dir.path().join("cache"))
-        .envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(&out_p).unwrap())
-        .stderr(std::fs::File::create(&err_p).unwrap());
-    if let Some(cap) = cap {
-        // SAFETY: setrlimit is async-signal-safe; nothing else runs between
-        // fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let lim = libc::rlimit {
-                    rlim_cur: cap as libc::rlim_t,
-                    rlim_max: cap as libc::rlim_t,
-                };
-                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    let mut child = cmd.spawn().unwrap();
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{args:?} ({env:?}) still running after {timeout:?}; stderr so far: {}",
-                std::fs::read_to_string(&err_p).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    Bounded {
-        code: status.code(),
-        stdout: std::fs::read_to_string(&out_p).unwrap(),
-        stderr: std::fs::read_to_string(&err_p).unwrap(),
-    }
-}
+use support::run_bounded;
 
 /// `fraglink search ARGS` exits 2 with exactly one `error:` line that
 /// contains every one of `needles`, without a panic, within 60 s and 2 GiB.
@@ -373,13 +312,7 @@ fn write_truth(path: &std::path::Path, rows: &[Vec<i32>]) -> String {
 }
 
 fn npy(path: &std::path::Path, descr: &str, shape: &str, data: &[u8]) -> String {
-    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    h.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(h.len() as u16).to_le_bytes());
-    out.extend_from_slice(h.as_bytes());
-    out.extend_from_slice(data);
-    std::fs::write(path, out).unwrap();
+    std::fs::write(path, support::npy_bytes(descr, shape, data)).unwrap();
     path.to_str().unwrap().to_string()
 }
 

@@ -7,70 +7,21 @@
 
 mod support;
 
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// Address-space cap of each child: far above what a correct run needs here.
 const MEMORY_CAP: u64 = 2 << 30;
 /// A child still running after this is a hang.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-struct Outcome {
-    code: Option<i32>,
-    stderr: String,
-}
-
-/// Runs the CLI with `args` and `env` (plus a private, disabled-by-default
-/// cache), capped in memory and time.
-fn run(args: &[&str], env: &[(&str, &str)]) -> Outcome {
-    let mut cmd = Command::new(support::fraglink_bin());
-    cmd.args(args)
-        .env("FRAGLINK_CACHE_DISABLE", "1")
-        .env_remove("RAYON_NUM_THREADS")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: MEMORY_CAP,
-                rlim_max: MEMORY_CAP,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().expect("spawn fraglink");
-    let mut stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if started.elapsed() > TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("fraglink {args:?} hung (killed after {TIMEOUT:?})");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Outcome {
-        code: status.code(),
-        stderr: reader.join().unwrap(),
-    }
+/// Runs the CLI with `args` and `env` (the disk cache off unless `env`
+/// turns it on), capped in memory and time.
+fn run(args: &[&str], env: &[(&str, &str)]) -> support::Bounded {
+    let mut all = vec![("FRAGLINK_CACHE_DISABLE", "1")];
+    all.extend_from_slice(env);
+    support::run_bounded(args, &all, Some(MEMORY_CAP), TIMEOUT)
 }
 
 /// Exit 2, one `error:` line naming `needle`, no panic.
@@ -103,19 +54,6 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
 
 fn vecs_header(dim: i32, payload: &[u8]) -> Vec<u8> {
     let mut b = dim.to_le_bytes().to_vec();
-    b.extend_from_slice(payload);
-    b
-}
-
-fn npy(descr: &str, shape: &str, payload: &[u8]) -> Vec<u8> {
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut b = b"\x93NUMPY\x01\x00".to_vec();
-    b.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    b.extend_from_slice(header.as_bytes());
     b.extend_from_slice(payload);
     b
 }
@@ -205,16 +143,24 @@ fn hostile_vector_files() {
             write(
                 d,
                 "overflow.npy",
-                &npy("<f4", "(4611686018427387904, 8)", &[]),
+                &support::npy_bytes("<f4", "(4611686018427387904, 8)", &[]),
             ),
             "overflow.npy",
         ),
         (
-            write(d, "lying.npy", &npy("<f4", "(1000000, 128)", &[0u8; 64])),
+            write(
+                d,
+                "lying.npy",
+                &support::npy_bytes("<f4", "(1000000, 128)", &[0u8; 64]),
+            ),
             "lying.npy",
         ),
         (
-            write(d, "dtype.npy", &npy("<c16", "(1, 1)", &[0u8; 16])),
+            write(
+                d,
+                "dtype.npy",
+                &support::npy_bytes("<c16", "(1, 1)", &[0u8; 16]),
+            ),
             "dtype.npy",
         ),
         (

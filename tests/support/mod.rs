@@ -62,3 +62,87 @@ pub fn testdata_dir() -> PathBuf {
     );
     dir
 }
+
+/// What a bounded child run of the CLI left behind.
+pub struct Bounded {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the CLI with `args` and `env` (after a private `FRAGLINK_CACHE_DIR`
+/// and with `RAYON_NUM_THREADS` removed, so `env` decides both), under
+/// `RLIMIT_AS = cap` when given, killed after `timeout` (a panic naming the
+/// command). Output goes through files, so nothing blocks on a pipe. Tests
+/// of hostile input use it so that a hang or an unbounded allocation fails
+/// the test instead of taking the machine down.
+pub fn run_bounded(
+    args: &[&str],
+    env: &[(&str, &str)],
+    cap: Option<u64>,
+    timeout: std::time::Duration,
+) -> Bounded {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (out_p, err_p) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut cmd = std::process::Command::new(fraglink_bin());
+    cmd.args(args)
+        .env("FRAGLINK_CACHE_DIR", dir.path().join("cache"))
+        .env_remove("RAYON_NUM_THREADS")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out_p).unwrap())
+        .stderr(std::fs::File::create(&err_p).unwrap());
+    if let Some(cap) = cap {
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs between
+        // fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: cap as libc::rlim_t,
+                    rlim_max: cap as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{args:?} ({env:?}) still running after {timeout:?}; stderr so far: {}",
+                std::fs::read_to_string(&err_p).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Bounded {
+        code: status.code(),
+        stdout: std::fs::read_to_string(&out_p).unwrap(),
+        stderr: std::fs::read_to_string(&err_p).unwrap(),
+    }
+}
+
+/// A version-1 `.npy` file: `descr`, a `shape` as Python writes it, then
+/// `payload` (the header padded to 64 bytes, as numpy does).
+pub fn npy_bytes(descr: &str, shape: &str, payload: &[u8]) -> Vec<u8> {
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    b.extend_from_slice(header.as_bytes());
+    b.extend_from_slice(payload);
+    b
+}
