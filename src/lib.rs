@@ -9,6 +9,7 @@
 
 pub mod build;
 pub mod cost;
+pub mod families;
 pub mod fragment;
 pub mod fragments;
 pub mod gpu;

@@ -254,7 +254,19 @@ impl<K: Eq + Hash + Clone, V: Weighed, E> SingleFlightCache<K, V, E> {
         self.evict(&mut st);
     }
 
-    /// A ready value, without producing it (counts as a hit or a miss).
+    /// A ready value, counted as a hit; `None` (counting nothing) when the
+    /// key is absent or still in flight, for [`get_or_try_insert`] to
+    /// handle. The fast path of a repeated link.
+    ///
+    /// [`get_or_try_insert`]: Self::get_or_try_insert
+    pub fn hit(&self, key: &K) -> Option<Arc<V>> {
+        let value = self.peek(key)?;
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(value)
+    }
+
+    /// A ready value, without producing it or counting anything (it does
+    /// count as a use for the eviction order).
     pub fn peek(&self, key: &K) -> Option<Arc<V>> {
         let mut st = self.lock();
         st.tick += 1;

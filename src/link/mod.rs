@@ -19,8 +19,11 @@ pub mod cache;
 pub mod disk;
 pub mod key;
 pub mod linker;
+pub(crate) mod memo;
 pub mod metadata;
 pub mod planner;
+pub mod prelink;
+pub mod profile;
 pub mod runtime;
 
 use std::sync::Arc;
@@ -29,7 +32,7 @@ pub use cache::{CacheStats, Source};
 pub use key::LinkKey;
 pub use linker::{LinkOptions, Linker};
 pub use metadata::KernelMetadata;
-pub use planner::Planner;
+pub use planner::{PlanSettings, Planner};
 pub use runtime::{DiskPayload, LinkRuntime, Linked, LinkedKernel, RuntimeConfig};
 
 #[derive(Debug, thiserror::Error)]

@@ -1,11 +1,29 @@
 //! The planner: which fragments one kernel needs, and with which options.
 
+use std::sync::Arc;
+
 use crate::build::arch::Arch;
 use crate::fragment::{FragmentInfo, StaticFragment};
 
 use super::linker::LinkOptions;
+use super::memo::KeyMemo;
 use super::runtime::{LinkRuntime, Linked};
 use super::LinkError;
+
+/// A plan's link settings, as [`Planner::settings`] returns them and a
+/// profile ([`super::profile`]) records them. `None`: nvJitLink's default.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSettings {
+    pub opt_level: u8,
+    pub lineinfo: bool,
+    pub max_registers: Option<u32>,
+    pub split_compile: Option<u32>,
+    pub ftz: Option<bool>,
+    pub prec_div: Option<bool>,
+    pub prec_sqrt: Option<bool>,
+    pub fma: Option<bool>,
+}
 
 /// A link plan: an entry point and its fragments, in link order.
 #[derive(Debug, Clone)]
@@ -21,6 +39,9 @@ pub struct Planner {
     prec_div: Option<bool>,
     prec_sqrt: Option<bool>,
     fma: Option<bool>,
+    /// The link key per (runtime, arch), shared by clones of an unchanged
+    /// plan; every builder method starts a new one.
+    memo: Arc<KeyMemo>,
 }
 
 impl Planner {
@@ -38,7 +59,20 @@ impl Planner {
             prec_div: None,
             prec_sqrt: None,
             fma: None,
+            memo: Arc::default(),
         }
+    }
+
+    /// Called by every builder method: the plan changes, so a key
+    /// remembered for its previous content (perhaps shared with a clone)
+    /// no longer applies.
+    fn changed(mut self) -> Self {
+        self.memo = Arc::default();
+        self
+    }
+
+    pub(crate) fn memo(&self) -> &KeyMemo {
+        &self.memo
     }
 
     /// Adds an embedded fragment chosen at compile time; a combination the
@@ -50,7 +84,7 @@ impl Planner {
     /// Adds an embedded fragment by description (any catalog).
     pub fn add_fragment(mut self, info: &'static FragmentInfo) -> Self {
         self.statics.push(info);
-        self
+        self.changed()
     }
 
     /// Adds one of fraglink's own fragments by name, for configurations
@@ -82,40 +116,40 @@ impl Planner {
     /// fragment headers and CUDA's (`cuda_fp16.h`, `cuda/std/...`).
     pub fn add_source(mut self, name: impl Into<String>, cuda_source: impl Into<String>) -> Self {
         self.sources.push((name.into(), cuda_source.into()));
-        self
+        self.changed()
     }
 
     pub fn opt_level(mut self, level: u8) -> Self {
         self.opt_level = level.min(3);
-        self
+        self.changed()
     }
     pub fn lineinfo(mut self, on: bool) -> Self {
         self.lineinfo = on;
-        self
+        self.changed()
     }
     pub fn max_registers(mut self, n: u32) -> Self {
         self.max_registers = Some(n);
-        self
+        self.changed()
     }
     pub fn split_compile(mut self, threads: u32) -> Self {
         self.split_compile = Some(threads);
-        self
+        self.changed()
     }
     pub fn ftz(mut self, on: bool) -> Self {
         self.ftz = Some(on);
-        self
+        self.changed()
     }
     pub fn prec_div(mut self, on: bool) -> Self {
         self.prec_div = Some(on);
-        self
+        self.changed()
     }
     pub fn prec_sqrt(mut self, on: bool) -> Self {
         self.prec_sqrt = Some(on);
-        self
+        self.changed()
     }
     pub fn fma(mut self, on: bool) -> Self {
         self.fma = Some(on);
-        self
+        self.changed()
     }
 
     pub fn entry(&self) -> &str {
@@ -152,6 +186,34 @@ impl Planner {
         o.fma = self.fma;
         o.kernels_used = vec![self.entry.clone()];
         o
+    }
+
+    /// The link settings (everything but the entry and the fragments).
+    pub fn settings(&self) -> PlanSettings {
+        PlanSettings {
+            opt_level: self.opt_level,
+            lineinfo: self.lineinfo,
+            max_registers: self.max_registers,
+            split_compile: self.split_compile,
+            ftz: self.ftz,
+            prec_div: self.prec_div,
+            prec_sqrt: self.prec_sqrt,
+            fma: self.fma,
+        }
+    }
+
+    /// This plan with `settings` applied (the inverse of [`settings`](Self::settings)).
+    pub fn with_settings(mut self, settings: &PlanSettings) -> Self {
+        let s = settings.clone();
+        self.opt_level = s.opt_level.min(3);
+        self.lineinfo = s.lineinfo;
+        self.max_registers = s.max_registers;
+        self.split_compile = s.split_compile;
+        self.ftz = s.ftz;
+        self.prec_div = s.prec_div;
+        self.prec_sqrt = s.prec_sqrt;
+        self.fma = s.fma;
+        self.changed()
     }
 
     /// Links for `arch` through the process-wide runtime.

@@ -33,6 +33,7 @@
 //! link actually needs its LTO-IR, never for a memory or disk hit.
 
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -47,6 +48,7 @@ use super::key::LinkKey;
 use super::linker::{LinkInput, Linker};
 use super::metadata::{self, KernelMetadata};
 use super::planner::Planner;
+use super::profile::ProfileWriter;
 use super::LinkError;
 
 /// fraglink's device headers, embedded so that run-time sources can
@@ -197,6 +199,10 @@ impl Weighed for CompiledSource {
 }
 
 pub struct LinkRuntime {
+    /// Unique per runtime in this process: plans remember their link key
+    /// per runtime ([`super::memo`]), because the key depends on this
+    /// runtime's nvJitLink and NVRTC.
+    id: u64,
     linker: Linker,
     memory: SingleFlightCache<LinkKey, LinkedKernel, LinkError>,
     /// Set once the memory capacity is settled (explicitly, or from
@@ -212,7 +218,14 @@ pub struct LinkRuntime {
     cuda_includes: OnceCell<Vec<std::path::PathBuf>>,
     /// Run-time sources compiled to LTO-IR, by content hash; bounded (LRU).
     sources: SingleFlightCache<String, CompiledSource, LinkError>,
+    /// Where linked and served plans are recorded: from `FRAGLINK_PROFILE`
+    /// on the first link of the global runtime, or [`Self::set_profile`].
+    profile: OnceCell<Option<ProfileWriter>>,
+    /// Only the global runtime reads `FRAGLINK_PROFILE`.
+    profile_from_env: bool,
 }
+
+static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(0);
 
 static GLOBAL: OnceCell<LinkRuntime> = OnceCell::new();
 static MEMORY_ONLY: OnceCell<LinkRuntime> = OnceCell::new();
@@ -380,6 +393,7 @@ impl LinkRuntime {
     /// when first used.
     fn unconfigured(linker: Linker, memory_capacity: usize) -> Self {
         LinkRuntime {
+            id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             linker,
             memory: SingleFlightCache::new(memory_capacity),
             memory_settled: OnceCell::new(),
@@ -387,6 +401,8 @@ impl LinkRuntime {
             nvrtc: OnceCell::new(),
             cuda_includes: OnceCell::new(),
             sources: SingleFlightCache::new(DEFAULT_SOURCE_ENTRIES),
+            profile: OnceCell::new(),
+            profile_from_env: false,
         }
     }
 
@@ -395,14 +411,14 @@ impl LinkRuntime {
     /// first [`link`](Self::link), the disk cache's variables by the first
     /// link that misses the memory cache (or by [`disk`](Self::disk)). An
     /// invalid value fails those calls, naming the variable, every time
-    /// (a failure is not remembered). A failure to open nvJitLink is
-    /// returned, and retried by the next call.
+    /// (a failure is not remembered). `FRAGLINK_PROFILE` is read by the
+    /// first successful link ([`super::profile`]). A failure to open
+    /// nvJitLink is returned, and retried by the next call.
     pub fn global() -> Result<&'static LinkRuntime, LinkError> {
         GLOBAL.get_or_try_init(|| {
-            Ok(LinkRuntime::unconfigured(
-                Linker::open()?,
-                DEFAULT_MEMORY_ENTRIES,
-            ))
+            let mut rt = LinkRuntime::unconfigured(Linker::open()?, DEFAULT_MEMORY_ENTRIES);
+            rt.profile_from_env = true;
+            Ok(rt)
         })
     }
 
@@ -478,6 +494,26 @@ impl LinkRuntime {
                 Ok::<(), LinkError>(())
             })
             .map(|_| ())
+    }
+
+    /// Records every plan this runtime links or serves from now on in
+    /// `profile` (see [`super::profile`]). Call it before the first link:
+    /// `false` when this runtime's profile was already settled by a link
+    /// (the global runtime's from `FRAGLINK_PROFILE`; others have none).
+    pub fn set_profile(&self, profile: ProfileWriter) -> bool {
+        self.profile.set(Some(profile)).is_ok()
+    }
+
+    fn profile(&self) -> Option<&ProfileWriter> {
+        self.profile
+            .get_or_init(|| {
+                if self.profile_from_env {
+                    ProfileWriter::from_env()
+                } else {
+                    None
+                }
+            })
+            .as_ref()
     }
 
     fn nvrtc(&self) -> Result<&Nvrtc, LinkError> {
@@ -556,6 +592,18 @@ impl LinkRuntime {
                 entry: entry.to_string(),
             });
         }
+        // A repeated link of the same plan: its remembered key and one
+        // lookup (no hashing of fragments, no allocation).
+        if let Some(key) = plan.memo().get(self.id, arch) {
+            if let Some(kernel) = self.memory.hit(&key) {
+                return Ok(Linked {
+                    kernel,
+                    source: Source::Memory,
+                    key,
+                    elapsed: requested.elapsed(),
+                });
+            }
+        }
         self.settle_memory()?;
         let mut inputs: Vec<Input> = Vec::new();
         for f in plan.static_fragments() {
@@ -597,6 +645,7 @@ impl LinkRuntime {
         let args = options.to_args();
         let pairs: Vec<(&str, &str)> = inputs.iter().map(|i| (i.name, i.hash.as_ref())).collect();
         let key = LinkKey::new(entry, &pairs, &args, self.linker.version());
+        plan.memo().remember(self.id, arch, key);
         let fragments = || inputs.iter().map(|i| i.name.to_string()).collect();
 
         let produce = || -> Result<(LinkedKernel, Source), LinkError> {
@@ -681,6 +730,9 @@ impl LinkRuntime {
             .memory
             .get_or_try_insert(&key, produce)
             .map_err(LinkError::from_shared)?;
+        if let Some(profile) = self.profile() {
+            profile.record(key, plan, arch);
+        }
         Ok(Linked {
             kernel,
             source,

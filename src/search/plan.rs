@@ -4,6 +4,7 @@
 use crate::fragment::FragmentInfo;
 use crate::fragments;
 use crate::gpu::launch::ScanContract;
+use crate::link::prelink::PlanFamily;
 use crate::link::Planner;
 
 use super::{DType, Metric};
@@ -130,9 +131,98 @@ pub fn plan(
     })
 }
 
+/// The filters `plan` accepts (`filter_<this>_<idx>` fragments).
+pub const FILTERS: [&str; 2] = ["none", "bitset"];
+
+/// Every scan plan [`plan`] can produce: each scan variant of the catalog
+/// (any veclen is chosen for some `dim`, any capacity for some `k`, u32 or
+/// i64 ids for some row count) with each metric of its dtype and each
+/// filter of its id type. Follows the catalog, like `plan` itself.
+pub fn all_plans() -> Vec<ScanPlan> {
+    let mut out = Vec::new();
+    for scan in fragments::catalog().iter().copied() {
+        if scan.family != "scan" {
+            continue;
+        }
+        let (Some(dtype), Some(idx), Some(veclen), Some(capacity)) = (
+            scan.param("dtype").and_then(|d| d.parse::<DType>().ok()),
+            scan.param("idx")
+                .and_then(|i| ["u32", "i64"].into_iter().find(|&x| x == i)),
+            param_u32(scan, "veclen"),
+            param_u32(scan, "capacity"),
+        ) else {
+            continue;
+        };
+        for metric in Metric::ALL {
+            for filter in FILTERS {
+                let metric = fragments::find(&format!(
+                    "metric_{}_{}",
+                    metric.fragment_name(),
+                    dtype.name()
+                ));
+                let filter = fragments::find(&format!("filter_{filter}_{idx}"));
+                if let (Some(metric), Some(filter)) = (metric, filter) {
+                    out.push(ScanPlan {
+                        scan,
+                        metric,
+                        filter,
+                        dtype,
+                        veclen,
+                        capacity,
+                        idx,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The exact k-NN scan family, for prelinking (`fraglink prelink --family scan`).
+pub const SCAN_FAMILY: PlanFamily = PlanFamily::new(
+    "scan",
+    "exact k-NN scans: scan variant x metric x filter, as `fraglink search` plans them",
+    || all_plans().iter().map(ScanPlan::planner).collect(),
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The enumerator and the planner rules agree: every plan `plan` makes
+    /// is enumerated, and every enumerated plan is made by `plan` for some
+    /// input.
+    #[test]
+    fn all_plans_are_exactly_the_reachable_plans() {
+        let all = all_plans();
+        let names = |p: &ScanPlan| p.fragment_names().join(" ");
+        let enumerated: std::collections::HashSet<String> = all.iter().map(names).collect();
+        assert_eq!(enumerated.len(), all.len(), "no duplicates");
+        let mut reached = std::collections::HashSet::new();
+        for dtype in DType::ALL {
+            for metric in Metric::ALL {
+                for filter in FILTERS {
+                    for rows in [1000, u32::MAX as usize + 1] {
+                        for dim in [1, 2, 4, 8, 16, 32, 7, 12, 24, 48] {
+                            for k in [1, 10, 32, 33, 64, 100, 128, 200, 256] {
+                                if let Ok(p) = plan(dtype, metric, filter, rows, dim, k) {
+                                    let n = names(&p);
+                                    assert!(enumerated.contains(&n), "{n} not enumerated");
+                                    reached.insert(n);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let unreached: Vec<_> = enumerated.difference(&reached).collect();
+        assert!(
+            unreached.is_empty(),
+            "enumerated, never planned: {unreached:?}"
+        );
+        assert_eq!(SCAN_FAMILY.plans().len(), all.len());
+    }
 
     #[test]
     fn picks_widest_veclen_and_smallest_capacity() {

@@ -4,6 +4,7 @@ mod catalog;
 mod doctor;
 mod expand;
 mod link;
+mod prelink;
 mod search;
 
 use std::process::ExitCode;
@@ -29,6 +30,9 @@ enum Command {
     Catalog(catalog::CatalogArgs),
     /// Link fragments into a cubin with nvJitLink (cached in memory and on disk).
     Link(link::LinkArgs),
+    /// Link plans ahead of time into the disk cache: from a profile
+    /// (FRAGLINK_PROFILE), one family, or all of them.
+    Prelink(prelink::PrelinkArgs),
     /// Inspect or clear the disk cache of linked cubins.
     #[command(subcommand)]
     Cache(link::CacheCommand),
@@ -44,6 +48,7 @@ fn main() -> ExitCode {
         Command::Expand(a) => expand::run(a),
         Command::Catalog(a) => catalog::run(a),
         Command::Link(a) => link::run(a),
+        Command::Prelink(a) => prelink::run(a),
         Command::Cache(c) => link::run_cache(c),
         Command::Search(a) => search::run(a),
         Command::Doctor(a) => doctor::run(a),
