@@ -1,7 +1,7 @@
 //! Kernel launch from a linked cubin.
 //!
-//! [`Launcher::load`] checks the image on the CPU ([`check_cubin`]: an ELF
-//! file for machine 190 mentioning the entry symbol), loads it with
+//! [`Launcher::load`] checks the image on the CPU ([`check_cubin`]: a CUDA
+//! ELF whose symbol table has the entry as a kernel), loads it with
 //! `cuModuleLoadData` (cudarc's `result::module::load_data`; cudarc's own
 //! `CudaContext::load_module` needs its `nvrtc` feature, which fraglink does
 //! not enable) and resolves the entry with `cuModuleGetFunction`. The
@@ -46,9 +46,10 @@ use super::context::DeviceLimits;
 use super::memory::{GpuView, GpuViewMut};
 use super::transfer::DeviceInput;
 use super::{driver_error, GpuContext, GpuError, GpuResult};
+use crate::link::metadata::{self, CubinError};
 
-/// ELF `e_machine` of CUDA device code.
-pub const EM_CUDA: u16 = 190;
+/// ELF `e_machine` of CUDA device code (one definition, in the metadata reader).
+pub use crate::link::metadata::EM_CUDA;
 
 /// Registers are allocated to a warp in units of this many (every
 /// architecture from sm_50 to sm_120).
@@ -635,35 +636,29 @@ impl ScanContract {
     }
 }
 
-/// Checks that `image` looks like a cubin holding `entry`: a 64-bit
-/// little-endian ELF file for machine 190 (CUDA) whose string tables
-/// contain the entry's name.
+/// Checks that `image` is a cubin whose symbol table holds `entry` as a
+/// kernel: the crate's one ELF check ([`metadata::check_cubin`]: a 64-bit
+/// little-endian ELF for machine 190 with `entry` among its function
+/// symbols), plus that `entry` is a `__global__` function and not a device
+/// function, which the driver would resolve and then fail to launch.
 pub fn check_cubin(image: &[u8], entry: &str) -> GpuResult<()> {
     let bad = |reason: String| Err(GpuError::InvalidConfig { reason });
     if entry.is_empty() || entry.contains('\0') {
         return bad(format!("invalid kernel entry name {entry:?}"));
     }
-    if image.len() < 64 || &image[..4] != b"\x7fELF" {
+    let info = match metadata::check_cubin(image, entry) {
+        Ok(info) => info,
+        Err(e @ (CubinError::NotElf { .. } | CubinError::TooShort { .. })) => {
+            return bad(format!(
+                "not a cubin: {e} (a PTX or LTO-IR image must be linked first)"
+            ))
+        }
+        Err(e) => return bad(format!("not a cubin for `{entry}`: {e}")),
+    };
+    if !info.entry_is_kernel {
         return bad(format!(
-            "not a cubin: {} bytes without an ELF header (a PTX or LTO-IR image must be linked first)",
-            image.len()
+            "`{entry}` is a device function of the cubin, not a kernel"
         ));
-    }
-    if image[4] != 2 || image[5] != 1 {
-        return bad("not a cubin: not a 64-bit little-endian ELF file".into());
-    }
-    let machine = u16::from_le_bytes([image[18], image[19]]);
-    if machine != EM_CUDA {
-        return bad(format!(
-            "not a cubin: ELF machine {machine}, CUDA device code is machine {EM_CUDA}"
-        ));
-    }
-    let name = entry.as_bytes();
-    let found = image.windows(name.len() + 2).any(|w| {
-        (w[0] == 0 || w[0] == b'.') && &w[1..=name.len()] == name && w[name.len() + 1] == 0
-    });
-    if !found {
-        return bad(format!("the cubin has no symbol `{entry}`"));
     }
     Ok(())
 }
@@ -1403,33 +1398,47 @@ mod tests {
         assert!(names.iter().all(|n| SCAN_PARAMS.contains(n)), "{names:?}");
     }
 
-    fn fake_elf(machine: u16, strings: &[u8]) -> Vec<u8> {
-        let mut v = vec![0u8; 64];
-        v[..4].copy_from_slice(b"\x7fELF");
-        v[4] = 2;
-        v[5] = 1;
-        v[18..20].copy_from_slice(&machine.to_le_bytes());
-        v.extend_from_slice(strings);
-        v
-    }
-
+    /// Needs nvJitLink (found as for every link test), no GPU.
     #[test]
     fn cubin_checks() {
-        let good = fake_elf(EM_CUDA, b"\0.text.scan_f32\0scan_f32\0");
-        assert!(check_cubin(&good, "scan_f32").is_ok());
-        // A name that only appears as a prefix of another is not found.
-        assert!(check_cubin(&fake_elf(EM_CUDA, b"\0scan_f32_u32\0"), "scan_f32").is_err());
-        let e = check_cubin(&good, "scan_f16").unwrap_err();
-        assert!(e.to_string().contains("no symbol `scan_f16`"), "{e}");
-        let e = check_cubin(&fake_elf(62, b"\0scan_f32\0"), "scan_f32").unwrap_err();
-        assert!(e.to_string().contains("machine 62"), "{e}");
+        let plan = crate::link::Planner::new("scan_f16_i64_v8_k256")
+            .add_named("scan_f16_i64_v8_k256")
+            .unwrap()
+            .add_named("metric_cosine_f16")
+            .unwrap()
+            .add_named("filter_none_i64")
+            .unwrap();
+        let rt = crate::link::LinkRuntime::new(crate::link::RuntimeConfig {
+            memory_capacity: 1,
+            disk: None,
+        })
+        .unwrap();
+        let linked = rt.link(&plan, crate::build::Arch::sm(80)).unwrap();
+        let good = &linked.kernel.cubin;
+        check_cubin(good, "scan_f16_i64_v8_k256").unwrap();
+        // A prefix of the entry is not the entry.
+        let e = check_cubin(good, "scan_f16_i64").unwrap_err().to_string();
+        assert!(e.contains("not a function symbol"), "{e}");
+        // A device function (libdevice's slow paths) is not launchable.
+        let info = metadata::check_cubin(good, "scan_f16_i64_v8_k256").unwrap();
+        let device_fn = info
+            .functions
+            .iter()
+            .find(|f| *f != "scan_f16_i64_v8_k256")
+            .expect("f16 cosine keeps device functions");
+        let e = check_cubin(good, device_fn).unwrap_err().to_string();
+        assert!(e.contains("device function"), "{e}");
+        let mut other_machine = good.clone();
+        other_machine[18..20].copy_from_slice(&62u16.to_le_bytes());
+        let e = check_cubin(&other_machine, "scan_f16_i64_v8_k256").unwrap_err();
+        assert!(e.to_string().contains("e_machine is 62"), "{e}");
         let e = check_cubin(b"// PTX\n.version 8.0", "k").unwrap_err();
-        assert!(e.to_string().contains("not a cubin"), "{e}");
-        let mut be = good.clone();
-        be[5] = 2;
-        assert!(check_cubin(&be, "scan_f32").is_err());
-        assert!(check_cubin(&good, "").is_err());
-        assert!(check_cubin(&good, "a\0b").is_err());
+        assert!(e.to_string().contains("must be linked first"), "{e}");
+        let mut big_endian = good.clone();
+        big_endian[5] = 2;
+        assert!(check_cubin(&big_endian, "scan_f16_i64_v8_k256").is_err());
+        assert!(check_cubin(good, "").is_err());
+        assert!(check_cubin(good, "a\0b").is_err());
     }
 
     #[test]

@@ -7,11 +7,36 @@
 //! outside it, and threads asking for a key being linked wait on that key's
 //! own condition variable.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+/// The hasher of keys that are already uniformly distributed digests and
+/// hash themselves as one `u64` (as [`LinkKey`](super::LinkKey) does): one
+/// rotate, xor and multiply per `u64` (FxHash's step) instead of SipHash.
+/// Not DoS-resistant, which a digest key does not need.
+#[derive(Default, Clone, Copy)]
+pub struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+/// [`BuildHasher`] of [`DigestHasher`].
+pub type DigestState = BuildHasherDefault<DigestHasher>;
 
 /// How a value was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -83,17 +108,19 @@ enum Slot<V, E> {
     InFlight(Arc<Flight<V, E>>),
 }
 
-struct State<K, V, E> {
-    slots: HashMap<K, Slot<V, E>>,
+struct State<K, V, E, S> {
+    slots: HashMap<K, Slot<V, E>, S>,
     tick: u64,
     capacity: usize,
     bytes: u64,
 }
 
 /// A single-flight LRU cache. `E` is shared by every waiter of a failed
-/// flight, hence `Arc<E>`.
-pub struct SingleFlightCache<K, V, E> {
-    state: Mutex<State<K, V, E>>,
+/// flight, hence `Arc<E>`. `S` hashes the keys (a key that is already a
+/// digest, like [`LinkKey`](super::LinkKey), needs no SipHash:
+/// [`DigestHasher`]).
+pub struct SingleFlightCache<K, V, E, S = RandomState> {
+    state: Mutex<State<K, V, E, S>>,
     hits: AtomicU64,
     misses: AtomicU64,
     links: AtomicU64,
@@ -103,12 +130,12 @@ pub struct SingleFlightCache<K, V, E> {
     link_nanos: AtomicU64,
 }
 
-impl<K: Eq + Hash + Clone, V: Weighed, E> SingleFlightCache<K, V, E> {
+impl<K: Eq + Hash + Clone, V: Weighed, E, S: BuildHasher + Default> SingleFlightCache<K, V, E, S> {
     /// `capacity` ready entries at most (at least 1).
     pub fn new(capacity: usize) -> Self {
         SingleFlightCache {
             state: Mutex::new(State {
-                slots: HashMap::new(),
+                slots: HashMap::default(),
                 tick: 0,
                 capacity: capacity.max(1),
                 bytes: 0,
@@ -123,7 +150,7 @@ impl<K: Eq + Hash + Clone, V: Weighed, E> SingleFlightCache<K, V, E> {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State<K, V, E>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<K, V, E, S>> {
         // A panic while holding the map lock cannot leave it inconsistent
         // (every update is a single insert/remove), so poisoning is ignored.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -214,7 +241,7 @@ impl<K: Eq + Hash + Clone, V: Weighed, E> SingleFlightCache<K, V, E> {
         result
     }
 
-    fn evict(&self, st: &mut State<K, V, E>) {
+    fn evict(&self, st: &mut State<K, V, E, S>) {
         loop {
             let ready = st
                 .slots
@@ -301,14 +328,16 @@ impl<K: Eq + Hash + Clone, V: Weighed, E> SingleFlightCache<K, V, E> {
     }
 }
 
-struct FlightGuard<'a, K: Eq + Hash + Clone, V: Weighed, E> {
-    cache: &'a SingleFlightCache<K, V, E>,
+struct FlightGuard<'a, K: Eq + Hash + Clone, V: Weighed, E, S: BuildHasher + Default> {
+    cache: &'a SingleFlightCache<K, V, E, S>,
     key: &'a K,
     flight: &'a Arc<Flight<V, E>>,
     armed: bool,
 }
 
-impl<K: Eq + Hash + Clone, V: Weighed, E> Drop for FlightGuard<'_, K, V, E> {
+impl<K: Eq + Hash + Clone, V: Weighed, E, S: BuildHasher + Default> Drop
+    for FlightGuard<'_, K, V, E, S>
+{
     fn drop(&mut self) {
         if !self.armed {
             return;

@@ -42,7 +42,7 @@ use once_cell::sync::OnceCell;
 use crate::build::arch::Arch;
 use crate::sys::{InputType, Nvrtc, Output};
 
-use super::cache::{CacheStats, SingleFlightCache, Source, Weighed};
+use super::cache::{CacheStats, DigestState, SingleFlightCache, Source, Weighed};
 use super::disk::{DiskCache, DiskCacheConfig, DiskCacheError, DiskLookup, MAX_ENTRY_BYTES};
 use super::key::LinkKey;
 use super::linker::{LinkInput, Linker};
@@ -204,7 +204,7 @@ pub struct LinkRuntime {
     /// runtime's nvJitLink and NVRTC.
     id: u64,
     linker: Linker,
-    memory: SingleFlightCache<LinkKey, LinkedKernel, LinkError>,
+    memory: SingleFlightCache<LinkKey, LinkedKernel, LinkError, DigestState>,
     /// Set once the memory capacity is settled (explicitly, or from
     /// `FRAGLINK_MEMORY_CACHE_ENTRIES` on the first link).
     memory_settled: OnceCell<()>,

@@ -1,0 +1,129 @@
+//! fraglink's cold-link overhead over raw nvJitLink, interleaved.
+//!
+//! Criterion runs one side after the other, so a machine that gets busier
+//! (or cooler) half-way shows up as "overhead". Here each round links the
+//! same plan once through the planner (memory cache emptied, no disk cache)
+//! and once through raw nvJitLink with the identical command line and
+//! inputs, alternating which goes first. Reported:
+//! * the median of the per-round ratios planner / raw, and its quartiles;
+//! * the planner's own overhead measured inside the same call: the request's
+//!   `elapsed` minus the time spent in nvJitLink (`link_ms`), which no
+//!   neighbour's noise can inflate much.
+//!
+//! `cargo bench --bench link_overhead` (`FRAGLINK_BENCH_ROUNDS`, default 40).
+//! The last line is JSON for `benches/run.sh`.
+
+use std::time::{Duration, Instant};
+
+use fraglink::build::Arch;
+use fraglink::fragments::{FilterFragment, MetricFragment, NoneFilter, ScanFragment, F32, L2, U32};
+use fraglink::link::{LinkRuntime, Planner, RuntimeConfig, Source};
+use fraglink::sys::{InputType, NvJitLink};
+
+const ARCH: Arch = Arch::sm(80);
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn main() {
+    let rounds: usize = std::env::var("FRAGLINK_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 3)
+        .unwrap_or(40);
+    let plan = Planner::new("scan_f32_u32_v4_k128")
+        .add::<ScanFragment<F32, U32, 4, 128>>()
+        .add::<MetricFragment<L2, F32>>()
+        .add::<FilterFragment<NoneFilter, U32>>();
+    // The planner's own command line: the raw side passes exactly this.
+    let args = plan.options(ARCH).to_args();
+    let nvjitlink = NvJitLink::open(None).expect("nvJitLink");
+    let rt = LinkRuntime::new(RuntimeConfig {
+        memory_capacity: 4,
+        disk: None,
+    })
+    .expect("link runtime");
+
+    let raw = || {
+        let t = Instant::now();
+        let mut h = nvjitlink.create(&args).unwrap();
+        for f in plan.static_fragments() {
+            h.add(InputType::Fatbin, f.fatbin, f.name).unwrap();
+        }
+        h.complete().unwrap();
+        let cubin = h.cubin().unwrap();
+        let log = h.info_log().unwrap();
+        std::hint::black_box((cubin, log));
+        t.elapsed()
+    };
+    let planner = || {
+        rt.clear();
+        let t = Instant::now();
+        let l = rt.link(&plan, ARCH).unwrap();
+        let total = t.elapsed();
+        assert_eq!(l.source, Source::Linked);
+        let inside = Duration::from_secs_f64(l.kernel.metadata.link_ms / 1e3);
+        (total, total.saturating_sub(inside))
+    };
+    // Warm-up: first links load nvJitLink's code and fill allocator pools.
+    for _ in 0..3 {
+        raw();
+        planner();
+    }
+    let (mut ratios, mut raw_ms, mut plan_ms, mut own_us) = (vec![], vec![], vec![], vec![]);
+    for round in 0..rounds {
+        let (r, (p, own)) = if round % 2 == 0 {
+            let r = raw();
+            (r, planner())
+        } else {
+            let p = planner();
+            (raw(), p)
+        };
+        ratios.push(p.as_secs_f64() / r.as_secs_f64());
+        raw_ms.push(r.as_secs_f64() * 1e3);
+        plan_ms.push(p.as_secs_f64() * 1e3);
+        own_us.push(own.as_secs_f64() * 1e6);
+    }
+    let (ratios, raw_ms, plan_ms, own_us) = (
+        sorted(ratios),
+        sorted(raw_ms),
+        sorted(plan_ms),
+        sorted(own_us),
+    );
+    let m = |v: &[f64]| quantile(v, 0.5);
+    println!(
+        "cold link, {rounds} interleaved rounds, {ARCH}, {}",
+        args.join(" ")
+    );
+    println!("  raw nvJitLink   median {:.2} ms", m(&raw_ms));
+    println!("  planner         median {:.2} ms", m(&plan_ms));
+    println!(
+        "  ratio           median {:.4} (quartiles {:.4} .. {:.4})",
+        m(&ratios),
+        quantile(&ratios, 0.25),
+        quantile(&ratios, 0.75)
+    );
+    println!(
+        "  planner's own   median {:.1} us per cold link ({:.2}% of the raw link)",
+        m(&own_us),
+        m(&own_us) / 1e3 / m(&raw_ms) * 100.0
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "rounds": rounds,
+            "raw_ms": m(&raw_ms),
+            "planner_ms": m(&plan_ms),
+            "ratio": m(&ratios),
+            "ratio_q1": quantile(&ratios, 0.25),
+            "ratio_q3": quantile(&ratios, 0.75),
+            "own_us": m(&own_us),
+        })
+    );
+}
