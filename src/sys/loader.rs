@@ -464,6 +464,63 @@ pub fn compatibility(
     Ok(())
 }
 
+/// A library's table of entry points: how to resolve it from a loaded
+/// library and how to ask the library its version. One implementation per
+/// library; [`open_table`] does the rest for all three.
+pub trait FnTable: Sized {
+    const LIBRARY: Library;
+
+    /// Resolves every entry point.
+    ///
+    /// # Safety
+    /// `lib` must be this library, and the table must not outlive it.
+    unsafe fn load(lib: &libloading::Library, path: &Path) -> Result<Self, SysError>;
+
+    /// The library's (major, minor) as it reports it, or why this candidate
+    /// is refused.
+    fn version(&self) -> Result<(u32, u32), Reject>;
+}
+
+/// An opened library: its entry points, where it came from and its version.
+/// Keeps the library (and `companions`, libraries it needs loaded first)
+/// mapped for as long as `fns` can be called.
+pub struct Loaded<F> {
+    pub fns: F,
+    pub path: PathBuf,
+    /// Why it was taken from there (module docs).
+    pub origin: String,
+    pub version: (u32, u32),
+    // Dropped after `fns` (declaration order): the code stays mapped.
+    _companions: Vec<libloading::Library>,
+    _lib: libloading::Library,
+}
+
+/// Opens the first compatible `F::LIBRARY` ([`open_first`]): loads its
+/// table, reads its version, checks it against the embedded LTO-IR
+/// ([`compatibility`]), then loads `companions(path)` beside it.
+pub fn open_table<F: FnTable>(
+    explicit: Option<&Path>,
+    companions: impl Fn(&Path) -> Vec<libloading::Library>,
+) -> Result<Loaded<F>, SysError> {
+    let ir = embedded_ir_version();
+    let ((fns, lib, version, extra), at) = open_first(F::LIBRARY, explicit, |lib, path| {
+        // SAFETY: `open_first` loaded F::LIBRARY; the table is stored
+        // next to the library in `Loaded`, which drops it last.
+        let fns = unsafe { F::load(&lib, path)? };
+        let version = fns.version()?;
+        compatibility(F::LIBRARY, version, ir).map_err(Reject::Skip)?;
+        Ok((fns, lib, version, companions(path)))
+    })?;
+    Ok(Loaded {
+        fns,
+        path: at.path,
+        origin: at.origin,
+        version,
+        _companions: extra,
+        _lib: lib,
+    })
+}
+
 /// Opens `lib` following the search order (module docs), handing each loaded
 /// candidate to `accept`, which resolves symbols and checks the version. The
 /// first accepted one wins.

@@ -246,6 +246,23 @@ pub(crate) fn cstrings(
     Ok((owned, ptrs))
 }
 
+/// Reads a log through a C API's size-then-fill pair, as NVRTC and
+/// nvJitLink both shape them: `size` reports the byte count (trailing NUL
+/// included), `fill` writes that many bytes. 0 or 1 bytes is an empty log.
+pub(crate) fn read_log(
+    size: impl FnOnce(&mut usize) -> Result<()>,
+    fill: impl FnOnce(*mut std::ffi::c_char) -> Result<()>,
+) -> Result<String> {
+    let mut n = 0usize;
+    size(&mut n)?;
+    if n <= 1 {
+        return Ok(String::new());
+    }
+    let mut buf = vec![0u8; n];
+    fill(buf.as_mut_ptr().cast())?;
+    Ok(log_to_string(buf))
+}
+
 /// Turns a log buffer (NUL-terminated, possibly with trailing NULs) into a String.
 pub(crate) fn log_to_string(mut buf: Vec<u8>) -> String {
     while buf.last() == Some(&0) {

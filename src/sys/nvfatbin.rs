@@ -17,7 +17,7 @@
 //! [`FatbinBuilder`] also accepts and strips `sm_`, `compute_` and `lto_`.
 
 use std::ffi::{c_char, c_uint, c_void, CStr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::ptr;
 use std::sync::Arc;
 
@@ -134,12 +134,28 @@ impl NvFatbinFns {
     }
 }
 
-struct Inner {
-    fns: NvFatbinFns,
-    path: PathBuf,
-    origin: String,
-    _lib: libloading::Library,
+impl loader::FnTable for NvFatbinFns {
+    const LIBRARY: Library = Library::NvFatbin;
+
+    unsafe fn load(lib: &libloading::Library, path: &Path) -> Result<Self, SysError> {
+        // SAFETY: forwarded from the trait's contract.
+        unsafe { NvFatbinFns::load(lib, path) }
+    }
+
+    fn version(&self) -> Result<(u32, u32), loader::Reject> {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: two valid out-pointers.
+        let r = unsafe { (self.nvFatbinVersion)(&mut major, &mut minor) };
+        if r != 0 {
+            return Err(loader::Reject::Skip(format!(
+                "nvFatbinVersion returned {r}"
+            )));
+        }
+        Ok((major, minor))
+    }
 }
+
+type Inner = loader::Loaded<NvFatbinFns>;
 
 /// A loaded nvFatbin. Cheap to clone; `Send + Sync` (each [`FatbinBuilder`]
 /// owns its own handle).
@@ -159,29 +175,8 @@ impl std::fmt::Debug for Nvfatbin {
 impl Nvfatbin {
     /// Opens nvFatbin from `explicit`, else from [`Library::candidates`].
     pub fn open(explicit: Option<&Path>) -> Result<Self, SysError> {
-        let ir = loader::embedded_ir_version();
-        let ((fns, lib), at) = loader::open_first(Library::NvFatbin, explicit, |lib, path| {
-            // SAFETY: the library is nvFatbin and is stored next to the table.
-            let fns = unsafe { NvFatbinFns::load(&lib, path)? };
-            let (mut major, mut minor) = (0, 0);
-            // SAFETY: two valid out-pointers.
-            let r = unsafe { (fns.nvFatbinVersion)(&mut major, &mut minor) };
-            if r != 0 {
-                return Err(loader::Reject::Skip(format!(
-                    "nvFatbinVersion returned {r}"
-                )));
-            }
-            loader::compatibility(Library::NvFatbin, (major, minor), ir)
-                .map_err(loader::Reject::Skip)?;
-            Ok((fns, lib))
-        })?;
         Ok(Nvfatbin {
-            inner: Arc::new(Inner {
-                fns,
-                path: at.path,
-                origin: at.origin,
-                _lib: lib,
-            }),
+            inner: Arc::new(loader::open_table(explicit, |_| Vec::new())?),
         })
     }
 
@@ -205,13 +200,9 @@ impl Nvfatbin {
         &self.inner.fns
     }
 
-    /// `nvFatbinVersion`: (major, minor).
+    /// `nvFatbinVersion`: (major, minor), as read when the library was opened.
     pub fn version(&self) -> Result<(u32, u32), SysError> {
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: two valid out-pointers.
-        let r = unsafe { (self.inner.fns.nvFatbinVersion)(&mut major, &mut minor) };
-        check(&self.inner.fns, "nvFatbinVersion", r)?;
-        Ok((major, minor))
+        Ok(self.inner.version)
     }
 
     /// `nvFatbinCreate` with `options` (e.g. [`COMPRESS_OPTIONS`]).

@@ -22,7 +22,7 @@
 //! barriers`.) Device functions inlined by LTO do not get their own block.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::ptr;
 use std::sync::Arc;
 
@@ -180,13 +180,30 @@ impl NvJitLinkFns {
     }
 }
 
-struct Inner {
-    fns: NvJitLinkFns,
-    path: PathBuf,
-    origin: String,
-    version: (u32, u32),
-    _lib: libloading::Library,
+impl loader::FnTable for NvJitLinkFns {
+    const LIBRARY: Library = Library::NvJitLink;
+
+    unsafe fn load(lib: &libloading::Library, path: &Path) -> Result<Self, SysError> {
+        // SAFETY: forwarded from the trait's contract.
+        unsafe { NvJitLinkFns::load(lib, path) }
+    }
+
+    fn version(&self) -> Result<(u32, u32), loader::Reject> {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: two valid out-pointers.
+        let r = unsafe { (self.nvJitLinkVersion)(&mut major, &mut minor) };
+        if r != NVJITLINK_SUCCESS {
+            return Err(loader::Reject::Fail(api_error(
+                "nvJitLinkVersion",
+                r,
+                String::new(),
+            )));
+        }
+        Ok((major, minor))
+    }
 }
+
+type Inner = loader::Loaded<NvJitLinkFns>;
 
 /// Architectures (the part after `sm_` / `compute_`) that nvJitLink
 /// `version` accepts, or `None` for a version this table does not cover
@@ -277,33 +294,8 @@ impl std::fmt::Debug for NvJitLink {
 impl NvJitLink {
     /// Opens nvJitLink from `explicit`, else from [`Library::candidates`].
     pub fn open(explicit: Option<&Path>) -> Result<Self, SysError> {
-        let ir = loader::embedded_ir_version();
-        let ((fns, lib, version), at) =
-            loader::open_first(Library::NvJitLink, explicit, |lib, path| {
-                // SAFETY: the library is nvJitLink and is stored next to the table.
-                let fns = unsafe { NvJitLinkFns::load(&lib, path)? };
-                let (mut major, mut minor) = (0, 0);
-                // SAFETY: two valid out-pointers.
-                let r = unsafe { (fns.nvJitLinkVersion)(&mut major, &mut minor) };
-                if r != NVJITLINK_SUCCESS {
-                    return Err(loader::Reject::Fail(api_error(
-                        "nvJitLinkVersion",
-                        r,
-                        String::new(),
-                    )));
-                }
-                loader::compatibility(Library::NvJitLink, (major, minor), ir)
-                    .map_err(loader::Reject::Skip)?;
-                Ok((fns, lib, (major, minor)))
-            })?;
         Ok(NvJitLink {
-            inner: Arc::new(Inner {
-                fns,
-                path: at.path,
-                origin: at.origin,
-                version,
-                _lib: lib,
-            }),
+            inner: Arc::new(loader::open_table(explicit, |_| Vec::new())?),
         })
     }
 
@@ -555,6 +547,8 @@ impl LinkHandle {
         self.error_log().unwrap_or_default()
     }
 
+    /// # Safety
+    /// `size_fn` and `get_fn` must be the size/get pair of one log.
     unsafe fn read_log(
         &self,
         size_fn: unsafe extern "C" fn(NvJitLinkHandle, *mut usize) -> NvJitLinkResult,
@@ -564,22 +558,16 @@ impl LinkHandle {
         if self.handle.is_null() {
             return Ok(String::new());
         }
-        let mut size = 0usize;
-        // SAFETY: live handle, valid out-pointer.
-        let r = unsafe { size_fn(self.handle, &mut size) };
-        if r != NVJITLINK_SUCCESS {
-            return Err(api_error(call, r, String::new()));
-        }
-        if size <= 1 {
-            return Ok(String::new());
-        }
-        let mut buf = vec![0u8; size];
-        // SAFETY: `buf` holds the `size` bytes reported.
-        let r = unsafe { get_fn(self.handle, buf.as_mut_ptr().cast()) };
-        if r != NVJITLINK_SUCCESS {
-            return Err(api_error(call, r, String::new()));
-        }
-        Ok(log_to_string(buf))
+        let ok = |r| match r {
+            NVJITLINK_SUCCESS => Ok(()),
+            r => Err(api_error(call, r, String::new())),
+        };
+        super::read_log(
+            // SAFETY: live handle, valid out-pointer.
+            |size| ok(unsafe { size_fn(self.handle, size) }),
+            // SAFETY: `read_log` passes a buffer of the size reported.
+            |buf| ok(unsafe { get_fn(self.handle, buf) }),
+        )
     }
 
     fn check_with_log(

@@ -7,12 +7,12 @@
 //! program calls `extern` device functions defined in another program.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::ptr;
 use std::sync::Arc;
 
 use super::loader::{self, Library};
-use super::{cstring, cstrings, log_to_string, SysError};
+use super::{cstring, cstrings, SysError};
 
 /// `nvrtcResult`.
 pub type NvrtcResult = c_int;
@@ -130,15 +130,27 @@ pub struct Compiled {
     pub log: String,
 }
 
-struct Inner {
-    fns: NvrtcFns,
-    path: PathBuf,
-    origin: String,
-    version: (u32, u32),
-    // Keeps the code behind `fns` mapped; declared last so it is dropped last.
-    _builtins: Vec<libloading::Library>,
-    _lib: libloading::Library,
+impl loader::FnTable for NvrtcFns {
+    const LIBRARY: Library = Library::Nvrtc;
+
+    unsafe fn load(lib: &libloading::Library, path: &Path) -> Result<Self, SysError> {
+        // SAFETY: forwarded from the trait's contract.
+        unsafe { NvrtcFns::load(lib, path) }
+    }
+
+    fn version(&self) -> Result<(u32, u32), loader::Reject> {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: two valid out-pointers.
+        let r = unsafe { (self.nvrtcVersion)(&mut major, &mut minor) };
+        if r != 0 {
+            return Err(loader::Reject::Skip(format!("nvrtcVersion returned {r}")));
+        }
+        Ok((major as u32, minor as u32))
+    }
 }
+
+/// The builtins library ([`preload_builtins`]) is the loaded NVRTC's companion.
+type Inner = loader::Loaded<NvrtcFns>;
 
 /// NVRTC `dlopen`s `libnvrtc-builtins.so.<major>.<minor>` by soname, and the
 /// CUDA 13 wheel's libnvrtc has no run path to find it beside itself (the
@@ -189,30 +201,8 @@ impl Drop for ProgramGuard<'_> {
 impl Nvrtc {
     /// Opens NVRTC from `explicit`, else from [`Library::candidates`].
     pub fn open(explicit: Option<&Path>) -> Result<Self, SysError> {
-        let ir = loader::embedded_ir_version();
-        let ((fns, lib, version, builtins), at) =
-            loader::open_first(Library::Nvrtc, explicit, |lib, path| {
-                // SAFETY: the library is NVRTC and is stored next to the table.
-                let fns = unsafe { NvrtcFns::load(&lib, path)? };
-                let (mut major, mut minor) = (0, 0);
-                // SAFETY: two valid out-pointers.
-                let r = unsafe { (fns.nvrtcVersion)(&mut major, &mut minor) };
-                if r != 0 {
-                    return Err(loader::Reject::Skip(format!("nvrtcVersion returned {r}")));
-                }
-                let version = (major as u32, minor as u32);
-                loader::compatibility(Library::Nvrtc, version, ir).map_err(loader::Reject::Skip)?;
-                Ok((fns, lib, version, preload_builtins(path)))
-            })?;
         Ok(Nvrtc {
-            inner: Arc::new(Inner {
-                fns,
-                path: at.path,
-                origin: at.origin,
-                version,
-                _builtins: builtins,
-                _lib: lib,
-            }),
+            inner: Arc::new(loader::open_table(explicit, preload_builtins)?),
         })
     }
 
@@ -241,13 +231,10 @@ impl Nvrtc {
         &self.inner.fns
     }
 
-    /// `nvrtcVersion`: (major, minor).
+    /// `nvrtcVersion`: (major, minor), as read when the library was opened.
     pub fn version(&self) -> Result<(i32, i32), SysError> {
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: two valid out-pointers.
-        let r = unsafe { (self.inner.fns.nvrtcVersion)(&mut major, &mut minor) };
-        self.check("nvrtcVersion", r)?;
-        Ok((major, minor))
+        let (major, minor) = self.inner.version;
+        Ok((major as i32, minor as i32))
     }
 
     /// `nvrtcGetSupportedArchs`: the real architectures (e.g. 75, 80, 90)
@@ -437,20 +424,20 @@ impl Nvrtc {
 
     fn program_log(&self, prog: NvrtcProgram) -> Result<String, SysError> {
         let fns = &self.inner.fns;
-        let mut size = 0usize;
-        // SAFETY: valid program and out-pointer.
-        self.check("nvrtcGetProgramLogSize", unsafe {
-            (fns.nvrtcGetProgramLogSize)(prog, &mut size)
-        })?;
-        if size <= 1 {
-            return Ok(String::new());
-        }
-        let mut buf = vec![0u8; size];
-        // SAFETY: `buf` holds the `size` bytes NVRTC reported.
-        self.check("nvrtcGetProgramLog", unsafe {
-            (fns.nvrtcGetProgramLog)(prog, buf.as_mut_ptr().cast())
-        })?;
-        Ok(log_to_string(buf))
+        super::read_log(
+            // SAFETY: valid program and out-pointer.
+            |size| {
+                self.check("nvrtcGetProgramLogSize", unsafe {
+                    (fns.nvrtcGetProgramLogSize)(prog, size)
+                })
+            },
+            // SAFETY: `read_log` passes a buffer of the size reported.
+            |buf| {
+                self.check("nvrtcGetProgramLog", unsafe {
+                    (fns.nvrtcGetProgramLog)(prog, buf)
+                })
+            },
+        )
     }
 }
 
