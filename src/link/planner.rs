@@ -25,20 +25,29 @@ pub struct PlanSettings {
     pub fma: Option<bool>,
 }
 
+impl Default for PlanSettings {
+    /// `-O3`, everything else nvJitLink's default.
+    fn default() -> Self {
+        PlanSettings {
+            opt_level: 3,
+            lineinfo: false,
+            max_registers: None,
+            split_compile: None,
+            ftz: None,
+            prec_div: None,
+            prec_sqrt: None,
+            fma: None,
+        }
+    }
+}
+
 /// A link plan: an entry point and its fragments, in link order.
 #[derive(Debug, Clone)]
 pub struct Planner {
     entry: String,
     statics: Vec<&'static FragmentInfo>,
     sources: Vec<(String, String)>,
-    opt_level: u8,
-    lineinfo: bool,
-    max_registers: Option<u32>,
-    split_compile: Option<u32>,
-    ftz: Option<bool>,
-    prec_div: Option<bool>,
-    prec_sqrt: Option<bool>,
-    fma: Option<bool>,
+    settings: PlanSettings,
     /// The link key per (runtime, arch), shared by clones of an unchanged
     /// plan; every builder method starts a new one.
     memo: Arc<KeyMemo>,
@@ -51,14 +60,7 @@ impl Planner {
             entry: entry.into(),
             statics: Vec::new(),
             sources: Vec::new(),
-            opt_level: 3,
-            lineinfo: false,
-            max_registers: None,
-            split_compile: None,
-            ftz: None,
-            prec_div: None,
-            prec_sqrt: None,
-            fma: None,
+            settings: PlanSettings::default(),
             memo: Arc::default(),
         }
     }
@@ -120,35 +122,35 @@ impl Planner {
     }
 
     pub fn opt_level(mut self, level: u8) -> Self {
-        self.opt_level = level.min(3);
+        self.settings.opt_level = level.min(3);
         self.changed()
     }
     pub fn lineinfo(mut self, on: bool) -> Self {
-        self.lineinfo = on;
+        self.settings.lineinfo = on;
         self.changed()
     }
     pub fn max_registers(mut self, n: u32) -> Self {
-        self.max_registers = Some(n);
+        self.settings.max_registers = Some(n);
         self.changed()
     }
     pub fn split_compile(mut self, threads: u32) -> Self {
-        self.split_compile = Some(threads);
+        self.settings.split_compile = Some(threads);
         self.changed()
     }
     pub fn ftz(mut self, on: bool) -> Self {
-        self.ftz = Some(on);
+        self.settings.ftz = Some(on);
         self.changed()
     }
     pub fn prec_div(mut self, on: bool) -> Self {
-        self.prec_div = Some(on);
+        self.settings.prec_div = Some(on);
         self.changed()
     }
     pub fn prec_sqrt(mut self, on: bool) -> Self {
-        self.prec_sqrt = Some(on);
+        self.settings.prec_sqrt = Some(on);
         self.changed()
     }
     pub fn fma(mut self, on: bool) -> Self {
-        self.fma = Some(on);
+        self.settings.fma = Some(on);
         self.changed()
     }
 
@@ -175,44 +177,29 @@ impl Planner {
 
     /// The nvJitLink options for `arch`.
     pub fn options(&self, arch: Arch) -> LinkOptions {
+        let s = &self.settings;
         let mut o = LinkOptions::new(arch);
-        o.opt_level = self.opt_level;
-        o.lineinfo = self.lineinfo;
-        o.max_registers = self.max_registers;
-        o.split_compile = self.split_compile;
-        o.ftz = self.ftz;
-        o.prec_div = self.prec_div;
-        o.prec_sqrt = self.prec_sqrt;
-        o.fma = self.fma;
+        o.opt_level = s.opt_level;
+        o.lineinfo = s.lineinfo;
+        o.max_registers = s.max_registers;
+        o.split_compile = s.split_compile;
+        o.ftz = s.ftz;
+        o.prec_div = s.prec_div;
+        o.prec_sqrt = s.prec_sqrt;
+        o.fma = s.fma;
         o.kernels_used = vec![self.entry.clone()];
         o
     }
 
     /// The link settings (everything but the entry and the fragments).
-    pub fn settings(&self) -> PlanSettings {
-        PlanSettings {
-            opt_level: self.opt_level,
-            lineinfo: self.lineinfo,
-            max_registers: self.max_registers,
-            split_compile: self.split_compile,
-            ftz: self.ftz,
-            prec_div: self.prec_div,
-            prec_sqrt: self.prec_sqrt,
-            fma: self.fma,
-        }
+    pub fn settings(&self) -> &PlanSettings {
+        &self.settings
     }
 
     /// This plan with `settings` applied (the inverse of [`settings`](Self::settings)).
     pub fn with_settings(mut self, settings: &PlanSettings) -> Self {
-        let s = settings.clone();
-        self.opt_level = s.opt_level.min(3);
-        self.lineinfo = s.lineinfo;
-        self.max_registers = s.max_registers;
-        self.split_compile = s.split_compile;
-        self.ftz = s.ftz;
-        self.prec_div = s.prec_div;
-        self.prec_sqrt = s.prec_sqrt;
-        self.fma = s.fma;
+        self.settings = settings.clone();
+        self.settings.opt_level = settings.opt_level.min(3);
         self.changed()
     }
 

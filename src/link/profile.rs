@@ -100,7 +100,7 @@ impl ProfiledPlan {
                 .iter()
                 .map(|f| f.name.to_string())
                 .collect(),
-            settings: plan.settings(),
+            settings: plan.settings().clone(),
             arch: arch.to_string(),
         })
     }
