@@ -7,10 +7,11 @@ use super::linker::LinkOptions;
 use super::runtime::{LinkRuntime, Linked};
 use super::LinkError;
 
-/// A link plan: an entry point and its fragments, in link order.
+/// A link plan: its entry points (one link serves them all) and its
+/// fragments, in link order.
 #[derive(Debug, Clone)]
 pub struct Planner {
-    entry: String,
+    entries: Vec<String>,
     statics: Vec<&'static FragmentInfo>,
     sources: Vec<(String, String)>,
     opt_level: u8,
@@ -26,8 +27,14 @@ pub struct Planner {
 impl Planner {
     /// A plan for the kernel whose symbol is `entry`.
     pub fn new(entry: impl Into<String>) -> Self {
+        Self::empty().with_entry(entry)
+    }
+
+    /// A plan with no entry yet (add them with [`with_entry`](Self::with_entry)
+    /// or [`kernel`](Self::kernel)).
+    pub fn empty() -> Self {
         Planner {
-            entry: entry.into(),
+            entries: Vec::new(),
             statics: Vec::new(),
             sources: Vec::new(),
             opt_level: 3,
@@ -41,10 +48,48 @@ impl Planner {
         }
     }
 
+    /// One more kernel for the same link (`-kernels-used` takes several):
+    /// a 100-kernel file is one link, not 100. A repeated entry is kept once.
+    pub fn with_entry(mut self, entry: impl Into<String>) -> Self {
+        let e = entry.into();
+        if !self.entries.contains(&e) {
+            self.entries.push(e);
+        }
+        self
+    }
+
     /// Adds an embedded fragment chosen at compile time; a combination the
     /// matrices did not produce does not compile.
     pub fn add<F: StaticFragment>(self) -> Self {
         self.add_fragment(F::info())
+    }
+
+    /// Adds the kernel fragment `F` names by the C++ name expression
+    /// `expression` (`"quantize<float>"`, as rendered by the family's
+    /// `name_expression`): its mangled name, recorded at build time, becomes
+    /// an entry, and `F` is added unless it is in the plan already.
+    pub fn kernel<F: StaticFragment>(self, expression: &str) -> Result<Self, LinkError> {
+        self.kernel_of(F::info(), expression)
+    }
+
+    /// [`kernel`](Self::kernel) for a fragment chosen at run time (e.g. from
+    /// [`find_in`](crate::fragment::find_in)).
+    pub fn kernel_of(
+        mut self,
+        info: &'static FragmentInfo,
+        expression: &str,
+    ) -> Result<Self, LinkError> {
+        let lowered =
+            info.lowered_name(expression)
+                .ok_or_else(|| LinkError::UnknownExpression {
+                    fragment: info.name.to_string(),
+                    expression: expression.to_string(),
+                    known: info.lowered.iter().map(|(e, _)| e.to_string()).collect(),
+                })?;
+        if !self.statics.iter().any(|f| std::ptr::eq(*f, info)) {
+            self.statics.push(info);
+        }
+        Ok(self.with_entry(lowered))
     }
 
     /// Adds an embedded fragment by description (any catalog).
@@ -118,8 +163,13 @@ impl Planner {
         self
     }
 
+    /// The first entry ("" when there is none).
     pub fn entry(&self) -> &str {
-        &self.entry
+        self.entries.first().map_or("", String::as_str)
+    }
+    /// Every entry, in the order given.
+    pub fn entries(&self) -> &[String] {
+        &self.entries
     }
     pub fn static_fragments(&self) -> &[&'static FragmentInfo] {
         &self.statics
@@ -150,7 +200,7 @@ impl Planner {
         o.prec_div = self.prec_div;
         o.prec_sqrt = self.prec_sqrt;
         o.fma = self.fma;
-        o.kernels_used = vec![self.entry.clone()];
+        o.kernels_used = self.entries.clone();
         o
     }
 
@@ -191,5 +241,17 @@ mod tests {
             "-lto -arch=sm_80 -O3 -verbose -lineinfo -maxrregcount=64 -kernels-used=scan_f32_u32_v4_k128"
         );
         assert_eq!(p.fragment_names(), ["scan_f32_u32_v4_k128"]);
+    }
+
+    #[test]
+    fn several_entries_in_one_plan() {
+        let p = Planner::new("a").with_entry("b").with_entry("a");
+        assert_eq!(p.entries(), ["a", "b"]);
+        assert_eq!(p.entry(), "a");
+        assert_eq!(
+            p.options(Arch::sm(90)).kernels_used,
+            ["a".to_string(), "b".to_string()]
+        );
+        assert_eq!(Planner::empty().entry(), "");
     }
 }
