@@ -17,9 +17,9 @@ use super::render::{entry_display, Rendered};
 use crate::sys::nvfatbin::Nvfatbin;
 use crate::sys::nvrtc::{Nvrtc, Output};
 
-/// Bumped when the cache's meaning changes (v3: a sidecar of recorded
+/// Bumped when the cache's meaning changes (v3, v4: a sidecar of recorded
 /// entries, definitions and lowered names beside each fatbin).
-const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v3";
+const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v4";
 
 /// Options nvFatbin gets: smallest output (DESIGN.md decision 1).
 pub const FATBIN_OPTIONS: &[&str] = &["-compress-all", "-compress-mode=size"];
@@ -297,9 +297,10 @@ fn compile_arch(
         .compile_named(&r.source, &program, &[], &opts, Output::LtoIr, &r.expressions)
         .map_err(nvrtc_err)?;
     let ptx_opts: Vec<String> = opts.into_iter().filter(|o| o != "-dlto").collect();
-    let ptx = ctx
+    // The name expressions again: they instantiate templates only they use.
+    let (ptx, _) = ctx
         .nvrtc
-        .compile(&r.source, &program, &ptx_opts, Output::Ptx)
+        .compile_named(&r.source, &program, &[], &ptx_opts, Output::Ptx, &r.expressions)
         .map_err(nvrtc_err)?;
     let text = String::from_utf8_lossy(&ptx.bytes);
     Ok((lto.bytes, lowered, super::ptx::parse(text.trim_end_matches('\0'))))

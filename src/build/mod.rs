@@ -69,7 +69,7 @@ pub enum BuildError {
     Option(#[from] options::OptionError),
     /// Some fragments failed (every one and every arch listed, each with
     /// NVRTC's log). Without `keep_going`, no registry was written.
-    #[error("{} of {total} fragments failed to build{}:\n{}", failures.len(), match report { Some(r) => format!(" (report: {})", r.display()), None => String::new() }, failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"))]
+    #[error("{} of {total} fragments failed to build{}:\n{}", failed_fragments(failures), match report { Some(r) => format!(" (report: {})", r.display()), None => String::new() }, failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"))]
     Fragments {
         failures: Vec<compile::CompileError>,
         total: usize,
@@ -666,6 +666,14 @@ fn write_report(
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// How many distinct fragments `failures` are about.
+fn failed_fragments(failures: &[compile::CompileError]) -> usize {
+    let mut names: Vec<&str> = failures.iter().filter_map(|f| f.fragment()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names.len()
 }
 
 fn env_usize(var: &str) -> Option<usize> {
