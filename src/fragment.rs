@@ -107,10 +107,8 @@ pub fn nearest_names(
 
 /// The `n` of `names` closest to `name` (edit distance), best first.
 pub fn nearest<'a>(names: &[&'a str], name: &str, n: usize) -> Vec<&'a str> {
-    let mut scored: Vec<(usize, &'a str)> = names
-        .iter()
-        .map(|c| (edit_distance(name, c), *c))
-        .collect();
+    let mut scored: Vec<(usize, &'a str)> =
+        names.iter().map(|c| (edit_distance(name, c), *c)).collect();
     scored.sort();
     scored.dedup();
     scored.into_iter().take(n).map(|(_, s)| s).collect()

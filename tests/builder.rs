@@ -23,7 +23,11 @@ fn toolkit() -> Toolkit {
 /// A crate directory with one matrix and the given sources.
 fn project(files: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("m.json"), r#"{"ctype": ["float", "double"]}"#).unwrap();
+    std::fs::write(
+        dir.path().join("m.json"),
+        r#"{"ctype": ["float", "double"]}"#,
+    )
+    .unwrap();
     for (name, text) in files {
         std::fs::write(dir.path().join(name), text).unwrap();
     }
@@ -49,7 +53,8 @@ fn family(name: &str, file: &str) -> Family {
 }
 
 const GOOD: &str = r#"extern "C" __global__ void good_{{ ctype }}({{ ctype }}* x) { x[0] = 1; }"#;
-const BAD: &str = r#"extern "C" __global__ void bad_{{ ctype }}({{ ctype }}* x) { x[0] = undefined_name; }"#;
+const BAD: &str =
+    r#"extern "C" __global__ void bad_{{ ctype }}({{ ctype }}* x) { x[0] = undefined_name; }"#;
 
 #[test]
 fn a_failing_fragment_is_reported_with_every_arch_and_keep_going_writes_the_rest() {
@@ -59,12 +64,25 @@ fn a_failing_fragment_is_reported_with_every_arch_and_keep_going_writes_the_rest
         .family(family("bad", "bad.cu.j2"));
     let e = b.clone().compile().unwrap_err();
     let msg = e.to_string();
-    let BuildError::Fragments { failures, total, .. } = &e else {
+    let BuildError::Fragments {
+        failures, total, ..
+    } = &e
+    else {
         panic!("{msg}")
     };
-    assert_eq!((failures.len(), *total), (4, 4), "two fragments × two archs: {msg}");
+    assert_eq!(
+        (failures.len(), *total),
+        (4, 4),
+        "two fragments × two archs: {msg}"
+    );
     assert!(msg.starts_with("2 of 4 fragments failed"), "{msg}");
-    for want in ["bad_float", "bad_double", "compute_75", "compute_80", "undefined_name"] {
+    for want in [
+        "bad_float",
+        "bad_double",
+        "compute_75",
+        "compute_80",
+        "undefined_name",
+    ] {
         assert!(msg.contains(want), "{want}: {msg}");
     }
     assert!(!dir.path().join("out/fraglink_registry.rs").exists());
@@ -100,7 +118,11 @@ fn options_are_checked_up_front() {
         .family(family("good", "good.cu.j2"))
         .compile()
         .unwrap();
-    assert!(r.warnings.iter().any(|w| w.contains("`-dopt=on`")), "{:?}", r.warnings);
+    assert!(
+        r.warnings.iter().any(|w| w.contains("`-dopt=on`")),
+        "{:?}",
+        r.warnings
+    );
 }
 
 const STD: &str = r#"#include <stdint.h>
@@ -139,8 +161,15 @@ fn host_launchers_warn_under_default_device_and_fail_without_it() {
         .family(family("launch", "l.cu.j2"))
         .compile()
         .unwrap();
-    let w = r.warnings.iter().find(|w| w.contains("host-looking")).expect("a warning");
-    assert!(w.contains("`launch_float`") && w.contains("<<<") && w.contains("__CUDACC_RTC__"), "{w}");
+    let w = r
+        .warnings
+        .iter()
+        .find(|w| w.contains("host-looking"))
+        .expect("a warning");
+    assert!(
+        w.contains("`launch_float`") && w.contains("<<<") && w.contains("__CUDACC_RTC__"),
+        "{w}"
+    );
     let e = builder(dir.path(), &["compute_75"])
         .family(family("launch", "l.cu.j2").default_device(false))
         .compile()
@@ -163,7 +192,11 @@ extern "C" __global__ void only_ampere(float* y) { y[0] = 2; }
 #[test]
 fn plain_sources_name_expressions_and_entries_per_arch() {
     let dir = project(&[("plain.cu", PLAIN)]);
-    std::fs::write(dir.path().join("m.json"), r#"{"ctype": ["float"], "width": [4]}"#).unwrap();
+    std::fs::write(
+        dir.path().join("m.json"),
+        r#"{"ctype": ["float"], "width": [4]}"#,
+    )
+    .unwrap();
     let r = builder(dir.path(), &["compute_75", "compute_80"])
         .family(
             Family::new("plain", "PlainFragment")
@@ -184,9 +217,16 @@ fn plain_sources_name_expressions_and_entries_per_arch() {
     assert!(e75.contains(&lowered.1) && e75.contains(&"zero_fill".to_string()));
     assert!(!e75.contains(&"only_ampere".to_string()));
     assert!(e80.contains(&"only_ampere".to_string()));
-    assert_eq!(rec.definitions, ["only_ampere", "zero_fill"], "static kernels are not external");
+    assert_eq!(
+        rec.definitions,
+        ["only_ampere", "zero_fill"],
+        "static kernels are not external"
+    );
     let registry = std::fs::read_to_string(&r.registry).unwrap();
-    assert!(registry.contains("lowered: &[(\"quantize<float>\", \"_Z8quantizeIfE"), "{registry}");
+    assert!(
+        registry.contains("lowered: &[(\"quantize<float>\", \"_Z8quantizeIfE"),
+        "{registry}"
+    );
 }
 
 #[test]

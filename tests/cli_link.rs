@@ -380,15 +380,28 @@ fn plan_errors_exit_2_before_nvjitlink() {
     let cache = dir.path().join("cache");
     let cases: [(&[&str], &str); 3] = [
         (
-            &["link", "--arch", "sm_80", TRIPLE[0], TRIPLE[1], TRIPLE[2], TRIPLE[0]],
+            &[
+                "link", "--arch", "sm_80", TRIPLE[0], TRIPLE[1], TRIPLE[2], TRIPLE[0],
+            ],
             "is in the plan twice",
         ),
         (
-            &["link", "--arch", "sm_80", "--entry", "", TRIPLE[0], TRIPLE[1], TRIPLE[2]],
+            &[
+                "link", "--arch", "sm_80", "--entry", "", TRIPLE[0], TRIPLE[1], TRIPLE[2],
+            ],
             "is not a symbol name",
         ),
         (
-            &["link", "--arch", "sm_80", "--entry", "scan_f16_i64_v8_k25", TRIPLE[0], TRIPLE[1], TRIPLE[2]],
+            &[
+                "link",
+                "--arch",
+                "sm_80",
+                "--entry",
+                "scan_f16_i64_v8_k25",
+                TRIPLE[0],
+                TRIPLE[1],
+                TRIPLE[2],
+            ],
             "nearest kernels: `scan_f16_i64_v8_k256`",
         ),
     ];
@@ -396,7 +409,10 @@ fn plan_errors_exit_2_before_nvjitlink() {
         let out = fraglink(&cache, args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.starts_with("error: ") && stderr.contains(want), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(want),
+            "{args:?}: {stderr}"
+        );
     }
 }
 
@@ -407,16 +423,35 @@ fn several_entries_in_one_link() {
     let out = fraglink(
         &cache,
         &[
-            "link", "--arch", "sm_90a", "--json",
-            "--entry", "scan_f16_i64_v8_k256", "--entry", "scan_f16_i64_v8_k128",
-            "scan_f16_i64_v8_k256", "scan_f16_i64_v8_k128", TRIPLE[1], TRIPLE[2],
+            "link",
+            "--arch",
+            "sm_90a",
+            "--json",
+            "--entry",
+            "scan_f16_i64_v8_k256",
+            "--entry",
+            "scan_f16_i64_v8_k128",
+            "scan_f16_i64_v8_k256",
+            "scan_f16_i64_v8_k128",
+            TRIPLE[1],
+            TRIPLE[2],
         ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["arch"], "sm_90a");
     let kernels = v["kernels"].as_array().unwrap();
-    let names: Vec<&str> = kernels.iter().map(|k| k["entry"].as_str().unwrap()).collect();
+    let names: Vec<&str> = kernels
+        .iter()
+        .map(|k| k["entry"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["scan_f16_i64_v8_k256", "scan_f16_i64_v8_k128"]);
-    assert!(kernels.iter().all(|k| k["registers"].as_u64().unwrap() > 0), "{v}");
+    assert!(
+        kernels.iter().all(|k| k["registers"].as_u64().unwrap() > 0),
+        "{v}"
+    );
 }

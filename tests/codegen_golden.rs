@@ -54,10 +54,16 @@ fn fixture() -> (Vec<FamilyDecl>, Vec<FragmentDecl>) {
         recorded: Recorded {
             entries: vec![
                 ("compute_75".into(), vec![name.to_string()]),
-                ("sm_90".into(), vec![name.to_string(), format!("{name}_sm90_only")]),
+                (
+                    "sm_90".into(),
+                    vec![name.to_string(), format!("{name}_sm90_only")],
+                ),
             ],
             definitions: vec![name.to_string()],
-            lowered: vec![(format!("{name}<float>"), format!("_Z{}{name}IfEvv", name.len()))],
+            lowered: vec![(
+                format!("{name}<float>"),
+                format!("_Z{}{name}IfEvv", name.len()),
+            )],
         },
     };
     let fragments = vec![

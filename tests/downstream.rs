@@ -23,7 +23,10 @@ fn run_example() -> String {
         .output()
         .expect("cargo runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "downstream build or run failed:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "downstream build or run failed:\n{stderr}"
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -39,17 +42,32 @@ fn downstream_crate_builds_and_plans_all_its_kernels() {
     let stdout = run_example();
     // Entries recorded per arch: the bf16 kernel is missing from compute_75.
     assert_eq!(
-        line(&stdout, "fragment elementwise_b256 ").rsplit(' ').next(),
+        line(&stdout, "fragment elementwise_b256 ")
+            .rsplit(' ')
+            .next(),
         Some("compute_75:7,compute_80:8,sm_90:8"),
         "{stdout}"
     );
     assert!(line(&stdout, "fragment axpy_f32 ").ends_with("compute_75:1,compute_80:1,sm_90:1"));
     assert!(line(&stdout, "fragment wmma_t16 ").ends_with("compute_75:1,compute_80:1,sm_90:1"));
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("fragment ")).count(), 7, "{stdout}");
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("fragment "))
+            .count(),
+        7,
+        "{stdout}"
+    );
     assert_eq!(line(&stdout, "typed "), "typed axpy_f32 elementwise_b256");
     // The templated kernel's mangled name, from nvrtcGetLoweredName.
-    let lowered = line(&stdout, "lowered quantize<float> ").rsplit(' ').next().unwrap();
-    assert!(lowered.starts_with("_Z") && lowered.contains("quantize"), "{lowered}");
+    let lowered = line(&stdout, "lowered quantize<float> ")
+        .rsplit(' ')
+        .next()
+        .unwrap();
+    assert!(
+        lowered.starts_with("_Z") && lowered.contains("quantize"),
+        "{lowered}"
+    );
     // Every fragment linked for every target, all its kernels in one link.
     let links: Vec<&str> = stdout.lines().filter(|l| l.starts_with("link ")).collect();
     assert_eq!(links.len(), 7 * 5, "{stdout}");
@@ -65,10 +83,15 @@ fn downstream_crate_builds_and_plans_all_its_kernels() {
     // The arch guard is named, with the IR nvJitLink would use.
     let guarded = line(&stdout, "guarded ");
     assert!(
-        guarded.contains("compute_75") && guarded.contains("__CUDA_ARCH__") && guarded.contains("affine_bf16"),
+        guarded.contains("compute_75")
+            && guarded.contains("__CUDA_ARCH__")
+            && guarded.contains("affine_bf16"),
         "{guarded}"
     );
-    assert!(line(&stdout, "7 fragments, ").contains(" bytes, "), "{stdout}");
+    assert!(
+        line(&stdout, "7 fragments, ").contains(" bytes, "),
+        "{stdout}"
+    );
 }
 
 /// The example's binary: beside the CLI in a GPU archive
@@ -78,19 +101,33 @@ fn example_bin() -> PathBuf {
     if beside.is_file() {
         return beside;
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/nested/debug/fraglink-downstream-example")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target/nested/debug/fraglink-downstream-example")
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn downstream_kernels_run_on_the_gpu() {
     let bin = example_bin();
-    assert!(bin.is_file(), "{} not built (run the non-GPU test or scripts/gpu-archive.sh)", bin.display());
-    let out = Command::new(&bin).arg("gpu").output().expect("the example runs");
+    assert!(
+        bin.is_file(),
+        "{} not built (run the non-GPU test or scripts/gpu-archive.sh)",
+        bin.display()
+    );
+    let out = Command::new(&bin)
+        .arg("gpu")
+        .output()
+        .expect("the example runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    for k in ["affine_f32", "saturate_abs_i32", "fill_zero_f32", "quantize<float>", "wmma_16x16x16_f16"] {
+    for k in [
+        "affine_f32",
+        "saturate_abs_i32",
+        "fill_zero_f32",
+        "quantize<float>",
+        "wmma_16x16x16_f16",
+    ] {
         assert!(stdout.contains(&format!("gpu ok {k}")), "{k}:\n{stdout}");
     }
 }

@@ -51,7 +51,10 @@ fn fake(
 fn a_fragment_given_twice_is_refused_before_nvjitlink() {
     let plan = scan_plan(SCAN).add_named(SCAN).unwrap();
     let e = runtime().link(&plan, Arch::sm(80)).unwrap_err();
-    assert!(matches!(e.root(), LinkError::DuplicateFragment { name } if name == SCAN), "{e}");
+    assert!(
+        matches!(e.root(), LinkError::DuplicateFragment { name } if name == SCAN),
+        "{e}"
+    );
     assert!(e.to_string().contains("twice"), "{e}");
 }
 
@@ -59,13 +62,18 @@ fn a_fragment_given_twice_is_refused_before_nvjitlink() {
 fn missing_empty_and_unknown_entries_are_refused() {
     let rt = runtime();
     let none = Planner::empty().add::<ScanFragment<F32, U32, 4, 128>>();
-    assert!(matches!(rt.link(&none, Arch::sm(80)).unwrap_err().root(), LinkError::NoEntry));
+    assert!(matches!(
+        rt.link(&none, Arch::sm(80)).unwrap_err().root(),
+        LinkError::NoEntry
+    ));
     let empty = scan_plan("");
     assert!(matches!(
         rt.link(&empty, Arch::sm(80)).unwrap_err().root(),
         LinkError::EmptyEntry { .. }
     ));
-    let e = rt.link(&scan_plan("scan_f32_u32_v4_k12"), Arch::sm(80)).unwrap_err();
+    let e = rt
+        .link(&scan_plan("scan_f32_u32_v4_k12"), Arch::sm(80))
+        .unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e.root(), LinkError::UnknownEntry { .. }), "{msg}");
     assert!(msg.contains(SCAN) && msg.contains("sm_80"), "{msg}");
@@ -75,7 +83,10 @@ fn missing_empty_and_unknown_entries_are_refused() {
 fn an_entry_removed_by_an_arch_guard_names_the_chosen_ir() {
     let f = fake(
         "elementwise",
-        &[("compute_75", &["affine_f32"]), ("compute_80", &["affine_f32", "affine_bf16"])],
+        &[
+            ("compute_75", &["affine_f32"]),
+            ("compute_80", &["affine_f32", "affine_bf16"]),
+        ],
         &[],
     );
     let plan = Planner::new("affine_bf16").add_fragment(f);
@@ -83,7 +94,9 @@ fn an_entry_removed_by_an_arch_guard_names_the_chosen_ir() {
     let msg = e.to_string();
     assert!(matches!(e, LinkError::EntryGuarded { .. }), "{msg}");
     assert!(
-        msg.contains("compute_75 LTO-IR") && msg.contains("sm_75") && msg.contains("compute_80")
+        msg.contains("compute_75 LTO-IR")
+            && msg.contains("sm_75")
+            && msg.contains("compute_80")
             && msg.contains("#if __CUDA_ARCH__"),
         "{msg}"
     );
@@ -95,14 +108,22 @@ fn an_entry_removed_by_an_arch_guard_names_the_chosen_ir() {
 fn duplicate_external_definitions_are_named_demangled() {
     let a = fake("a", &[("compute_75", &["ka"])], &["_Z6helperi", "ka"]);
     let b = fake("b", &[("compute_75", &["kb"])], &["_Z6helperi", "kb"]);
-    let e = check_plan(&Planner::new("ka").add_fragment(a).add_fragment(b), Arch::sm(80))
-        .unwrap_err();
+    let e = check_plan(
+        &Planner::new("ka").add_fragment(a).add_fragment(b),
+        Arch::sm(80),
+    )
+    .unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("`helper(int)` (`_Z6helperi`)"), "{msg}");
     assert!(msg.contains("`a`") && msg.contains("`b`"), "{msg}");
     // fraglink's own metrics define the same extern "C" functions.
     let e = runtime()
-        .link(&scan_plan(SCAN).add_named("metric_inner_product_f32").unwrap(), Arch::sm(80))
+        .link(
+            &scan_plan(SCAN)
+                .add_named("metric_inner_product_f32")
+                .unwrap(),
+            Arch::sm(80),
+        )
         .unwrap_err();
     let msg = e.to_string();
     assert!(
@@ -123,7 +144,14 @@ fn one_link_serves_several_entries() {
     let linked = rt.link(&two, Arch::sm(80)).unwrap();
     let names: Vec<&str> = linked.kernel.entries().collect();
     assert_eq!(names, [SCAN, "scan_f32_u32_v4_k256"]);
-    assert!(linked.kernel.kernel("scan_f32_u32_v4_k256").unwrap().registers > 0);
+    assert!(
+        linked
+            .kernel
+            .kernel("scan_f32_u32_v4_k256")
+            .unwrap()
+            .registers
+            > 0
+    );
     assert_eq!(linked.kernel.metadata.entry, SCAN);
     // The entry set is part of the key.
     let one = rt.link(&scan_plan(SCAN), Arch::sm(80)).unwrap();
@@ -138,7 +166,10 @@ fn arch_specific_targets_link_under_their_own_key() {
     let a = rt.link(&scan_plan(SCAN), sm90a).unwrap();
     let plain = rt.link(&scan_plan(SCAN), Arch::sm(90)).unwrap();
     assert_eq!(a.kernel.arch, "sm_90a");
-    assert_ne!(a.key, plain.key, "cudf#23506: sm_90a and sm_90 cubins differ");
+    assert_ne!(
+        a.key, plain.key,
+        "cudf#23506: sm_90a and sm_90 cubins differ"
+    );
 }
 
 #[test]
@@ -172,7 +203,10 @@ fn name_expressions_resolve_to_recorded_entries() {
         .kernel::<ScanFragment<F32, U32, 4, 128>>("scan<float>")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("`scan<float>`") && e.contains("Family::name_expression"), "{e}");
+    assert!(
+        e.contains("`scan<float>`") && e.contains("Family::name_expression"),
+        "{e}"
+    );
     static LOWERED: &[(&str, &str)] = &[("quantize<float>", "_Z8quantizeIfEvPKT_Pafj")];
     let q: &'static FragmentInfo = Box::leak(Box::new(FragmentInfo {
         lowered: LOWERED,
@@ -189,4 +223,15 @@ fn name_expressions_resolve_to_recorded_entries() {
     assert_eq!(p.entries(), ["_Z8quantizeIfEvPKT_Pafj"]);
     assert_eq!(p.fragment_names(), ["q"]);
     check_plan(&p, Arch::sm(80)).unwrap();
+}
+
+#[test]
+fn run_time_sources_get_the_standard_header_stand_ins() {
+    const SRC: &str = r#"#include <stdint.h>
+#include <cmath>
+extern "C" __global__ void rt_round(float* x, uint32_t n) { if (n) x[0] = std::round(x[0]) + INFINITY; }
+"#;
+    let plan = Planner::new("rt_round").add_source("rt_round", SRC);
+    let linked = runtime().link(&plan, Arch::sm(80)).unwrap();
+    assert_eq!(linked.kernel.kernels[0].entry, "rt_round");
 }

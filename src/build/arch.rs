@@ -258,7 +258,10 @@ mod tests {
     #[test]
     fn chosen_ir_prefers_the_most_specific() {
         let built = [Arch::compute(75), Arch::sm(90), Arch::compute(80)];
-        assert_eq!(Arch::chosen_for(&built, Arch::sm(86)), Some(Arch::compute(80)));
+        assert_eq!(
+            Arch::chosen_for(&built, Arch::sm(86)),
+            Some(Arch::compute(80))
+        );
         assert_eq!(Arch::chosen_for(&built, Arch::sm(90)), Some(Arch::sm(90)));
         assert_eq!(Arch::chosen_for(&built, Arch::sm(70)), None);
         let sm90a = Arch::sm(90).with_variant(Variant::Specific);

@@ -151,7 +151,10 @@ pub fn nvrtc_options(
         "-dlto".to_string(),
         "--relocatable-device-code=true".to_string(),
     ];
-    if !extra.iter().any(|e| e.starts_with("-std=") || e.starts_with("--std=")) {
+    if !extra
+        .iter()
+        .any(|e| e.starts_with("-std=") || e.starts_with("--std="))
+    {
         o.push("-std=c++17".to_string());
     }
     if default_device {
@@ -165,7 +168,11 @@ pub fn nvrtc_options(
 /// The options of one fragment for one arch: the builder's, the family's
 /// and the entry's `-D` defines.
 pub fn fragment_options(ctx: &CompileContext<'_>, r: &Rendered, arch: Arch) -> Vec<String> {
-    let fam = ctx.families.get(r.family_index).cloned().unwrap_or_default();
+    let fam = ctx
+        .families
+        .get(r.family_index)
+        .cloned()
+        .unwrap_or_default();
     let mut includes = ctx.include_dirs.to_vec();
     if fam.std_headers {
         includes.extend(ctx.std_dir.map(Path::to_path_buf));
@@ -195,7 +202,11 @@ pub fn cache_key(ctx: &CompileContext<'_>, r: &Rendered) -> String {
     // their contents are hashed instead of their path, so the cache stays
     // shared between profiles.
     let std_include = ctx.std_dir.map(|d| format!("-I{}", d.display()));
-    if ctx.families.get(r.family_index).is_none_or(|f| f.std_headers) {
+    if ctx
+        .families
+        .get(r.family_index)
+        .is_none_or(|f| f.std_headers)
+    {
         for (name, text) in super::std_headers::STD_HEADERS {
             field(name.as_bytes());
             field(text.as_bytes());
@@ -294,16 +305,34 @@ fn compile_arch(
     };
     let (lto, lowered) = ctx
         .nvrtc
-        .compile_named(&r.source, &program, &[], &opts, Output::LtoIr, &r.expressions)
+        .compile_named(
+            &r.source,
+            &program,
+            &[],
+            &opts,
+            Output::LtoIr,
+            &r.expressions,
+        )
         .map_err(nvrtc_err)?;
     let ptx_opts: Vec<String> = opts.into_iter().filter(|o| o != "-dlto").collect();
     // The name expressions again: they instantiate templates only they use.
     let (ptx, _) = ctx
         .nvrtc
-        .compile_named(&r.source, &program, &[], &ptx_opts, Output::Ptx, &r.expressions)
+        .compile_named(
+            &r.source,
+            &program,
+            &[],
+            &ptx_opts,
+            Output::Ptx,
+            &r.expressions,
+        )
         .map_err(nvrtc_err)?;
     let text = String::from_utf8_lossy(&ptx.bytes);
-    Ok((lto.bytes, lowered, super::ptx::parse(text.trim_end_matches('\0'))))
+    Ok((
+        lto.bytes,
+        lowered,
+        super::ptx::parse(text.trim_end_matches('\0')),
+    ))
 }
 
 /// Every arch of one fragment into one fatbin; every failing arch reported.

@@ -85,7 +85,11 @@ pub fn host_code(source: &str) -> Vec<Finding> {
 }
 
 /// The warning for a fragment's findings, `None` when there are none.
-pub fn host_code_warning(fragment: &str, source_path: &str, findings: &[Finding]) -> Option<String> {
+pub fn host_code_warning(
+    fragment: &str,
+    source_path: &str,
+    findings: &[Finding],
+) -> Option<String> {
     let first = findings.first()?;
     Some(format!(
         "fragment `{fragment}` ({source_path}:{}) has host-looking code: {}{}; under \
@@ -122,7 +126,10 @@ extern "C" void launch_quantize(cudaStream_t s, float* x) {
         assert_eq!(f[1].line, 6);
         assert!(f[1].what.contains("<<<"));
         let w = host_code_warning("q", "gen/q.cu", &f).unwrap();
-        assert!(w.contains("gen/q.cu:5") && w.contains("1 more") && w.contains("__CUDACC_RTC__"), "{w}");
+        assert!(
+            w.contains("gen/q.cu:5") && w.contains("1 more") && w.contains("__CUDACC_RTC__"),
+            "{w}"
+        );
         assert!(host_code_warning("q", "x", &[]).is_none());
     }
 }

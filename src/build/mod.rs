@@ -560,7 +560,8 @@ impl Builder {
             }
             let path = gen_dir.join(format!("{}.cu", r.name));
             let findings = lint::host_code(&r.source);
-            if let Some(w) = lint::host_code_warning(&r.name, &path.display().to_string(), &findings)
+            if let Some(w) =
+                lint::host_code_warning(&r.name, &path.display().to_string(), &findings)
             {
                 self.directive(&format!("warning={w}"));
                 warnings.push(w);

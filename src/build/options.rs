@@ -73,9 +73,9 @@ const REFUSED: &[(&str, &str)] = &[
 /// Whether `option` is `prefix` itself or `prefix` followed by `=`/a value.
 fn matches(option: &str, prefix: &str) -> bool {
     option == prefix
-        || option
-            .strip_prefix(prefix)
-            .is_some_and(|rest| rest.starts_with('=') || (prefix.len() > 3 && rest.starts_with(' ')))
+        || option.strip_prefix(prefix).is_some_and(|rest| {
+            rest.starts_with('=') || (prefix.len() > 3 && rest.starts_with(' '))
+        })
 }
 
 /// Checks one option. `origin` names where it came from, for the error.
@@ -131,25 +131,39 @@ mod tests {
 
     #[test]
     fn nvrtc_options_are_kept() {
-        for o in ["-DNDEBUG=1", "--use_fast_math", "-lineinfo", "-std=c++20", "-ftz=true"] {
+        for o in [
+            "-DNDEBUG=1",
+            "--use_fast_math",
+            "-lineinfo",
+            "-std=c++20",
+            "-ftz=true",
+        ] {
             assert_eq!(check(o, "t").unwrap(), Checked::Kept(o.into()), "{o}");
         }
     }
 
     #[test]
     fn nvcc_spellings_are_translated() {
-        let (out, notes) =
-            check_all(&["-O3".into(), "--generate-line-info".into()], "Builder::nvrtc_option")
-                .unwrap();
+        let (out, notes) = check_all(
+            &["-O3".into(), "--generate-line-info".into()],
+            "Builder::nvrtc_option",
+        )
+        .unwrap();
         assert_eq!(out, ["-dopt=on", "-lineinfo"]);
-        assert!(notes[0].contains("`-O3`") && notes[0].contains("`-dopt=on`"), "{notes:?}");
+        assert!(
+            notes[0].contains("`-O3`") && notes[0].contains("`-dopt=on`"),
+            "{notes:?}"
+        );
     }
 
     #[test]
     fn refused_options_name_the_equivalent() {
         let e = check("--expt-relaxed-constexpr", "family `q`").unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("family `q`") && msg.contains("__host__ __device__"), "{msg}");
+        assert!(
+            msg.contains("family `q`") && msg.contains("__host__ __device__"),
+            "{msg}"
+        );
         let e = check("-arch=sm_80", "t").unwrap_err().to_string();
         assert!(e.contains("Builder::archs"), "{e}");
         let e = check("-Xcompiler=-fPIC", "t").unwrap_err().to_string();
@@ -158,7 +172,10 @@ mod tests {
         assert!(e.contains("Planner::max_registers"), "{e}");
         assert!(check("fast", "t").is_err());
         // A longer option that merely starts like a refused one is not refused.
-        assert_eq!(check("-gpu-foo", "t").unwrap(), Checked::Kept("-gpu-foo".into()));
+        assert_eq!(
+            check("-gpu-foo", "t").unwrap(),
+            Checked::Kept("-gpu-foo".into())
+        );
         assert_eq!(check("-G", "t").unwrap(), Checked::Kept("-G".into()));
     }
 }

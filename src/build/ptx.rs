@@ -100,13 +100,24 @@ mod tests {
         let s = parse(ptx);
         assert_eq!(
             s.entries,
-            ["_Z5quantIfEvPT_", "kern_a", "_Z4tmplIiEvPT_", "guarded_bf16"]
+            [
+                "_Z5quantIfEvPT_",
+                "kern_a",
+                "_Z4tmplIiEvPT_",
+                "guarded_bf16"
+            ]
         );
-        assert_eq!(s.definitions, ["guarded_bf16", "helper_b", "kern_a", "table"]);
+        assert_eq!(
+            s.definitions,
+            ["guarded_bf16", "helper_b", "kern_a", "table"]
+        );
     }
 
     #[test]
     fn nothing_in_garbage() {
-        assert_eq!(parse("not ptx\n.entry (\n.visible .func ("), PtxSymbols::default());
+        assert_eq!(
+            parse("not ptx\n.entry (\n.visible .func ("),
+            PtxSymbols::default()
+        );
     }
 }

@@ -218,7 +218,10 @@ pub fn render_all(families: &[FamilySource<'_>]) -> Result<Vec<Rendered>, Render
             let (source, defines) = if fam.plain {
                 (fam.template.to_string(), defines(fam.family, entry)?)
             } else {
-                (render_one(&env, &fam.template_name, &ctx, entry)?, Vec::new())
+                (
+                    render_one(&env, &fam.template_name, &ctx, entry)?,
+                    Vec::new(),
+                )
             };
             let expressions = expression_names
                 .iter()
@@ -281,7 +284,10 @@ mod tests {
         }])
         .unwrap_err()
         .to_string();
-        assert!(msg.contains("`d-type`") && msg.contains("-D define"), "{msg}");
+        assert!(
+            msg.contains("`d-type`") && msg.contains("-D define"),
+            "{msg}"
+        );
     }
 
     #[test]

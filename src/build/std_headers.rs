@@ -17,7 +17,10 @@ pub const STD_HEADERS: &[(&str, &str)] = &[
     ("cstdlib", include_str!("../../fragments/std/cstdlib")),
     ("cstring", include_str!("../../fragments/std/cstring")),
     ("float.h", include_str!("../../fragments/std/float.h")),
-    ("fraglink_std_namespace.h", include_str!("../../fragments/std/fraglink_std_namespace.h")),
+    (
+        "fraglink_std_namespace.h",
+        include_str!("../../fragments/std/fraglink_std_namespace.h"),
+    ),
     ("limits", include_str!("../../fragments/std/limits")),
     ("limits.h", include_str!("../../fragments/std/limits.h")),
     ("math.h", include_str!("../../fragments/std/math.h")),
@@ -26,7 +29,10 @@ pub const STD_HEADERS: &[(&str, &str)] = &[
     ("stdio.h", include_str!("../../fragments/std/stdio.h")),
     ("stdlib.h", include_str!("../../fragments/std/stdlib.h")),
     ("string.h", include_str!("../../fragments/std/string.h")),
-    ("type_traits", include_str!("../../fragments/std/type_traits")),
+    (
+        "type_traits",
+        include_str!("../../fragments/std/type_traits"),
+    ),
     ("utility", include_str!("../../fragments/std/utility")),
 ];
 

@@ -402,7 +402,10 @@ impl Discovery {
             provision(self.python.as_deref().unwrap_or("python3"), &dir, req)
                 .map_err(|e| e.to_string())?;
             if !has_crt(std::slice::from_ref(&inc)) {
-                return Err(format!("{name}=={version} installed into {} holds no crt/mma.h", dir.display()));
+                return Err(format!(
+                    "{name}=={version} installed into {} holds no crt/mma.h",
+                    dir.display()
+                ));
             }
         }
         t.include_dirs.push(inc);
@@ -667,9 +670,13 @@ mod tests {
         let set12 = PinnedSet::for_major(12).unwrap();
         assert_eq!(set12.crt.0, "nvidia-cuda-nvcc-cu12");
         assert_eq!(set12.crt_dir_name(), "fraglink-cuda-12.9-crt");
-        assert!(set12.crt_include(Path::new("/t")).ends_with("nvidia/cuda_nvcc/include"));
+        assert!(set12
+            .crt_include(Path::new("/t"))
+            .ends_with("nvidia/cuda_nvcc/include"));
         assert_eq!(set13.crt.0, "nvidia-cuda-crt");
-        assert!(set13.crt_include(Path::new("/t")).ends_with("nvidia/cu13/include"));
+        assert!(set13
+            .crt_include(Path::new("/t"))
+            .ends_with("nvidia/cu13/include"));
     }
 
     #[test]
@@ -684,9 +691,14 @@ mod tests {
             ..Default::default()
         };
         let msg = d.supply_crt(&mut t).unwrap_err();
-        assert!(msg.contains("FRAGLINK_OFFLINE") && msg.contains("nvidia-cuda-nvcc-cu12"), "{msg}");
+        assert!(
+            msg.contains("FRAGLINK_OFFLINE") && msg.contains("nvidia-cuda-nvcc-cu12"),
+            "{msg}"
+        );
         // The crt directory beside the set, as provisioning leaves it.
-        let crt = tmp.path().join("fraglink-cuda-12.9-crt/nvidia/cuda_nvcc/include/crt");
+        let crt = tmp
+            .path()
+            .join("fraglink-cuda-12.9-crt/nvidia/cuda_nvcc/include/crt");
         std::fs::create_dir_all(&crt).unwrap();
         std::fs::write(crt.join("mma.h"), b"").unwrap();
         d.supply_crt(&mut t).unwrap();

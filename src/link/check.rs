@@ -44,9 +44,7 @@ pub fn check_plan(plan: &Planner, target: Arch) -> Result<(), LinkError> {
         return Err(LinkError::NoEntry);
     }
     if let Some(bad) = entries.iter().find(|e| !valid_symbol(e)) {
-        return Err(LinkError::EmptyEntry {
-            entry: bad.clone(),
-        });
+        return Err(LinkError::EmptyEntry { entry: bad.clone() });
     }
     let statics = plan.static_fragments();
     // Strong definitions shared by two fragments.
@@ -74,7 +72,10 @@ pub fn check_plan(plan: &Planner, target: Arch) -> Result<(), LinkError> {
         })
         .collect();
     for entry in entries {
-        if chosen_lists.iter().any(|(_, _, l)| l.contains(&entry.as_str())) {
+        if chosen_lists
+            .iter()
+            .any(|(_, _, l)| l.contains(&entry.as_str()))
+        {
             continue;
         }
         // In another arch's IR of some fragment: an arch guard removed it.
@@ -98,11 +99,18 @@ pub fn check_plan(plan: &Planner, target: Arch) -> Result<(), LinkError> {
         if !plan.sources().is_empty() {
             continue;
         }
-        let known: Vec<&str> = chosen_lists.iter().flat_map(|(_, _, l)| l.iter().copied()).collect();
+        let known: Vec<&str> = chosen_lists
+            .iter()
+            .flat_map(|(_, _, l)| l.iter().copied())
+            .collect();
         return Err(LinkError::UnknownEntry {
             entry: entry.clone(),
             target: target.to_string(),
-            fragments: statics.iter().map(|f| f.name).collect::<Vec<_>>().join(", "),
+            fragments: statics
+                .iter()
+                .map(|f| f.name)
+                .collect::<Vec<_>>()
+                .join(", "),
             nearest: crate::fragment::nearest(&known, entry, 3)
                 .into_iter()
                 .map(describe)

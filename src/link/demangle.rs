@@ -32,7 +32,10 @@ fn runtime() -> Option<&'static Runtime> {
                 // runtime; the Library is kept alive beside the pointer.
                 let f = unsafe { lib.get::<CxaDemangle>(b"__cxa_demangle\0") }.ok()?;
                 let demangle = *f;
-                Some(Runtime { _lib: lib, demangle })
+                Some(Runtime {
+                    _lib: lib,
+                    demangle,
+                })
             })
     })
     .as_ref()
@@ -62,7 +65,9 @@ pub fn demangle(symbol: &str) -> String {
         return symbol.to_string();
     }
     // SAFETY: a NUL-terminated string malloc'ed by __cxa_demangle.
-    let text = unsafe { CStr::from_ptr(out) }.to_string_lossy().into_owned();
+    let text = unsafe { CStr::from_ptr(out) }
+        .to_string_lossy()
+        .into_owned();
     // SAFETY: allocated with malloc by __cxa_demangle, freed once.
     unsafe { libc::free(out.cast()) };
     text
@@ -85,7 +90,10 @@ mod tests {
     #[test]
     fn mangled_names_are_demangled_and_others_kept() {
         assert_eq!(demangle("_Z6helperi"), "helper(int)");
-        assert_eq!(demangle("_Z8quantizeIfEvPT_"), "void quantize<float>(float*)");
+        assert_eq!(
+            demangle("_Z8quantizeIfEvPT_"),
+            "void quantize<float>(float*)"
+        );
         assert_eq!(demangle("affine_f32"), "affine_f32");
         assert_eq!(demangle("_Znot a name"), "_Znot a name");
         assert_eq!(describe("_Z6helperi"), "`helper(int)` (`_Z6helperi`)");

@@ -65,7 +65,12 @@ mod tests {
     use super::*;
 
     fn key(entry: &str, inputs: &[(&str, &str)], arch: &str, v: (u32, u32)) -> LinkKey {
-        LinkKey::new(&[entry], inputs, &["-lto".into(), format!("-arch={arch}")], v)
+        LinkKey::new(
+            &[entry],
+            inputs,
+            &["-lto".into(), format!("-arch={arch}")],
+            v,
+        )
     }
 
     #[test]

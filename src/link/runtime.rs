@@ -59,6 +59,20 @@ const FRAGLINK_HEADERS: &[(&str, &str)] = &[
     ("scan.cuh", include_str!("../../fragments/scan.cuh")),
 ];
 
+/// The in-memory headers of a run-time source: fraglink's own and the
+/// standard-header stand-ins (`stdint.h`, `cmath`, ...), as in build-time
+/// fragments.
+fn runtime_headers() -> &'static [(&'static str, &'static str)] {
+    static ALL: OnceCell<Vec<(&'static str, &'static str)>> = OnceCell::new();
+    ALL.get_or_init(|| {
+        FRAGLINK_HEADERS
+            .iter()
+            .chain(crate::build::std_headers::STD_HEADERS)
+            .copied()
+            .collect()
+    })
+}
+
 /// A linked, checked cubin holding one or more entries.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct LinkedKernel {
@@ -521,8 +535,12 @@ impl LinkRuntime {
                     tried: tried.join("; "),
                 })
         })?;
-        let options =
-            crate::build::compile::nvrtc_options(Arch::compute(arch.number), include_dirs, &[], true);
+        let options = crate::build::compile::nvrtc_options(
+            Arch::compute(arch.number),
+            include_dirs,
+            &[],
+            true,
+        );
         let mut h = blake3::Hasher::new();
         h.update(format!("nvrtc {maj}.{min}\0").as_bytes());
         for o in &options {
@@ -530,7 +548,7 @@ impl LinkRuntime {
             h.update(b"\0");
         }
         h.update(source.as_bytes());
-        for (file, text) in FRAGLINK_HEADERS {
+        for (file, text) in runtime_headers() {
             h.update(file.as_bytes());
             h.update(text.as_bytes());
         }
@@ -552,7 +570,7 @@ impl LinkRuntime {
                 let out = self.nvrtc()?.compile_with_headers(
                     source,
                     name,
-                    FRAGLINK_HEADERS,
+                    runtime_headers(),
                     options,
                     Output::LtoIr,
                 )?;

@@ -441,7 +441,11 @@ impl Nvrtc {
                 });
             }
             // SAFETY: NUL-terminated string owned by the live program.
-            lowered.push(unsafe { CStr::from_ptr(out) }.to_string_lossy().into_owned());
+            lowered.push(
+                unsafe { CStr::from_ptr(out) }
+                    .to_string_lossy()
+                    .into_owned(),
+            );
         }
         let (size_fn, get_fn, size_call, get_call) = match output {
             Output::LtoIr => (

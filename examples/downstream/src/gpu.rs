@@ -38,7 +38,10 @@ impl Gpu {
     fn up<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> Result<GpuBuffer<T>> {
         self.t.upload_new(&self.pool, v).map_err(|e| e.to_string())
     }
-    fn down<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, b: &GpuBuffer<T>) -> Result<Vec<T>> {
+    fn down<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        b: &GpuBuffer<T>,
+    ) -> Result<Vec<T>> {
         self.t.download_vec(b).map_err(|e| e.to_string())
     }
 }
@@ -50,7 +53,10 @@ fn elementwise() -> &'static FragmentInfo {
 fn affine_f32(g: &Gpu) -> Result<()> {
     let n = 1000usize;
     let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 100.0).collect();
-    let l = g.load(Planner::new("affine_f32").add_fragment(elementwise()), "affine_f32")?;
+    let l = g.load(
+        Planner::new("affine_f32").add_fragment(elementwise()),
+        "affine_f32",
+    )?;
     let xb = g.up(&x)?;
     let mut yb = g.up(&vec![0.0f32; n])?;
     let mut a = KernelArgs::new();
@@ -62,7 +68,10 @@ fn affine_f32(g: &Gpu) -> Result<()> {
     unsafe { l.launch(&cfg, &mut a) }.map_err(|e| e.to_string())?;
     drop(a);
     let y = g.down(&yb)?;
-    check("affine_f32", x.iter().zip(&y).all(|(x, y)| *y == 2.0 * x + 1.0))
+    check(
+        "affine_f32",
+        x.iter().zip(&y).all(|(x, y)| *y == 2.0 * x + 1.0),
+    )
 }
 
 fn saturate_abs(g: &Gpu) -> Result<()> {
@@ -81,12 +90,18 @@ fn saturate_abs(g: &Gpu) -> Result<()> {
     // SAFETY: (const int32_t*, int32_t*, uint32_t) over x.len() elements.
     unsafe { l.launch(&cfg, &mut a) }.map_err(|e| e.to_string())?;
     drop(a);
-    check("saturate_abs_i32", g.down(&yb)? == [i32::MAX, 5, 0, 7, i32::MAX])
+    check(
+        "saturate_abs_i32",
+        g.down(&yb)? == [i32::MAX, 5, 0, 7, i32::MAX],
+    )
 }
 
 fn fill_zero(g: &Gpu) -> Result<()> {
     let n = 300usize;
-    let l = g.load(Planner::new("fill_zero_f32").add_fragment(elementwise()), "fill_zero_f32")?;
+    let l = g.load(
+        Planner::new("fill_zero_f32").add_fragment(elementwise()),
+        "fill_zero_f32",
+    )?;
     let mut yb = g.up(&vec![7.0f32; n])?;
     let mut a = KernelArgs::new();
     a.output(&mut yb).map_err(|e| e.to_string())?;
@@ -100,11 +115,20 @@ fn fill_zero(g: &Gpu) -> Result<()> {
 
 fn affine_bf16(g: &Gpu) -> Result<()> {
     if g.ctx.arch().number < 80 {
-        println!("gpu skip affine_bf16 (needs sm_80, this GPU is {})", g.ctx.arch());
+        println!(
+            "gpu skip affine_bf16 (needs sm_80, this GPU is {})",
+            g.ctx.arch()
+        );
         return Ok(());
     }
-    let x: Vec<u16> = [1.0f32, -2.0, 0.5, 3.0].iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-    let l = g.load(Planner::new("affine_bf16").add_fragment(elementwise()), "affine_bf16")?;
+    let x: Vec<u16> = [1.0f32, -2.0, 0.5, 3.0]
+        .iter()
+        .map(|v| (v.to_bits() >> 16) as u16)
+        .collect();
+    let l = g.load(
+        Planner::new("affine_bf16").add_fragment(elementwise()),
+        "affine_bf16",
+    )?;
     let xb = g.up(&x)?;
     let mut yb = g.up(&vec![0u16; x.len()])?;
     let mut a = KernelArgs::new();
@@ -115,7 +139,11 @@ fn affine_bf16(g: &Gpu) -> Result<()> {
     // SAFETY: (const bf16*, bf16*, float, float, uint32_t) over 4 elements.
     unsafe { l.launch(&cfg, &mut a) }.map_err(|e| e.to_string())?;
     drop(a);
-    let y: Vec<f32> = g.down(&yb)?.iter().map(|b| f32::from_bits(u32::from(*b) << 16)).collect();
+    let y: Vec<f32> = g
+        .down(&yb)?
+        .iter()
+        .map(|b| f32::from_bits(u32::from(*b) << 16))
+        .collect();
     check("affine_bf16", y == [3.0, -3.0, 2.0, 7.0])
 }
 
@@ -145,7 +173,9 @@ fn quantize(g: &Gpu) -> Result<()> {
 fn wmma(g: &Gpu) -> Result<()> {
     // A = identity (row-major), B = k + 16*n in column-major: C = B as row-major.
     let one = 0x3c00u16; // 1.0 in binary16
-    let a: Vec<u16> = (0..256).map(|i| if i / 16 == i % 16 { one } else { 0 }).collect();
+    let a: Vec<u16> = (0..256)
+        .map(|i| if i / 16 == i % 16 { one } else { 0 })
+        .collect();
     let b_vals: Vec<f32> = (0..256).map(|i| (i % 7) as f32).collect();
     let to_half = |v: f32| -> u16 {
         // Small integers are exact in binary16: sign 0, exponent and mantissa.
@@ -159,7 +189,10 @@ fn wmma(g: &Gpu) -> Result<()> {
     };
     let b: Vec<u16> = b_vals.iter().map(|v| to_half(*v)).collect();
     let info = <WmmaFragment<16>>::info();
-    let l = g.load(Planner::new("wmma_16x16x16_f16").add_fragment(info), "wmma_16x16x16_f16")?;
+    let l = g.load(
+        Planner::new("wmma_16x16x16_f16").add_fragment(info),
+        "wmma_16x16x16_f16",
+    )?;
     let ab = g.up(&a)?;
     let bb = g.up(&b)?;
     let mut cb = g.up(&vec![0.0f32; 256])?;

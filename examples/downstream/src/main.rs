@@ -39,7 +39,11 @@ fn main() {
     }
     // Typed access: the tag types exist only for built combinations.
     let axpy = <AxpyFragment<F32>>::info();
-    println!("typed {} {}", axpy.name, <ElementwiseFragment<256>>::info().name);
+    println!(
+        "typed {} {}",
+        axpy.name,
+        <ElementwiseFragment<256>>::info().name
+    );
     let q = <QuantizeFragment<Float>>::info();
     println!(
         "lowered quantize<float> {}",
