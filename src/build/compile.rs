@@ -34,14 +34,12 @@ pub enum CompileError {
         entry: String,
         log: String,
     },
-    #[error("fragment `{fragment}`: name expression `{expression}` lowers to `{first}` for {first_arch} but to `{other}` for {other_arch}")]
+    /// `differs`: "`_Z…` for compute_75 but `_Z…` for sm_90".
+    #[error("fragment `{fragment}`: name expression `{expression}` lowers to {differs}")]
     LoweredNameDiffers {
         fragment: String,
         expression: String,
-        first: String,
-        first_arch: String,
-        other: String,
-        other_arch: String,
+        differs: String,
     },
     #[error("nvFatbin failed on fragment `{fragment}`: {message}")]
     Fatbin { fragment: String, message: String },
@@ -374,10 +372,7 @@ fn build_fatbin(
                         errors.push(CompileError::LoweredNameDiffers {
                             fragment: r.name.clone(),
                             expression: expression.clone(),
-                            first: first.clone(),
-                            first_arch: first_arch.to_string(),
-                            other,
-                            other_arch: arch.to_string(),
+                            differs: format!("`{first}` for {first_arch} but `{other}` for {arch}"),
                         });
                     }
                 }
@@ -429,13 +424,16 @@ fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, Vec<C
     })
 }
 
+/// One fragment's result: its fatbin, or every error of its archs.
+pub type Outcome = Result<Compiled, Vec<CompileError>>;
+
 /// Compiles every fragment on `ctx.jobs` threads; results keep input order.
 /// A failing fragment does not stop the others: each result is the
 /// fragment's fatbin, or every error of its archs.
 pub fn compile_all(
     ctx: &CompileContext<'_>,
     rendered: &[Rendered],
-) -> Result<Vec<Result<Compiled, Vec<CompileError>>>, CompileError> {
+) -> Result<Vec<Outcome>, CompileError> {
     for dir in [ctx.gen_dir, ctx.fatbin_dir]
         .into_iter()
         .chain(ctx.cache_dir)
@@ -447,7 +445,7 @@ pub fn compile_all(
         })?;
     }
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<Compiled, Vec<CompileError>>>>> =
+    let results: Mutex<Vec<Option<Outcome>>> =
         Mutex::new((0..rendered.len()).map(|_| None).collect());
     std::thread::scope(|s| {
         for _ in 0..ctx.jobs.max(1).min(rendered.len().max(1)) {
