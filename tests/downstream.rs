@@ -80,6 +80,12 @@ fn downstream_crate_builds_and_plans_all_its_kernels() {
         format!("linked {} kernels in 35 links", 2 * (7 + 8 * 4) + 5 * 5)
             + &line(&stdout, "linked ")[line(&stdout, "linked ").find(',').unwrap()..]
     );
+    // The comparison runs (its times go to the report, never asserted).
+    assert!(
+        line(&stdout, "multi-entry elementwise_b128 8 kernels: one link ")
+            .contains("one link per kernel"),
+        "{stdout}"
+    );
     // The arch guard is named, with the IR nvJitLink would use.
     let guarded = line(&stdout, "guarded ");
     assert!(

@@ -91,6 +91,7 @@ fn main() {
         "linked {kernels} kernels in {links} links, {:.0} ms",
         started.elapsed().as_secs_f64() * 1e3
     );
+    compare_one_link_with_one_per_kernel();
     // The guarded bf16 kernel: not in the compute_75 IR used for sm_75.
     let guarded = Planner::new("affine_bf16")
         .add::<ElementwiseFragment<256>>()
@@ -100,6 +101,49 @@ fn main() {
         Ok(_) => fail("affine_bf16 linked for sm_75, where its arch guard removes it"),
     }
     println!("{}", env!("DOWNSTREAM_BUILD"));
+}
+
+/// One link for all 8 kernels of a file against 8 single-kernel links (the
+/// only way before multi-entry plans), each side on a fresh runtime so every
+/// link is real; sides alternate, 3 rounds.
+fn compare_one_link_with_one_per_kernel() {
+    let info = <ElementwiseFragment<128>>::info();
+    let arch = Arch::sm(86);
+    let names = info.entries_for("compute_80").unwrap_or(&[]);
+    let fresh = || {
+        LinkRuntime::new(RuntimeConfig {
+            memory_capacity: 64,
+            disk: None,
+        })
+        .unwrap_or_else(|e| fail(e))
+    };
+    let (mut one, mut each) = (0.0f64, 0.0f64);
+    for _ in 0..3 {
+        let rt = fresh();
+        let t = Instant::now();
+        let mut plan = Planner::empty().add_fragment(info);
+        for n in names {
+            plan = plan.with_entry(*n);
+        }
+        plan.link_with(&rt, arch).unwrap_or_else(|e| fail(e));
+        one += t.elapsed().as_secs_f64();
+        let rt = fresh();
+        let t = Instant::now();
+        for n in names {
+            Planner::new(*n)
+                .add_fragment(info)
+                .link_with(&rt, arch)
+                .unwrap_or_else(|e| fail(e));
+        }
+        each += t.elapsed().as_secs_f64();
+    }
+    println!(
+        "multi-entry {} {} kernels: one link {:.0} ms, one link per kernel {:.0} ms (mean of 3)",
+        info.name,
+        names.len(),
+        one / 3.0 * 1e3,
+        each / 3.0 * 1e3
+    );
 }
 
 fn fail(e: impl std::fmt::Display) -> ! {
