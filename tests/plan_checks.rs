@@ -8,7 +8,7 @@ use fraglink::fragment::FragmentInfo;
 use fraglink::fragments::{FilterFragment, MetricFragment, NoneFilter, ScanFragment, F32, L2, U32};
 use fraglink::link::check::check_plan;
 use fraglink::link::linker::{LinkInput, LinkOptions, Linker};
-use fraglink::link::{LinkError, LinkRuntime, Planner, RuntimeConfig};
+use fraglink::link::{LinkError, LinkRuntime, Planner, RuntimeConfig, Source};
 use fraglink::sys::{InputType, Nvrtc, Output};
 
 fn runtime() -> LinkRuntime {
@@ -157,6 +157,33 @@ fn one_link_serves_several_entries() {
     let one = rt.link(&scan_plan(SCAN), Arch::sm(80)).unwrap();
     assert_ne!(one.key, linked.key);
     assert_eq!(one.kernel.kernels.len(), 1);
+    // On disk (format version 3), every entry is checked and described.
+    let dir = tempfile::tempdir().unwrap();
+    on_disk(dir.path()).link(&two, Arch::sm(80)).unwrap();
+    let hit = on_disk(dir.path()).link(&two, Arch::sm(80)).unwrap();
+    assert_eq!(hit.source, Source::Disk);
+    assert_eq!(
+        hit.kernel.kernels,
+        linked
+            .kernel
+            .kernels
+            .iter()
+            .map(|k| {
+                let mut k = k.clone();
+                k.link_ms = hit.kernel.kernels[0].link_ms;
+                k
+            })
+            .collect::<Vec<_>>()
+    );
+}
+
+/// A runtime with a disk cache in `dir` (a "process" of its own).
+fn on_disk(dir: &std::path::Path) -> LinkRuntime {
+    LinkRuntime::new(RuntimeConfig {
+        memory_capacity: 8,
+        disk: Some(fraglink::link::disk::DiskCacheConfig::new(dir)),
+    })
+    .unwrap()
 }
 
 #[test]
