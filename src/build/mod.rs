@@ -87,6 +87,11 @@ pub enum BuildError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("builder option `{option}`: {message}")]
     Config {
         option: &'static str,
@@ -534,7 +539,7 @@ impl Builder {
             let dir = out_dir.join("fraglink-std");
             Some(
                 std_headers::write_to(&dir)
-                    .map_err(|source| BuildError::Read { path: dir, source })?,
+                    .map_err(|source| BuildError::Write { path: dir, source })?,
             )
         } else {
             None
@@ -621,7 +626,7 @@ impl Builder {
             .collect();
         let code = codegen::generate(&self.krate, &decls, &frags)?;
         let registry = out_dir.join(&self.registry_file);
-        std::fs::write(&registry, code).map_err(|source| BuildError::Read {
+        std::fs::write(&registry, code).map_err(|source| BuildError::Write {
             path: registry.clone(),
             source,
         })?;
@@ -663,7 +668,7 @@ fn write_report(
     for f in failures {
         let _ = write!(text, "\n{f}\n");
     }
-    std::fs::write(path, text).map_err(|source| BuildError::Read {
+    std::fs::write(path, text).map_err(|source| BuildError::Write {
         path: path.to_path_buf(),
         source,
     })
