@@ -45,12 +45,52 @@ fn definition(source: &str, from: usize) -> &str {
     rest
 }
 
+/// `source` with every `#ifndef __CUDACC_RTC__` / `#if !defined(__CUDACC_RTC__)`
+/// block blanked (newlines kept, so line numbers stay): NVRTC never sees
+/// what is inside, which is how host launchers should be kept.
+fn without_host_only_blocks(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    // Nesting depth inside a host-only block (0: outside).
+    let mut depth = 0usize;
+    for line in source.split_inclusive('\n') {
+        let t = line.trim_start();
+        let directive = t.strip_prefix('#').map(str::trim_start);
+        if depth == 0 {
+            let host_only = directive.is_some_and(|d| {
+                let d: String = d.split_whitespace().collect::<Vec<_>>().join(" ");
+                d == "ifndef __CUDACC_RTC__"
+                    || d.starts_with("if !defined(__CUDACC_RTC__)")
+                    || d.starts_with("if !defined __CUDACC_RTC__")
+            });
+            if host_only {
+                depth = 1;
+                out.push('\n');
+            } else {
+                out.push_str(line);
+            }
+            continue;
+        }
+        match directive {
+            Some(d) if d.starts_with("if") => depth += 1,
+            Some(d) if d.starts_with("endif") => depth -= 1,
+            // `#else` of the host-only block: device code again.
+            Some(d) if depth == 1 && (d.starts_with("else") || d.starts_with("elif")) => {
+                depth = 0;
+            }
+            _ => {}
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// Kernel launches (`<<<`), and unannotated `extern "C"` functions (no
 /// `__global__` or `__device__` before the parameter list) that use the
-/// host runtime API. Comments are not parsed; preprocessor state is not
-/// evaluated (a guarded launcher is still reported: the warning says how to
-/// silence it).
+/// host runtime API, outside `#ifndef __CUDACC_RTC__` blocks. Comments are
+/// not parsed, other preprocessor conditions are not evaluated.
 pub fn host_code(source: &str) -> Vec<Finding> {
+    let stripped = without_host_only_blocks(source);
+    let source = stripped.as_str();
     let line_of = |at: usize| source[..at].matches('\n').count() + 1;
     let mut out = Vec::new();
     for (at, _) in source.match_indices("<<<") {
@@ -125,6 +165,10 @@ extern "C" void launch_quantize(cudaStream_t s, float* x) {
         assert!(f[0].what.contains("`launch_quantize`"), "{f:?}");
         assert_eq!(f[1].line, 6);
         assert!(f[1].what.contains("<<<"));
+        let guarded = format!("#ifndef __CUDACC_RTC__\n#if 1\n{src}#endif\n#endif\n<<<");
+        let g = host_code(&guarded);
+        assert_eq!(g.len(), 1, "only the launch after the block: {g:?}");
+        assert_eq!(g[0].line, guarded.lines().count());
         let w = host_code_warning("q", "gen/q.cu", &f).unwrap();
         assert!(
             w.contains("gen/q.cu:5") && w.contains("1 more") && w.contains("__CUDACC_RTC__"),
