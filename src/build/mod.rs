@@ -30,6 +30,7 @@ pub mod matrix;
 pub mod options;
 pub mod ptx;
 pub mod render;
+pub mod report;
 pub mod std_headers;
 pub mod toolkit;
 
@@ -69,7 +70,7 @@ pub enum BuildError {
     Option(#[from] options::OptionError),
     /// Some fragments failed (every one and every arch listed, each with
     /// NVRTC's log). Without `keep_going`, no registry was written.
-    #[error("{} of {total} fragments failed to build{}:\n{}", failed_fragments(failures), match report { Some(r) => format!(" (report: {})", r.display()), None => String::new() }, failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"))]
+    #[error("{} of {total} fragments failed to build{}:\n{}", report::failed_fragments(failures), match report { Some(r) => format!(" (report: {})", r.display()), None => String::new() }, failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"))]
     Fragments {
         failures: Vec<compile::CompileError>,
         total: usize,
@@ -582,7 +583,12 @@ impl Builder {
             }
         }
         let report_file = out_dir.join("fraglink_build_report.txt");
-        write_report(&report_file, &rendered, &built, &failures)?;
+        report::write(&report_file, &rendered, &built, &failures).map_err(|source| {
+            BuildError::Write {
+                path: report_file.clone(),
+                source,
+            }
+        })?;
         if !failures.is_empty() {
             if !self.keep_going {
                 return Err(BuildError::Fragments {
@@ -642,44 +648,6 @@ impl Builder {
             report_file,
         })
     }
-}
-
-/// The build report: one line per fragment, then each failure in full.
-fn write_report(
-    path: &Path,
-    rendered: &[render::Rendered],
-    built: &[(&render::Rendered, compile::Compiled)],
-    failures: &[compile::CompileError],
-) -> Result<(), BuildError> {
-    use std::fmt::Write as _;
-    let mut text = format!(
-        "fraglink build: {} of {} fragments built, {} failures\n\n",
-        built.len(),
-        rendered.len(),
-        failures.len()
-    );
-    for r in rendered {
-        let status = match built.iter().find(|(b, _)| b.name == r.name) {
-            Some((_, c)) => format!("ok     {} bytes", c.fatbin_len),
-            None => "FAILED".to_string(),
-        };
-        let _ = writeln!(text, "{status:<16} {} ({})", r.name, r.family);
-    }
-    for f in failures {
-        let _ = write!(text, "\n{f}\n");
-    }
-    std::fs::write(path, text).map_err(|source| BuildError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// How many distinct fragments `failures` are about.
-fn failed_fragments(failures: &[compile::CompileError]) -> usize {
-    let mut names: Vec<&str> = failures.iter().filter_map(|f| f.fragment()).collect();
-    names.sort_unstable();
-    names.dedup();
-    names.len()
 }
 
 fn env_usize(var: &str) -> Option<usize> {
