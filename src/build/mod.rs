@@ -136,6 +136,7 @@ impl Family {
     /// template engine reads it (so `float z[1] = {{0.0f}};` is C++), and
     /// each matrix entry's values arrive as `-D` defines, keys upper-cased
     /// (`{"dtype": "float"}` → `-DDTYPE=float`), and in name expressions.
+    /// Replaces a [`template`](Self::template) given before.
     pub fn source(mut self, path: impl Into<PathBuf>) -> Self {
         self.template = Some(path.into());
         self.plain = true;
@@ -176,9 +177,11 @@ impl Family {
         self.matrix = Some(path.into());
         self
     }
-    /// The minijinja template rendered once per entry.
+    /// The minijinja template rendered once per entry (replaces a
+    /// [`source`](Self::source) given before).
     pub fn template(mut self, path: impl Into<PathBuf>) -> Self {
         self.template = Some(path.into());
+        self.plain = false;
         self
     }
     /// A minijinja expression rendering the fragment's name from the entry;
