@@ -455,3 +455,23 @@ fn several_entries_in_one_link() {
         "{v}"
     );
 }
+
+#[test]
+fn catalog_json_lists_each_fragments_kernels_per_arch() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fraglink(dir.path(), &["catalog", "--json", "--family", "scan"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for f in v["fragments"].as_array().unwrap() {
+        let name = f["name"].as_str().unwrap();
+        for arch in f["archs"].as_array().unwrap() {
+            let entries = &f["entries"][arch.as_str().unwrap()];
+            assert_eq!(entries, &serde_json::json!([name]), "{f}");
+        }
+        assert_eq!(f["definitions"], serde_json::json!([name]), "{f}");
+    }
+}
