@@ -241,3 +241,14 @@ fn arch_specific_targets_build() {
     assert_eq!(r.fragments[0].recorded.entries[0].0, "sm_90a");
     assert_eq!(r.fragments[0].recorded.entries[1].1, ["good_float"]);
 }
+
+#[test]
+fn a_name_expression_that_names_nothing_is_a_fragment_error() {
+    let dir = project(&[("good.cu.j2", GOOD)]);
+    let e = builder(dir.path(), &["compute_75"])
+        .family(family("good", "good.cu.j2").name_expression("missing<{{ ctype }}>"))
+        .compile()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("good_float") && e.contains("missing"), "{e}");
+}
