@@ -18,6 +18,14 @@
 //! // src/lib.rs: mod registry { include!(concat!(env!("OUT_DIR"), "/fraglink_registry.rs")); }
 //! ```
 //!
+//! For CUDA written for nvcc: standard-header stand-ins ([`std_headers`]),
+//! `crt/` headers provisioned for `<mma.h>` ([`toolkit::Discovery::supply_crt`]),
+//! plain-source families ([`Family::source`]), name expressions for
+//! templated kernels ([`Family::name_expression`]), `-default-device` per
+//! family with a host-code warning ([`lint`]), options checked up front
+//! ([`options`]), keep-going builds with a report ([`Builder::keep_going`],
+//! [`report`]), and each fragment's kernels recorded per arch ([`ptx`]).
+//!
 //! Every environment variable the build reads is listed in
 //! [`toolkit::ENV_VARS`] and [`ENV_VARS`] ([`Builder::env_vars`]).
 
