@@ -61,6 +61,8 @@ fn render(root: &Path) -> Vec<Rendered> {
                 template_name: template.display().to_string(),
                 template: text,
                 name_format: format,
+                plain: false,
+                expressions: &[],
             },
         )
         .collect();

@@ -37,7 +37,7 @@ fn families() -> Vec<Family> {
 
 /// The architectures build.rs gets by default (`Arch::defaults`), spelled
 /// out so that `FRAGLINK_ARCHS` in the environment is the only override.
-const ARCHS: &[&str] = &["compute_75", "sm_90"];
+const ARCHS: &[&str] = &["compute_75", "compute_80", "sm_90"];
 
 struct Args {
     mode: String,

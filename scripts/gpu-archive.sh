@@ -4,7 +4,8 @@
 #
 #   target/gpu-archive/
 #     fraglink-tests.tar.zst   cargo-nextest archive: release tests, the CLI,
-#                              the gpu_bench binary (.config/nextest.toml)
+#                              the gpu_bench binary, the downstream example's
+#                              binary (.config/nextest.toml)
 #     testdata/                a copy of ../shared/testdata
 #     cargo-nextest.xz         nextest itself, xz (Python's lzma unpacks it)
 #
@@ -30,6 +31,12 @@ rm -rf "$out"
 mkdir -p "$out"
 echo "== building for CUDA $FRAGLINK_CUDA_VERSION into $CARGO_TARGET_DIR"
 cargo build --release --example gpu_bench
+# The downstream example crate (its own workspace) is built here, not by
+# cargo on the GPU machine: tests/downstream.rs's ignored GPU test runs this
+# binary from beside the CLI.
+cargo build --release --manifest-path examples/downstream/Cargo.toml \
+  --target-dir "$CARGO_TARGET_DIR/downstream"
+cp "$CARGO_TARGET_DIR/downstream/release/fraglink-downstream-example" "$CARGO_TARGET_DIR/release/"
 # nextest does not archive fraglink's OUT_DIR; tests/host_headers.rs needs the
 # rendered fragment sources, so they travel beside the CLI (archive.include).
 registry=$(ls -t "$CARGO_TARGET_DIR"/release/build/fraglink-*/out/fraglink_registry.rs | head -1)

@@ -14,11 +14,50 @@ pub struct FragmentInfo {
     pub fatbin: &'static [u8],
     /// blake3 of `fatbin`, hex: the fragment's part of a link key.
     pub hash: &'static str,
+    /// The kernels each arch's LTO-IR holds, recorded at build time
+    /// (`("compute_80", &["affine_bf16", ...])`): a kernel behind
+    /// `#if __CUDA_ARCH__ >= 800` is in compute_80's list, not compute_75's.
+    pub entries: &'static [(&'static str, &'static [&'static str])],
+    /// Strong external definitions (functions, kernels, variables) over
+    /// every arch: two fragments of one link must not share one.
+    pub definitions: &'static [&'static str],
+    /// `(name expression, mangled name)` of the family's name expressions
+    /// (`("quantize<float>", "_Z8quantizeIfEvPKfPai")`).
+    pub lowered: &'static [(&'static str, &'static str)],
 }
 
 impl FragmentInfo {
     pub fn param(&self, key: &str) -> Option<&'static str> {
         self.params.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    /// The kernels of the LTO-IR built for `arch` (as named in `archs`).
+    pub fn entries_for(&self, arch: &str) -> Option<&'static [&'static str]> {
+        self.entries
+            .iter()
+            .find(|(a, _)| *a == arch)
+            .map(|(_, names)| *names)
+    }
+
+    /// Every kernel of any arch, each once, in build order.
+    pub fn all_entries(&self) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = Vec::new();
+        for (_, names) in self.entries {
+            for n in *names {
+                if !out.contains(n) {
+                    out.push(n);
+                }
+            }
+        }
+        out
+    }
+
+    /// The mangled name recorded for a name expression.
+    pub fn lowered_name(&self, expression: &str) -> Option<&'static str> {
+        self.lowered
+            .iter()
+            .find(|(e, _)| *e == expression)
+            .map(|(_, l)| *l)
     }
 }
 
@@ -62,11 +101,16 @@ pub fn nearest_names(
     name: &str,
     n: usize,
 ) -> Vec<&'static str> {
-    let mut scored: Vec<(usize, &'static str)> = catalog
-        .iter()
-        .map(|f| (edit_distance(name, f.name), f.name))
-        .collect();
+    let names: Vec<&'static str> = catalog.iter().map(|f| f.name).collect();
+    nearest(&names, name, n)
+}
+
+/// The `n` of `names` closest to `name` (edit distance), best first.
+pub fn nearest<'a>(names: &[&'a str], name: &str, n: usize) -> Vec<&'a str> {
+    let mut scored: Vec<(usize, &'a str)> =
+        names.iter().map(|c| (edit_distance(name, c), *c)).collect();
     scored.sort();
+    scored.dedup();
     scored.into_iter().take(n).map(|(_, s)| s).collect()
 }
 

@@ -373,3 +373,105 @@ fn cache_stats_reports_an_unreadable_directory() {
         assert!(out.stdout.is_empty(), "no stats printed");
     }
 }
+
+#[test]
+fn plan_errors_exit_2_before_nvjitlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                "link", "--arch", "sm_80", TRIPLE[0], TRIPLE[1], TRIPLE[2], TRIPLE[0],
+            ],
+            "is in the plan twice",
+        ),
+        (
+            &[
+                "link", "--arch", "sm_80", "--entry", "", TRIPLE[0], TRIPLE[1], TRIPLE[2],
+            ],
+            "is not a symbol name",
+        ),
+        (
+            &[
+                "link",
+                "--arch",
+                "sm_80",
+                "--entry",
+                "scan_f16_i64_v8_k25",
+                TRIPLE[0],
+                TRIPLE[1],
+                TRIPLE[2],
+            ],
+            "nearest kernels: `scan_f16_i64_v8_k256`",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = fraglink(&cache, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(want),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn several_entries_in_one_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let out = fraglink(
+        &cache,
+        &[
+            "link",
+            "--arch",
+            "sm_90a",
+            "--json",
+            "--entry",
+            "scan_f16_i64_v8_k256",
+            "--entry",
+            "scan_f16_i64_v8_k128",
+            "scan_f16_i64_v8_k256",
+            "scan_f16_i64_v8_k128",
+            TRIPLE[1],
+            TRIPLE[2],
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["arch"], "sm_90a");
+    let kernels = v["kernels"].as_array().unwrap();
+    let names: Vec<&str> = kernels
+        .iter()
+        .map(|k| k["entry"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["scan_f16_i64_v8_k256", "scan_f16_i64_v8_k128"]);
+    assert!(
+        kernels.iter().all(|k| k["registers"].as_u64().unwrap() > 0),
+        "{v}"
+    );
+}
+
+#[test]
+fn catalog_json_lists_each_fragments_kernels_per_arch() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fraglink(dir.path(), &["catalog", "--json", "--family", "scan"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for f in v["fragments"].as_array().unwrap() {
+        let name = f["name"].as_str().unwrap();
+        for arch in f["archs"].as_array().unwrap() {
+            let entries = &f["entries"][arch.as_str().unwrap()];
+            assert_eq!(entries, &serde_json::json!([name]), "{f}");
+        }
+        assert_eq!(f["definitions"], serde_json::json!([name]), "{f}");
+    }
+}

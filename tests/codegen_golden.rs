@@ -5,6 +5,7 @@
 mod support;
 
 use fraglink::build::codegen::{generate, FamilyDecl, FragmentDecl, Param, ParamKind};
+use fraglink::build::compile::Recorded;
 use fraglink::build::matrix::Entry;
 use serde_json::json;
 
@@ -50,6 +51,20 @@ fn fixture() -> (Vec<FamilyDecl>, Vec<FragmentDecl>) {
         fatbin_file: format!("fatbins/{name}.fatbin"),
         fatbin_len: len,
         hash: format!("hash-of-{name}"),
+        recorded: Recorded {
+            entries: vec![
+                ("compute_75".into(), vec![name.to_string()]),
+                (
+                    "sm_90".into(),
+                    vec![name.to_string(), format!("{name}_sm90_only")],
+                ),
+            ],
+            definitions: vec![name.to_string()],
+            lowered: vec![(
+                format!("{name}<float>"),
+                format!("_Z{}{name}IfEvv", name.len()),
+            )],
+        },
     };
     let fragments = vec![
         frag(

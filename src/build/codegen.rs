@@ -47,6 +47,8 @@ pub struct FragmentDecl {
     pub fatbin_file: String,
     pub fatbin_len: usize,
     pub hash: String,
+    /// Kernels per arch, definitions and lowered names found by the build.
+    pub recorded: super::compile::Recorded,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +121,15 @@ pub fn value_text(v: &serde_json::Value) -> String {
 
 fn rust_str(s: &str) -> String {
     format!("{s:?}")
+}
+
+/// `"a", "b"`: the items of a `&[&str]` literal.
+fn str_list(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|i| rust_str(i))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn generic_name(p: &Param) -> String {
@@ -264,14 +275,28 @@ pub fn generate(
             rust_str(&format!("/{}", frag.fatbin_file))
         )
         .unwrap();
+        let rec = &frag.recorded;
+        let entries: Vec<String> = rec
+            .entries
+            .iter()
+            .map(|(arch, names)| format!("({}, &[{}])", rust_str(arch), str_list(names)))
+            .collect();
+        let lowered: Vec<String> = rec
+            .lowered
+            .iter()
+            .map(|(e, l)| format!("({}, {})", rust_str(e), rust_str(l)))
+            .collect();
         writeln!(
             out,
-            "static FRAGMENT_{i}: {krate}::fragment::FragmentInfo = {krate}::fragment::FragmentInfo {{ name: {}, family: {}, params: &[{}], archs: &[{}], fatbin: &FATBIN_{i}.0, hash: {} }};",
+            "static FRAGMENT_{i}: {krate}::fragment::FragmentInfo = {krate}::fragment::FragmentInfo {{ name: {}, family: {}, params: &[{}], archs: &[{}], fatbin: &FATBIN_{i}.0, hash: {}, entries: &[{}], definitions: &[{}], lowered: &[{}] }};",
             rust_str(&frag.name),
             rust_str(&frag.family),
             params.join(", "),
             archs.join(", "),
-            rust_str(&frag.hash)
+            rust_str(&frag.hash),
+            entries.join(", "),
+            str_list(&rec.definitions),
+            lowered.join(", ")
         )
         .unwrap();
         let args: Vec<String> = fam

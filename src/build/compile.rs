@@ -1,5 +1,11 @@
 //! NVRTC → LTO-IR per arch → nvFatbin, in parallel, behind a content-hash
 //! cache so an unchanged fragment costs one hash and one file copy.
+//!
+//! Besides the LTO-IR, each arch is compiled once more to PTX, whose
+//! kernels and external definitions are recorded ([`super::ptx`]): LTO-IR
+//! is opaque, and the planner needs both lists to check a plan before
+//! nvJitLink sees it. A failing fragment does not stop the others: every
+//! fragment and arch that fails is reported, each with NVRTC's log.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,8 +17,9 @@ use super::render::{entry_display, Rendered};
 use crate::sys::nvfatbin::Nvfatbin;
 use crate::sys::nvrtc::{Nvrtc, Output};
 
-/// Bumped when the cache's meaning changes.
-const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v2";
+/// Bumped when the cache's meaning changes (v3, v4: a sidecar of recorded
+/// entries, definitions and lowered names beside each fatbin).
+const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v4";
 
 /// Options nvFatbin gets: smallest output (DESIGN.md decision 1).
 pub const FATBIN_OPTIONS: &[&str] = &["-compress-all", "-compress-mode=size"];
@@ -27,6 +34,13 @@ pub enum CompileError {
         entry: String,
         log: String,
     },
+    /// `differs`: "`_Z…` for compute_75 but `_Z…` for sm_90".
+    #[error("fragment `{fragment}`: name expression `{expression}` lowers to {differs}")]
+    LoweredNameDiffers {
+        fragment: String,
+        expression: String,
+        differs: String,
+    },
     #[error("nvFatbin failed on fragment `{fragment}`: {message}")]
     Fatbin { fragment: String, message: String },
     #[error("{action} {path}: {source}")]
@@ -37,6 +51,39 @@ pub enum CompileError {
     },
 }
 
+impl CompileError {
+    /// The fragment at fault, if the error is about one.
+    pub fn fragment(&self) -> Option<&str> {
+        match self {
+            CompileError::Nvrtc { fragment, .. }
+            | CompileError::LoweredNameDiffers { fragment, .. }
+            | CompileError::Fatbin { fragment, .. } => Some(fragment),
+            CompileError::Io { .. } => None,
+        }
+    }
+}
+
+/// A family's compile settings.
+#[derive(Debug, Clone)]
+pub struct FamilyCompile {
+    /// Pass `-default-device` (unannotated functions are device functions).
+    pub default_device: bool,
+    /// Put fraglink's standard-header stand-ins on the include path.
+    pub std_headers: bool,
+    /// The family's own NVRTC options, already checked.
+    pub options: Vec<String>,
+}
+
+impl Default for FamilyCompile {
+    fn default() -> Self {
+        FamilyCompile {
+            default_device: true,
+            std_headers: true,
+            options: Vec::new(),
+        }
+    }
+}
+
 /// Everything a compile depends on besides the source.
 pub struct CompileContext<'a> {
     pub nvrtc: &'a Nvrtc,
@@ -44,8 +91,12 @@ pub struct CompileContext<'a> {
     pub archs: &'a [Arch],
     /// `-I` directories, fragment headers first.
     pub include_dirs: &'a [PathBuf],
-    /// Extra NVRTC options from the builder.
+    /// Extra NVRTC options from the builder, already checked.
     pub extra_options: &'a [String],
+    /// Per family (by [`Rendered::family_index`]).
+    pub families: &'a [FamilyCompile],
+    /// The standard-header stand-ins' directory (last on the include path).
+    pub std_dir: Option<&'a Path>,
     /// Digest of the project's headers (they are `#include`d, so they are
     /// part of every fragment's content).
     pub headers_digest: String,
@@ -60,6 +111,17 @@ pub struct CompileContext<'a> {
     pub jobs: usize,
 }
 
+/// What the build records about a fragment besides its fatbin.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Recorded {
+    /// Kernel names per arch (`("compute_80", [...])`), in build order.
+    pub entries: Vec<(String, Vec<String>)>,
+    /// Strong external definitions, over every arch, sorted.
+    pub definitions: Vec<String>,
+    /// `(name expression, lowered name)`.
+    pub lowered: Vec<(String, String)>,
+}
+
 /// One fragment's outcome.
 #[derive(Debug, Clone)]
 pub struct Compiled {
@@ -70,24 +132,57 @@ pub struct Compiled {
     pub hash: String,
     pub cached: bool,
     pub compile_time: Duration,
+    pub recorded: Recorded,
 }
 
-/// The NVRTC options for one arch.
-pub fn nvrtc_options(arch: Arch, include_dirs: &[PathBuf], extra: &[String]) -> Vec<String> {
+/// The NVRTC options for one arch: fraglink's fixed set (`-default-device`
+/// when asked), the include path, then `extra` (whose `-std=` replaces the
+/// default `-std=c++17`).
+pub fn nvrtc_options(
+    arch: Arch,
+    include_dirs: &[PathBuf],
+    extra: &[String],
+    default_device: bool,
+) -> Vec<String> {
     let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "-dlto".to_string(),
         "--relocatable-device-code=true".to_string(),
-        "-std=c++17".to_string(),
-        "-default-device".to_string(),
     ];
+    if !extra
+        .iter()
+        .any(|e| e.starts_with("-std=") || e.starts_with("--std="))
+    {
+        o.push("-std=c++17".to_string());
+    }
+    if default_device {
+        o.push("-default-device".to_string());
+    }
     o.extend(include_dirs.iter().map(|d| format!("-I{}", d.display())));
     o.extend(extra.iter().cloned());
     o
 }
 
-/// The cache key of a fragment: its source, every option, every tool version
-/// and the project's headers.
+/// The options of one fragment for one arch: the builder's, the family's
+/// and the entry's `-D` defines.
+pub fn fragment_options(ctx: &CompileContext<'_>, r: &Rendered, arch: Arch) -> Vec<String> {
+    let fam = ctx
+        .families
+        .get(r.family_index)
+        .cloned()
+        .unwrap_or_default();
+    let mut includes = ctx.include_dirs.to_vec();
+    if fam.std_headers {
+        includes.extend(ctx.std_dir.map(Path::to_path_buf));
+    }
+    let mut extra: Vec<String> = ctx.extra_options.to_vec();
+    extra.extend(fam.options.iter().cloned());
+    extra.extend(r.defines.iter().cloned());
+    nvrtc_options(arch, &includes, &extra, fam.default_device)
+}
+
+/// The cache key of a fragment: its source, every option, every tool version,
+/// the name expressions and the project's headers.
 pub fn cache_key(ctx: &CompileContext<'_>, r: &Rendered) -> String {
     let mut h = blake3::Hasher::new();
     let mut field = |b: &[u8]| {
@@ -98,9 +193,28 @@ pub fn cache_key(ctx: &CompileContext<'_>, r: &Rendered) -> String {
     field(r.source.as_bytes());
     field(ctx.tool_versions.as_bytes());
     field(ctx.headers_digest.as_bytes());
+    for e in &r.expressions {
+        field(e.as_bytes());
+    }
+    // The stand-ins' directory is in OUT_DIR, which differs per profile:
+    // their contents are hashed instead of their path, so the cache stays
+    // shared between profiles.
+    let std_include = ctx.std_dir.map(|d| format!("-I{}", d.display()));
+    if ctx
+        .families
+        .get(r.family_index)
+        .is_none_or(|f| f.std_headers)
+    {
+        for (name, text) in super::std_headers::STD_HEADERS {
+            field(name.as_bytes());
+            field(text.as_bytes());
+        }
+    }
     for arch in ctx.archs {
-        for o in nvrtc_options(*arch, ctx.include_dirs, ctx.extra_options) {
-            field(o.as_bytes());
+        for o in fragment_options(ctx, r, *arch) {
+            if Some(&o) != std_include.as_ref() {
+                field(o.as_bytes());
+            }
         }
     }
     for o in FATBIN_OPTIONS {
@@ -149,7 +263,9 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CompileError>
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CompileError> {
     // Write-then-rename: a concurrent build never sees half a file.
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
     std::fs::write(&tmp, bytes)
         .and_then(|_| std::fs::rename(&tmp, path))
         .map_err(|source| CompileError::Io {
@@ -159,67 +275,144 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CompileError> {
         })
 }
 
-fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, CompileError> {
+/// A cache hit: the fatbin and its sidecar, both readable.
+fn cached(fatbin: &Path) -> Option<(Vec<u8>, Recorded)> {
+    let bytes = std::fs::read(fatbin).ok().filter(|b| !b.is_empty())?;
+    let side = std::fs::read(fatbin.with_extension("json")).ok()?;
+    Some((bytes, serde_json::from_slice(&side).ok()?))
+}
+
+/// Compiles one arch: LTO-IR (with the name expressions' lowered names) and
+/// PTX (for the recorded symbols).
+fn compile_arch(
+    ctx: &CompileContext<'_>,
+    r: &Rendered,
+    arch: Arch,
+    source_path: &Path,
+) -> Result<(Vec<u8>, Vec<String>, super::ptx::PtxSymbols), CompileError> {
+    let opts = fragment_options(ctx, r, arch);
+    // The bare file name: a fatbin must not depend on where OUT_DIR is (the
+    // error below names the full path).
+    let program = format!("{}.cu", r.name);
+    let nvrtc_err = |e: crate::sys::SysError| CompileError::Nvrtc {
+        fragment: r.name.clone(),
+        arch: arch.to_string(),
+        source_path: source_path.to_path_buf(),
+        entry: entry_display(&r.entry),
+        log: e.to_string(),
+    };
+    let (lto, lowered) = ctx
+        .nvrtc
+        .compile_named(
+            &r.source,
+            &program,
+            &[],
+            &opts,
+            Output::LtoIr,
+            &r.expressions,
+        )
+        .map_err(nvrtc_err)?;
+    let ptx_opts: Vec<String> = opts.into_iter().filter(|o| o != "-dlto").collect();
+    // The name expressions again: they instantiate templates only they use.
+    let (ptx, _) = ctx
+        .nvrtc
+        .compile_named(
+            &r.source,
+            &program,
+            &[],
+            &ptx_opts,
+            Output::Ptx,
+            &r.expressions,
+        )
+        .map_err(nvrtc_err)?;
+    let text = String::from_utf8_lossy(&ptx.bytes);
+    Ok((
+        lto.bytes,
+        lowered,
+        super::ptx::parse(text.trim_end_matches('\0')),
+    ))
+}
+
+/// Every arch of one fragment into one fatbin; every failing arch reported.
+fn build_fatbin(
+    ctx: &CompileContext<'_>,
+    r: &Rendered,
+    source_path: &Path,
+) -> Result<(Vec<u8>, Recorded), Vec<CompileError>> {
+    let fatbin_err = |e: crate::sys::SysError| {
+        vec![CompileError::Fatbin {
+            fragment: r.name.clone(),
+            message: e.to_string(),
+        }]
+    };
+    let options: Vec<String> = FATBIN_OPTIONS.iter().map(|s| s.to_string()).collect();
+    let mut builder = ctx.nvfatbin.builder(&options).map_err(fatbin_err)?;
+    let mut errors = Vec::new();
+    let mut recorded = Recorded::default();
+    let mut lowered_from: Option<Arch> = None;
+    for arch in ctx.archs {
+        let (lto, lowered, symbols) = match compile_arch(ctx, r, *arch, source_path) {
+            Ok(x) => x,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        builder
+            .add_ltoir(&lto, &arch.to_string(), &format!("{}_{arch}", r.name), "")
+            .map_err(fatbin_err)?;
+        match lowered_from {
+            None => {
+                recorded.lowered = r.expressions.iter().cloned().zip(lowered).collect();
+                lowered_from = Some(*arch);
+            }
+            Some(first_arch) => {
+                for ((expression, first), other) in recorded.lowered.iter().zip(lowered) {
+                    if *first != other {
+                        errors.push(CompileError::LoweredNameDiffers {
+                            fragment: r.name.clone(),
+                            expression: expression.clone(),
+                            differs: format!("`{first}` for {first_arch} but `{other}` for {arch}"),
+                        });
+                    }
+                }
+            }
+        }
+        recorded.definitions.extend(symbols.definitions);
+        recorded.entries.push((arch.to_string(), symbols.entries));
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    recorded.definitions.sort();
+    recorded.definitions.dedup();
+    let bytes = builder.finish().map_err(fatbin_err)?;
+    Ok((bytes, recorded))
+}
+
+fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, Vec<CompileError>> {
     let started = Instant::now();
     let source_path = ctx.gen_dir.join(format!("{}.cu", r.name));
-    write_file(&source_path, r.source.as_bytes())?;
+    write_file(&source_path, r.source.as_bytes()).map_err(|e| vec![e])?;
     let fatbin_path = ctx.fatbin_dir.join(format!("{}.fatbin", r.name));
     let key = cache_key(ctx, r);
     let cached_path = ctx.cache_dir.map(|d| d.join(format!("{key}.fatbin")));
 
-    let (bytes, cached) = match cached_path.as_ref().and_then(|p| std::fs::read(p).ok()) {
-        Some(b) if !b.is_empty() => (b, true),
-        _ => {
-            let mut builder = ctx
-                .nvfatbin
-                .builder(
-                    &FATBIN_OPTIONS
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect::<Vec<_>>(),
-                )
-                .map_err(|e| CompileError::Fatbin {
-                    fragment: r.name.clone(),
-                    message: e.to_string(),
-                })?;
-            for arch in ctx.archs {
-                let opts = nvrtc_options(*arch, ctx.include_dirs, ctx.extra_options);
-                let out = ctx
-                    .nvrtc
-                    // The bare file name: a fatbin must not depend on where
-                    // OUT_DIR is (the error below names the full path).
-                    .compile(&r.source, &format!("{}.cu", r.name), &opts, Output::LtoIr)
-                    .map_err(|e| CompileError::Nvrtc {
-                        fragment: r.name.clone(),
-                        arch: arch.to_string(),
-                        source_path: source_path.clone(),
-                        entry: entry_display(&r.entry),
-                        log: e.to_string(),
-                    })?;
-                builder
-                    .add_ltoir(
-                        &out.bytes,
-                        &arch.number.to_string(),
-                        &format!("{}_{arch}", r.name),
-                        "",
-                    )
-                    .map_err(|e| CompileError::Fatbin {
-                        fragment: r.name.clone(),
-                        message: e.to_string(),
-                    })?;
-            }
-            let bytes = builder.finish().map_err(|e| CompileError::Fatbin {
-                fragment: r.name.clone(),
-                message: e.to_string(),
-            })?;
+    let (bytes, recorded, cached) = match cached_path.as_deref().and_then(cached) {
+        Some((b, rec)) => (b, rec, true),
+        None => {
+            let (bytes, recorded) = build_fatbin(ctx, r, &source_path)?;
             if let Some(p) = &cached_path {
                 // A cache that cannot be written only costs time next build.
-                let _ = write_file(p, &bytes);
+                // The sidecar goes first: a fatbin without one is a miss.
+                let side = serde_json::to_vec(&recorded).unwrap_or_default();
+                let _ = write_file(&p.with_extension("json"), &side)
+                    .and_then(|_| write_file(p, &bytes));
             }
-            (bytes, false)
+            (bytes, recorded, false)
         }
     };
-    write_file(&fatbin_path, &bytes)?;
+    write_file(&fatbin_path, &bytes).map_err(|e| vec![e])?;
     Ok(Compiled {
         name: r.name.clone(),
         fatbin_path,
@@ -227,15 +420,20 @@ fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, Compi
         hash: blake3::hash(&bytes).to_hex().to_string(),
         cached,
         compile_time: started.elapsed(),
+        recorded,
     })
 }
 
+/// One fragment's result: its fatbin, or every error of its archs.
+pub type Outcome = Result<Compiled, Vec<CompileError>>;
+
 /// Compiles every fragment on `ctx.jobs` threads; results keep input order.
-/// The first error (in input order) is returned.
+/// A failing fragment does not stop the others: each result is the
+/// fragment's fatbin, or every error of its archs.
 pub fn compile_all(
     ctx: &CompileContext<'_>,
     rendered: &[Rendered],
-) -> Result<Vec<Compiled>, CompileError> {
+) -> Result<Vec<Outcome>, CompileError> {
     for dir in [ctx.gen_dir, ctx.fatbin_dir]
         .into_iter()
         .chain(ctx.cache_dir)
@@ -247,28 +445,20 @@ pub fn compile_all(
         })?;
     }
     let next = AtomicUsize::new(0);
-    let failed = std::sync::atomic::AtomicBool::new(false);
-    let results: Mutex<Vec<Option<Result<Compiled, CompileError>>>> =
+    let results: Mutex<Vec<Option<Outcome>>> =
         Mutex::new((0..rendered.len()).map(|_| None).collect());
     std::thread::scope(|s| {
         for _ in 0..ctx.jobs.max(1).min(rendered.len().max(1)) {
             s.spawn(|| loop {
-                if failed.load(Ordering::Relaxed) {
-                    break;
-                }
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(r) = rendered.get(i) else { break };
                 let res = compile_one(ctx, r);
-                if res.is_err() {
-                    failed.store(true, Ordering::Relaxed);
+                if let Ok(mut slots) = results.lock() {
+                    slots[i] = Some(res);
                 }
-                results.lock().unwrap()[i] = Some(res);
             });
         }
     });
-    let mut out = Vec::with_capacity(rendered.len());
-    for r in results.into_inner().unwrap().into_iter().flatten() {
-        out.push(r?);
-    }
-    Ok(out)
+    let slots = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok(slots.into_iter().flatten().collect())
 }

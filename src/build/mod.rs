@@ -18,6 +18,14 @@
 //! // src/lib.rs: mod registry { include!(concat!(env!("OUT_DIR"), "/fraglink_registry.rs")); }
 //! ```
 //!
+//! For CUDA written for nvcc: standard-header stand-ins ([`std_headers`]),
+//! `crt/` headers provisioned for `<mma.h>` ([`toolkit::Discovery::supply_crt`]),
+//! plain-source families ([`Family::source`]), name expressions for
+//! templated kernels ([`Family::name_expression`]), `-default-device` per
+//! family with a host-code warning ([`lint`]), options checked up front
+//! ([`options`]), keep-going builds with a report ([`Builder::keep_going`],
+//! [`report`]), and each fragment's kernels recorded per arch ([`ptx`]).
+//!
 //! Every environment variable the build reads is listed in
 //! [`toolkit::ENV_VARS`] and [`ENV_VARS`] ([`Builder::env_vars`]).
 
@@ -25,8 +33,13 @@ pub mod arch;
 pub mod codegen;
 pub mod compile;
 pub mod families;
+pub mod lint;
 pub mod matrix;
+pub mod options;
+pub mod ptx;
 pub mod render;
+pub mod report;
+pub mod std_headers;
 pub mod toolkit;
 
 use std::path::{Path, PathBuf};
@@ -62,6 +75,16 @@ pub enum BuildError {
     #[error(transparent)]
     Compile(#[from] compile::CompileError),
     #[error(transparent)]
+    Option(#[from] options::OptionError),
+    /// Some fragments failed (every one and every arch listed, each with
+    /// NVRTC's log). Without `keep_going`, no registry was written.
+    #[error("{} of {total} fragments failed to build{}:\n{}", report::failed_fragments(failures), match report { Some(r) => format!(" (report: {})", r.display()), None => String::new() }, failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"))]
+    Fragments {
+        failures: Vec<compile::CompileError>,
+        total: usize,
+        report: Option<PathBuf>,
+    },
+    #[error(transparent)]
     Arch(#[from] arch::ArchError),
     #[error("loading the CUDA libraries found at {origin}: {source}")]
     Load {
@@ -70,6 +93,11 @@ pub enum BuildError {
     },
     #[error("reading {path}: {source}")]
     Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing {path}: {source}")]
+    Write {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -90,6 +118,10 @@ pub struct Family {
     template: Option<PathBuf>,
     name_format: Option<String>,
     params: Vec<Param>,
+    /// `template` is plain CUDA (see [`Family::source`]).
+    plain: bool,
+    expressions: Vec<String>,
+    settings: compile::FamilyCompile,
 }
 
 impl Family {
@@ -103,16 +135,61 @@ impl Family {
             template: None,
             name_format: None,
             params: Vec::new(),
+            plain: false,
+            expressions: Vec::new(),
+            settings: compile::FamilyCompile::default(),
         }
+    }
+    /// A plain CUDA source compiled as is, instead of a template: no
+    /// template engine reads it (so `float z[1] = {{0.0f}};` is C++), and
+    /// each matrix entry's values arrive as `-D` defines, keys upper-cased
+    /// (`{"dtype": "float"}` → `-DDTYPE=float`), and in name expressions.
+    /// Replaces a [`template`](Self::template) given before.
+    pub fn source(mut self, path: impl Into<PathBuf>) -> Self {
+        self.template = Some(path.into());
+        self.plain = true;
+        self
+    }
+    /// A C++ name expression naming a kernel of each fragment, a minijinja
+    /// template over the entry (`quantize<{{ dtype }}>`). The build resolves
+    /// it with NVRTC (`nvrtcAddNameExpression`, which also instantiates a
+    /// template no device code uses) and records the mangled name in
+    /// [`FragmentInfo::lowered`](crate::fragment::FragmentInfo), which
+    /// [`Planner::kernel`](crate::link::Planner) uses.
+    pub fn name_expression(mut self, expression: impl Into<String>) -> Self {
+        self.expressions.push(expression.into());
+        self
+    }
+    /// Pass NVRTC's `-default-device` (default: on), which makes
+    /// unannotated functions device functions. Off, a host function is an
+    /// NVRTC error instead of a device function launching from the GPU.
+    pub fn default_device(mut self, on: bool) -> Self {
+        self.settings.default_device = on;
+        self
+    }
+    /// Put fraglink's standard-header stand-ins (`stdint.h`, `cmath`,
+    /// `type_traits`, ..., mapped to libcu++; [`std_headers`]) on the
+    /// include path (default: on).
+    pub fn std_headers(mut self, on: bool) -> Self {
+        self.settings.std_headers = on;
+        self
+    }
+    /// An NVRTC option for this family's fragments (checked like
+    /// [`Builder::nvrtc_option`]).
+    pub fn nvrtc_option(mut self, option: impl Into<String>) -> Self {
+        self.settings.options.push(option.into());
+        self
     }
     /// The JSON parameter matrix (relative paths: to the manifest dir).
     pub fn matrix(mut self, path: impl Into<PathBuf>) -> Self {
         self.matrix = Some(path.into());
         self
     }
-    /// The minijinja template rendered once per entry.
+    /// The minijinja template rendered once per entry (replaces a
+    /// [`source`](Self::source) given before).
     pub fn template(mut self, path: impl Into<PathBuf>) -> Self {
         self.template = Some(path.into());
+        self.plain = false;
         self
     }
     /// A minijinja expression rendering the fragment's name from the entry;
@@ -157,6 +234,7 @@ pub struct Builder {
     toolkit: Option<Toolkit>,
     jobs: Option<usize>,
     cargo: bool,
+    keep_going: bool,
 }
 
 impl Default for Builder {
@@ -175,6 +253,12 @@ pub struct BuildReport {
     pub registry: PathBuf,
     pub elapsed: Duration,
     pub nvrtc_version: (i32, i32),
+    /// What failed under [`Builder::keep_going`] (empty otherwise: a failure
+    /// is then an error).
+    pub failures: Vec<compile::CompileError>,
+    /// `fraglink_build_report.txt` in the output directory: one line per
+    /// fragment (built or failed), then every failure with its log.
+    pub report_file: PathBuf,
 }
 
 impl BuildReport {
@@ -201,7 +285,16 @@ impl Builder {
             toolkit: None,
             jobs: None,
             cargo: std::env::var_os("OUT_DIR").is_some(),
+            keep_going: false,
         }
+    }
+    /// On: fragments that fail are left out, the registry holds the ones
+    /// that built, and the failures are in [`BuildReport::failures`], the
+    /// report file and cargo warnings. Off (default): any failure is
+    /// [`BuildError::Fragments`] listing them all.
+    pub fn keep_going(mut self, on: bool) -> Self {
+        self.keep_going = on;
+        self
     }
     pub fn family(mut self, family: Family) -> Self {
         self.families.push(family);
@@ -222,7 +315,10 @@ impl Builder {
         self.include_dirs.push(dir.into());
         self
     }
-    /// An extra NVRTC option for every fragment (e.g. `-DNDEBUG`).
+    /// An extra NVRTC option for every fragment (e.g. `-DNDEBUG`). Options
+    /// are checked before anything compiles: nvcc spellings NVRTC lacks are
+    /// translated (`-O3` → `-dopt=on`) or refused naming the equivalent
+    /// ([`options`]).
     pub fn nvrtc_option(mut self, option: impl Into<String>) -> Self {
         self.nvrtc_options.push(option.into());
         self
@@ -316,6 +412,21 @@ impl Builder {
             }
         };
         let target_dir = cargo_target_dir(&out_dir);
+        // Every option is checked before anything compiles.
+        let mut warnings = Vec::new();
+        let (extra_options, notes) =
+            options::check_all(&self.nvrtc_options, "Builder::nvrtc_option")?;
+        warnings.extend(notes);
+        let mut family_settings = Vec::with_capacity(self.families.len());
+        for fam in &self.families {
+            let origin = format!("family `{}`", fam.name);
+            let (checked, notes) = options::check_all(&fam.settings.options, &origin)?;
+            warnings.extend(notes);
+            family_settings.push(compile::FamilyCompile {
+                options: checked,
+                ..fam.settings.clone()
+            });
+        }
         let archs = match std::env::var("FRAGLINK_ARCHS") {
             Ok(s) if !s.trim().is_empty() => Arch::parse_list(&s, "FRAGLINK_ARCHS")?,
             _ => match &self.archs {
@@ -336,7 +447,18 @@ impl Builder {
 
         let toolkit = match self.toolkit.clone() {
             Some(t) => t,
-            None => toolkit::Discovery::from_env(target_dir.as_deref())?.find()?,
+            None => {
+                let discovery = toolkit::Discovery::from_env(target_dir.as_deref())?;
+                let mut t = discovery.find()?;
+                // crt/ (for <mma.h>) is installed beside the set when the
+                // toolkit lacks it; without it only WMMA sources fail.
+                if let Err(why) = discovery.supply_crt(&mut t) {
+                    let msg = format!("CUDA crt/ headers: {why}");
+                    self.directive(&format!("warning={msg}"));
+                    warnings.push(msg);
+                }
+                t
+            }
         };
         let origin = format!("{:?}", toolkit.origin);
         let load = |source| BuildError::Load {
@@ -354,7 +476,6 @@ impl Builder {
         );
 
         // Read every family's inputs.
-        let mut warnings = Vec::new();
         struct Loaded {
             matrix: PathBuf,
             template: PathBuf,
@@ -410,6 +531,8 @@ impl Builder {
                 template_name: l.template.display().to_string(),
                 template: &l.template_text,
                 name_format: fam.name_format.as_deref().unwrap_or_default(),
+                plain: fam.plain,
+                expressions: &fam.expressions,
             })
             .collect();
         let rendered = render::render_all(&sources)?;
@@ -424,12 +547,23 @@ impl Builder {
         include_dirs.extend(toolkit.include_dirs.iter().cloned());
         let gen_dir = out_dir.join("gen");
         let fatbin_dir = out_dir.join("fatbins");
+        let std_dir = if family_settings.iter().any(|f| f.std_headers) {
+            let dir = out_dir.join("fraglink-std");
+            Some(
+                std_headers::write_to(&dir)
+                    .map_err(|source| BuildError::Write { path: dir, source })?,
+            )
+        } else {
+            None
+        };
         let ctx = compile::CompileContext {
             nvrtc: &nvrtc,
             nvfatbin: &nvfatbin,
             archs: &archs,
             include_dirs: &include_dirs,
-            extra_options: &self.nvrtc_options,
+            extra_options: &extra_options,
+            families: &family_settings,
+            std_dir: std_dir.as_deref(),
             headers_digest,
             tool_versions,
             gen_dir: &gen_dir,
@@ -437,7 +571,53 @@ impl Builder {
             cache_dir: cache_dir.as_deref(),
             jobs,
         };
-        let compiled = compile::compile_all(&ctx, &rendered)?;
+        for r in &rendered {
+            if !family_settings[r.family_index].default_device {
+                continue;
+            }
+            let path = gen_dir.join(format!("{}.cu", r.name));
+            let findings = lint::host_code(&r.source);
+            if let Some(w) =
+                lint::host_code_warning(&r.name, &path.display().to_string(), &findings)
+            {
+                self.directive(&format!("warning={w}"));
+                warnings.push(w);
+            }
+        }
+        let results = compile::compile_all(&ctx, &rendered)?;
+        let mut built: Vec<(&render::Rendered, compile::Compiled)> = Vec::new();
+        let mut failures = Vec::new();
+        for (r, res) in rendered.iter().zip(results) {
+            match res {
+                Ok(c) => built.push((r, c)),
+                Err(errs) => failures.extend(errs),
+            }
+        }
+        let report_file = out_dir.join("fraglink_build_report.txt");
+        report::write(&report_file, &rendered, &built, &failures).map_err(|source| {
+            BuildError::Write {
+                path: report_file.clone(),
+                source,
+            }
+        })?;
+        if !failures.is_empty() {
+            if !self.keep_going {
+                return Err(BuildError::Fragments {
+                    failures,
+                    total: rendered.len(),
+                    report: Some(report_file),
+                });
+            }
+            for f in &failures {
+                // One line per failure in cargo's output; the logs are in
+                // the report.
+                let first = f.to_string().lines().next().unwrap_or_default().to_string();
+                self.directive(&format!(
+                    "warning={first} (left out of the registry; see {})",
+                    report_file.display()
+                ));
+            }
+        }
 
         let decls: Vec<codegen::FamilyDecl> = self
             .families
@@ -448,23 +628,22 @@ impl Builder {
                 params: f.params.clone(),
             })
             .collect();
-        let arch_names: Vec<String> = archs.iter().map(|a| a.to_string()).collect();
-        let frags: Vec<codegen::FragmentDecl> = rendered
+        let frags: Vec<codegen::FragmentDecl> = built
             .iter()
-            .zip(&compiled)
             .map(|(r, c)| codegen::FragmentDecl {
                 family: r.family.clone(),
                 name: r.name.clone(),
                 entry: r.entry.clone(),
-                archs: arch_names.clone(),
+                archs: archs.iter().map(|a| a.to_string()).collect(),
                 fatbin_file: format!("fatbins/{}.fatbin", r.name),
                 fatbin_len: c.fatbin_len,
                 hash: c.hash.clone(),
+                recorded: c.recorded.clone(),
             })
             .collect();
         let code = codegen::generate(&self.krate, &decls, &frags)?;
         let registry = out_dir.join(&self.registry_file);
-        std::fs::write(&registry, code).map_err(|source| BuildError::Read {
+        std::fs::write(&registry, code).map_err(|source| BuildError::Write {
             path: registry.clone(),
             source,
         })?;
@@ -472,10 +651,12 @@ impl Builder {
             nvrtc_version,
             toolkit,
             archs,
-            fragments: compiled,
+            fragments: built.into_iter().map(|(_, c)| c).collect(),
             warnings,
             registry,
             elapsed: started.elapsed(),
+            failures,
+            report_file,
         })
     }
 }

@@ -15,9 +15,16 @@ use super::matrix::Entry;
 #[derive(Debug, Clone)]
 pub struct Rendered {
     pub family: String,
+    /// Index of the family in the build's list (its compile settings).
+    pub family_index: usize,
     pub name: String,
     pub entry: Entry,
     pub source: String,
+    /// `-DKEY=value` for every key of the entry (plain-source families).
+    pub defines: Vec<String>,
+    /// Rendered C++ name expressions (`quantize<float>`) whose mangled names
+    /// the build records.
+    pub expressions: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +53,8 @@ pub enum RenderError {
         first: String,
         second: String,
     },
+    #[error("family `{family}`: matrix key `{key}` cannot become a -D define of a plain-source family: it is not an identifier")]
+    BadDefine { family: String, key: String },
     #[error("family `{family}`: the matrix {matrix} has an empty product (no entries); check for an empty array on every branch (cuVS's CMake reports this as \"incorrect range specification\")")]
     EmptyProduct { family: String, matrix: PathBuf },
 }
@@ -113,6 +122,32 @@ pub struct FamilySource<'a> {
     pub template_name: String,
     pub template: &'a str,
     pub name_format: &'a str,
+    /// The template is plain CUDA, compiled as is: no template engine (so
+    /// `{{0.0f}}` stays C++), the entry's values arrive as `-D` defines.
+    pub plain: bool,
+    /// Name expressions, each a minijinja template (`quantize<{{ dtype }}>`).
+    pub expressions: &'a [String],
+}
+
+/// `-DDTYPE=float` for `{"dtype": "float"}`: keys upper-cased, values as
+/// text. A key that is not an identifier cannot be a macro name.
+pub fn defines(family: &str, entry: &Entry) -> Result<Vec<String>, RenderError> {
+    entry
+        .iter()
+        .map(|(k, v)| {
+            if !is_identifier(k) {
+                return Err(RenderError::BadDefine {
+                    family: family.into(),
+                    key: k.clone(),
+                });
+            }
+            let value = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            Ok(format!("-D{}={value}", k.to_ascii_uppercase()))
+        })
+        .collect()
 }
 
 /// Renders every entry of every family, checking names are identifiers and
@@ -120,7 +155,7 @@ pub struct FamilySource<'a> {
 pub fn render_all(families: &[FamilySource<'_>]) -> Result<Vec<Rendered>, RenderError> {
     let mut out: Vec<Rendered> = Vec::new();
     let mut seen: BTreeMap<String, (String, Entry)> = BTreeMap::new();
-    for fam in families {
+    for (family_index, fam) in families.iter().enumerate() {
         if fam.entries.is_empty() {
             return Err(RenderError::EmptyProduct {
                 family: fam.family.into(),
@@ -139,12 +174,25 @@ pub fn render_all(families: &[FamilySource<'_>]) -> Result<Vec<Rendered>, Render
                 message: format_minijinja(&e),
                 entry: "(none)".into(),
             })?;
-        env.add_template_owned(fam.template_name.clone(), fam.template.to_string())
-            .map_err(|e| RenderError::Template {
-                template: fam.template_name.clone(),
-                message: format_minijinja(&e),
-                entry: "(none)".into(),
-            })?;
+        if !fam.plain {
+            env.add_template_owned(fam.template_name.clone(), fam.template.to_string())
+                .map_err(|e| RenderError::Template {
+                    template: fam.template_name.clone(),
+                    message: format_minijinja(&e),
+                    entry: "(none)".into(),
+                })?;
+        }
+        let expression_names: Vec<String> = (0..fam.expressions.len())
+            .map(|i| format!("name expression {i} of family `{}`", fam.family))
+            .collect();
+        for (name, text) in expression_names.iter().zip(fam.expressions) {
+            env.add_template_owned(name.clone(), text.clone())
+                .map_err(|e| RenderError::Template {
+                    template: name.clone(),
+                    message: format_minijinja(&e),
+                    entry: "(none)".into(),
+                })?;
+        }
         for entry in fam.entries {
             let mut ctx: BTreeMap<String, serde_json::Value> = entry.clone();
             ctx.insert("family".into(), fam.family.into());
@@ -167,12 +215,26 @@ pub fn render_all(families: &[FamilySource<'_>]) -> Result<Vec<Rendered>, Render
             }
             seen.insert(name.clone(), (fam.family.to_string(), entry.clone()));
             ctx.insert("name".into(), name.clone().into());
-            let source = render_one(&env, &fam.template_name, &ctx, entry)?;
+            let (source, defines) = if fam.plain {
+                (fam.template.to_string(), defines(fam.family, entry)?)
+            } else {
+                (
+                    render_one(&env, &fam.template_name, &ctx, entry)?,
+                    Vec::new(),
+                )
+            };
+            let expressions = expression_names
+                .iter()
+                .map(|t| Ok(render_one(&env, t, &ctx, entry)?.trim().to_string()))
+                .collect::<Result<Vec<_>, RenderError>>()?;
             out.push(Rendered {
                 family: fam.family.into(),
+                family_index,
                 name,
                 entry: entry.clone(),
                 source,
+                defines,
+                expressions,
             });
         }
     }
@@ -196,7 +258,36 @@ mod tests {
             template_name: "templates/metric.cu.j2".into(),
             template,
             name_format,
+            plain: false,
+            expressions: &[],
         }
+    }
+
+    #[test]
+    fn plain_sources_keep_braces_and_get_defines() {
+        let e = entries(json!({"dtype": ["float", "double"], "width": 4}));
+        let expressions = vec!["quantize<{{ dtype }}>".to_string()];
+        let src = "float zero[1] = {{0.0f}};\n";
+        let r = render_all(&[FamilySource {
+            plain: true,
+            expressions: &expressions,
+            ..fam(&e, src, "q_{{ dtype }}")
+        }])
+        .unwrap();
+        assert_eq!(r[0].source, src, "no template engine");
+        assert_eq!(r[0].defines, ["-DDTYPE=float", "-DWIDTH=4"]);
+        assert_eq!(r[1].expressions, ["quantize<double>"]);
+        let bad = entries(json!({"d-type": "float"}));
+        let msg = render_all(&[FamilySource {
+            plain: true,
+            ..fam(&bad, src, "q")
+        }])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("`d-type`") && msg.contains("-D define"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -38,6 +38,11 @@ pub struct PinnedSet {
     /// (distribution, version, sha256 of the manylinux x86_64 wheel). Hashes
     /// pin the exact bytes on x86_64; on other platforms only the version is.
     pub wheels: &'static [(&'static str, &'static str, &'static str)],
+    /// The wheel holding the `crt/` headers (`crt/mma.h`, which `<mma.h>`
+    /// includes for WMMA): nvcc's wheel in CUDA 12, `nvidia-cuda-crt` in 13.
+    /// Installed on its own beside the set when a toolkit lacks them
+    /// ([`Discovery::supply_crt`]).
+    pub crt: (&'static str, &'static str, &'static str),
 }
 
 impl PinnedSet {
@@ -47,10 +52,12 @@ impl PinnedSet {
             12 => Some(PinnedSet {
                 version: (12, 9),
                 wheels: PINNED_WHEELS,
+                crt: CRT_WHEEL_12,
             }),
             13 => Some(PinnedSet {
                 version: (13, 0),
                 wheels: PINNED_WHEELS_13,
+                crt: PINNED_WHEELS_13[5],
             }),
             _ => None,
         }
@@ -60,6 +67,33 @@ impl PinnedSet {
     pub fn dir_name(&self) -> String {
         format!("fraglink-cuda-{}.{}", self.version.0, self.version.1)
     }
+
+    /// Where [`PinnedSet::crt`] is installed when a toolkit lacks `crt/`.
+    pub fn crt_dir_name(&self) -> String {
+        format!("{}-crt", self.dir_name())
+    }
+
+    /// The include directory the crt wheel installs (`crt/` is under it).
+    pub fn crt_include(&self, dir: &Path) -> PathBuf {
+        if self.version.0 >= 13 {
+            dir.join("nvidia/cu13/include")
+        } else {
+            dir.join("nvidia/cuda_nvcc/include")
+        }
+    }
+}
+
+/// CUDA 12's `crt/` headers ship only in nvcc's wheel (40 MB, of which
+/// fraglink uses the headers).
+pub const CRT_WHEEL_12: (&str, &str, &str) = (
+    "nvidia-cuda-nvcc-cu12",
+    "12.9.86",
+    "5d6a0d32fdc7ea39917c20065614ae93add6f577d840233237ff08e9a38f58f0",
+);
+
+/// Whether `dirs` provide `crt/mma.h` (which `<mma.h>` includes).
+pub fn has_crt(dirs: &[PathBuf]) -> bool {
+    dirs.iter().any(|d| d.join("crt/mma.h").is_file())
 }
 
 /// The major `FRAGLINK_CUDA_VERSION` asks for (`12`, `13`, or `12.9`-style),
@@ -310,16 +344,72 @@ impl Discovery {
                 searched,
             });
         };
-        let pinned = self.pinned.unwrap_or(PinnedSet {
-            version: (12, 9),
-            wheels: PINNED_WHEELS,
-        });
-        provision(self.python.as_deref().unwrap_or("python3"), dir, pinned)?;
+        let pinned = self
+            .pinned
+            .or_else(|| PinnedSet::for_major(12))
+            .ok_or_else(|| ToolkitError::Offline {
+                reason: "no pinned set".into(),
+                searched: String::new(),
+            })?;
+        provision(
+            self.python.as_deref().unwrap_or("python3"),
+            dir,
+            requirements_text_of(pinned.wheels, pin_hashes()),
+        )?;
         self.probe(dir, Origin::Provisioned(dir.clone()))
             .map_err(|missing| ToolkitError::Provision {
                 dir: dir.clone(),
                 message: format!("installed, but incomplete: {missing}"),
             })
+    }
+}
+
+/// Adds the `crt/` headers to `t` when its include directories lack them
+/// (a CUDA 12 wheel set, or CUDA 13 without `nvidia-cuda-crt`): from the
+/// crt directory beside the provisioned set, installing that one wheel
+/// there first unless offline. `Err` says why they are still missing (the
+/// build goes on: only sources including `<mma.h>` need them).
+impl Discovery {
+    pub fn supply_crt(&self, t: &mut Toolkit) -> Result<(), String> {
+        if has_crt(&t.include_dirs) {
+            return Ok(());
+        }
+        // A toolkit layout keeps crt/ in include/; wheels add nvcc's.
+        let nvcc_inc = t.root.join("nvidia/cuda_nvcc/include");
+        if has_crt(std::slice::from_ref(&nvcc_inc)) {
+            t.include_dirs.push(nvcc_inc);
+            return Ok(());
+        }
+        let set = PinnedSet::for_major(t.major().unwrap_or(12))
+            .ok_or_else(|| "no pinned crt wheel for this CUDA major".to_string())?;
+        let Some(target) = self.provision_dir.as_deref().and_then(Path::parent) else {
+            return Err("no target directory to install the crt headers into".into());
+        };
+        let dir = target.join(set.crt_dir_name());
+        let inc = set.crt_include(&dir);
+        if !has_crt(std::slice::from_ref(&inc)) {
+            if let Some(reason) = &self.offline {
+                return Err(format!(
+                    "crt/mma.h not found and {reason}; `<mma.h>` (WMMA) will not compile. \
+                     Install {}=={} into {} or unset the variable",
+                    set.crt.0,
+                    set.crt.1,
+                    dir.display()
+                ));
+            }
+            let (name, version, sha) = set.crt;
+            let req = requirements_text_of(&[(name, version, sha)], pin_hashes());
+            provision(self.python.as_deref().unwrap_or("python3"), &dir, req)
+                .map_err(|e| e.to_string())?;
+            if !has_crt(std::slice::from_ref(&inc)) {
+                return Err(format!(
+                    "{name}=={version} installed into {} holds no crt/mma.h",
+                    dir.display()
+                ));
+            }
+        }
+        t.include_dirs.push(inc);
+        Ok(())
     }
 }
 
@@ -343,7 +433,16 @@ pub fn provision_command(python: &str, dir: &Path, requirements: &Path) -> Vec<S
 
 /// The requirements file: versions pinned; on x86_64 Linux, hashes too.
 pub fn requirements_text(set: PinnedSet, pin_hashes: bool) -> String {
-    set.wheels
+    requirements_text_of(set.wheels, pin_hashes)
+}
+
+/// Hashes pin the x86_64 Linux wheels only (see [`PinnedSet::wheels`]).
+fn pin_hashes() -> bool {
+    cfg!(all(target_os = "linux", target_arch = "x86_64"))
+}
+
+fn requirements_text_of(wheels: &[(&str, &str, &str)], pin_hashes: bool) -> String {
+    wheels
         .iter()
         .map(|(name, version, sha)| {
             if pin_hashes {
@@ -355,15 +454,14 @@ pub fn requirements_text(set: PinnedSet, pin_hashes: bool) -> String {
         .collect()
 }
 
-fn provision(python: &str, dir: &Path, set: PinnedSet) -> Result<(), ToolkitError> {
+fn provision(python: &str, dir: &Path, requirements_text: String) -> Result<(), ToolkitError> {
     let err = |message: String| ToolkitError::Provision {
         dir: dir.to_path_buf(),
         message,
     };
     std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create the directory: {e}")))?;
     let requirements = dir.join("fraglink-requirements.txt");
-    let pin = cfg!(all(target_os = "linux", target_arch = "x86_64"));
-    std::fs::write(&requirements, requirements_text(set, pin))
+    std::fs::write(&requirements, requirements_text)
         .map_err(|e| err(format!("cannot write {}: {e}", requirements.display())))?;
     let cmd = provision_command(python, dir, &requirements);
     let out = Command::new(&cmd[0])
@@ -410,12 +508,18 @@ fn probe_wheels(nv: &Path, origin: Origin) -> Result<Toolkit, String> {
     if !missing.is_empty() {
         return Err(missing.join(", "));
     }
+    let mut include_dirs = vec![runtime_inc, cccl_inc];
+    // nvcc's wheel carries CUDA 12's crt/ headers (crt/mma.h).
+    let nvcc_inc = nv.join("cuda_nvcc/include");
+    if nvcc_inc.join("crt/mma.h").is_file() {
+        include_dirs.push(nvcc_inc);
+    }
     Ok(Toolkit {
         root: PathBuf::new(),
         nvrtc: nvrtc.unwrap(),
         nvjitlink: nvjitlink.unwrap(),
         nvfatbin: nvfatbin.unwrap(),
-        include_dirs: vec![runtime_inc, cccl_inc],
+        include_dirs,
         origin,
     })
 }
@@ -562,6 +666,43 @@ mod tests {
         let req = requirements_text(set13, false);
         assert!(req.contains("nvidia-nvjitlink==13.0.88\n"), "{req}");
         assert!(PinnedSet::for_major(11).is_none());
+        // crt/ for both majors: nvcc's wheel in 12, nvidia-cuda-crt in 13.
+        let set12 = PinnedSet::for_major(12).unwrap();
+        assert_eq!(set12.crt.0, "nvidia-cuda-nvcc-cu12");
+        assert_eq!(set12.crt_dir_name(), "fraglink-cuda-12.9-crt");
+        assert!(set12
+            .crt_include(Path::new("/t"))
+            .ends_with("nvidia/cuda_nvcc/include"));
+        assert_eq!(set13.crt.0, "nvidia-cuda-crt");
+        assert!(set13
+            .crt_include(Path::new("/t"))
+            .ends_with("nvidia/cu13/include"));
+    }
+
+    #[test]
+    fn crt_headers_are_found_beside_the_set_or_reported_offline() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cuda = tmp.path().join("fraglink-cuda-12.9");
+        fake_wheels(&cuda);
+        let mut t = probe_root(&cuda, Origin::Root("x".into())).unwrap();
+        let d = Discovery {
+            offline: Some("FRAGLINK_OFFLINE is set".into()),
+            provision_dir: Some(cuda.clone()),
+            ..Default::default()
+        };
+        let msg = d.supply_crt(&mut t).unwrap_err();
+        assert!(
+            msg.contains("FRAGLINK_OFFLINE") && msg.contains("nvidia-cuda-nvcc-cu12"),
+            "{msg}"
+        );
+        // The crt directory beside the set, as provisioning leaves it.
+        let crt = tmp
+            .path()
+            .join("fraglink-cuda-12.9-crt/nvidia/cuda_nvcc/include/crt");
+        std::fs::create_dir_all(&crt).unwrap();
+        std::fs::write(crt.join("mma.h"), b"").unwrap();
+        d.supply_crt(&mut t).unwrap();
+        assert!(has_crt(&t.include_dirs), "{:?}", t.include_dirs);
     }
 
     #[test]

@@ -144,7 +144,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub const MAGIC: [u8; 8] = *b"FRAGLINK";
 /// Version of the entry format written by this build. 2: the link runtime's
 /// payload keeps only the cubin, nvJitLink's info log and the link time.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: a cubin serves every entry of a multi-entry plan (issue 14), keyed by
+/// the entry set; a version-2 entry is refused as a format mismatch.
+pub const FORMAT_VERSION: u32 = 3;
 /// Size of the header excluding the key bytes.
 pub const HEADER_FIXED_LEN: usize = 8 + 4 + 4 + 8 + 32;
 /// Default size cap: 1 GiB.

@@ -4,8 +4,8 @@
 
 use std::fmt;
 
-/// Bumped when the key's recipe changes.
-const KEY_FORMAT: &str = "fraglink-link-key-v1";
+/// Bumped when the key's recipe changes (v2: a set of entries).
+const KEY_FORMAT: &str = "fraglink-link-key-v2";
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LinkKey([u8; 32]);
@@ -21,10 +21,11 @@ impl std::hash::Hash for LinkKey {
 }
 
 impl LinkKey {
-    /// `inputs` are `(name, content hash)` in link order; `options` the
-    /// complete nvJitLink command line (arch included); `nvjitlink` its version.
+    /// `entries` are the kernels in plan order; `inputs` are `(name,
+    /// content hash)` in link order; `options` the complete nvJitLink command
+    /// line (arch and its `a`/`f` variant included); `nvjitlink` its version.
     pub fn new(
-        entry: &str,
+        entries: &[&str],
         inputs: &[(&str, &str)],
         options: &[String],
         nvjitlink: (u32, u32),
@@ -35,7 +36,10 @@ impl LinkKey {
             h.update(b);
         };
         field(KEY_FORMAT.as_bytes());
-        field(entry.as_bytes());
+        field(&(entries.len() as u64).to_le_bytes());
+        for e in entries {
+            field(e.as_bytes());
+        }
         field(&(inputs.len() as u64).to_le_bytes());
         for (name, hash) in inputs {
             field(name.as_bytes());
@@ -71,7 +75,12 @@ mod tests {
     use super::*;
 
     fn key(entry: &str, inputs: &[(&str, &str)], arch: &str, v: (u32, u32)) -> LinkKey {
-        LinkKey::new(entry, inputs, &["-lto".into(), format!("-arch={arch}")], v)
+        LinkKey::new(
+            &[entry],
+            inputs,
+            &["-lto".into(), format!("-arch={arch}")],
+            v,
+        )
     }
 
     #[test]
@@ -105,6 +114,16 @@ mod tests {
             key("e", &[("a", "h1"), ("b", "h2")], "sm_80", (12, 8)),
             "version"
         );
+        assert_ne!(
+            base,
+            key("e", &[("a", "h1"), ("b", "h2")], "sm_90a", (12, 9)),
+            "arch-specific variant"
+        );
+        let two = |entries: &[&str]| {
+            LinkKey::new(entries, &[("a", "h1")], &["-arch=sm_80".into()], (12, 9))
+        };
+        assert_ne!(two(&["e"]), two(&["e", "f"]), "entry set");
+        assert_ne!(two(&["e", "f"]), two(&["ef"]), "entry boundaries");
         // Length-prefixed fields: moving a boundary changes the key.
         assert_ne!(
             key("e", &[("ab", "c")], "sm_80", (12, 9)),

@@ -8,17 +8,22 @@ use crate::sys::{InputType, NvJitLink};
 
 use super::LinkError;
 
-/// nvJitLink options. `-lto` and `-verbose` (for resource usage) are always
-/// passed; the rest map one to one onto nvJitLink's flags.
+/// nvJitLink options. `-verbose` (for resource usage) is always passed,
+/// `-lto` when an input needs it ([`LinkOptions::lto`]); the rest map one
+/// to one onto nvJitLink's flags.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LinkOptions {
-    /// The real architecture to produce a cubin for.
+    /// The real architecture to produce a cubin for (`sm_90a` kept as is).
     pub arch: Arch,
+    /// `-lto`: `None` decides from the inputs ([`needs_lto`]); fraglink's
+    /// own fragments are LTO-IR, so [`LinkRuntime`](super::LinkRuntime)
+    /// links always pass it.
+    pub lto: Option<bool>,
+    /// `-kernels-used=<entry>` for each: lets LTO drop every other kernel.
     /// `-O0` … `-O3`.
     pub opt_level: u8,
     pub lineinfo: bool,
     pub max_registers: Option<u32>,
-    /// `-kernels-used=<entry>`: lets LTO drop every other kernel.
     pub kernels_used: Vec<String>,
     /// `-split-compile=<threads>` (0 = as many as the machine has).
     pub split_compile: Option<u32>,
@@ -31,7 +36,8 @@ pub struct LinkOptions {
 impl LinkOptions {
     pub fn new(arch: Arch) -> Self {
         LinkOptions {
-            arch: Arch::sm(arch.number),
+            arch: arch.real(),
+            lto: None,
             opt_level: 3,
             lineinfo: false,
             max_registers: None,
@@ -46,12 +52,15 @@ impl LinkOptions {
 
     /// The command line handed to `nvJitLinkCreate`.
     pub fn to_args(&self) -> Vec<String> {
-        let mut a = vec![
-            "-lto".to_string(),
-            format!("-arch=sm_{}", self.arch.number),
+        let mut a = Vec::new();
+        if self.lto.unwrap_or(true) {
+            a.push("-lto".to_string());
+        }
+        a.extend([
+            format!("-arch={}", self.arch.real()),
             format!("-O{}", self.opt_level.min(3)),
             "-verbose".to_string(),
-        ];
+        ]);
         if self.lineinfo {
             a.push("-lineinfo".into());
         }
@@ -78,7 +87,17 @@ impl LinkOptions {
     }
 }
 
-/// One input of a link.
+/// Whether a link of inputs of these kinds needs `-lto`: LTO-IR does, and
+/// so may a container (fatbin, object, library, or a kind left to
+/// nvJitLink); PTX and cubins do not (nvJitLink then links like `nvlink`).
+pub fn needs_lto(kinds: impl IntoIterator<Item = InputType>) -> bool {
+    kinds
+        .into_iter()
+        .any(|k| !matches!(k, InputType::Ptx | InputType::Cubin))
+}
+
+/// One input of a link: any kind nvJitLink takes (LTO-IR, PTX, cubin,
+/// fatbin, host object or library with device code).
 #[derive(Debug, Clone, Copy)]
 pub struct LinkInput<'a> {
     pub name: &'a str,
@@ -154,6 +173,10 @@ impl Linker {
         options: &LinkOptions,
     ) -> Result<LinkOutput, LinkError> {
         let started = Instant::now();
+        let mut options = options.clone();
+        if options.lto.is_none() {
+            options.lto = Some(needs_lto(inputs.iter().map(|i| i.kind)));
+        }
         let mut handle = self.nvjitlink.create(&options.to_args())?;
         for input in inputs {
             handle.add(input.kind, input.bytes, input.name)?;
@@ -196,6 +219,17 @@ mod tests {
             "-lto -arch=sm_90 -O1 -verbose -lineinfo -maxrregcount=64 -kernels-used=scan \
              -split-compile=0 -ftz=false -prec-div=true -prec-sqrt=true -fma=true"
         );
+    }
+
+    #[test]
+    fn lto_only_when_an_input_needs_it() {
+        assert!(!needs_lto([InputType::Ptx, InputType::Cubin]));
+        assert!(needs_lto([InputType::Ptx, InputType::LtoIr]));
+        assert!(needs_lto([InputType::Fatbin]));
+        assert!(needs_lto([InputType::Object]));
+        let mut o = LinkOptions::new(Arch::parse("sm_90a", "t").unwrap());
+        o.lto = Some(false);
+        assert_eq!(o.to_args(), ["-arch=sm_90a", "-O3", "-verbose"]);
     }
 
     #[test]

@@ -75,7 +75,7 @@ mod tests {
     use super::*;
 
     fn key(n: u8) -> LinkKey {
-        LinkKey::new(&format!("e{n}"), &[], &[], (12, 9))
+        LinkKey::new(&[&format!("e{n}")], &[], &[], (12, 9))
     }
 
     #[test]

@@ -12,10 +12,20 @@
 //!     .add::<FilterFragment<NoneFilter, U32>>()
 //!     .link_for(Arch::sm(90))?;
 //! println!("{} registers, {:?}", linked.kernel.metadata.registers, linked.source);
+//! // One link for several kernels of the same fragments:
+//! let both = Planner::new("scan_f32_u32_v4_k128")
+//!     .with_entry("scan_f32_u32_v4_k128")
+//!     .add::<ScanFragment<F32, U32, 4, 128>>()
+//!     .add::<MetricFragment<L2, F32>>()
+//!     .add::<FilterFragment<NoneFilter, U32>>()
+//!     .link_for(Arch::sm(90))?;
+//! assert_eq!(both.kernel.kernels.len(), 1, "entries are deduplicated");
 //! # Ok::<(), fraglink::link::LinkError>(())
 //! ```
 
 pub mod cache;
+pub mod check;
+pub mod demangle;
 pub mod disk;
 pub mod key;
 pub mod linker;
@@ -53,6 +63,39 @@ pub enum LinkError {
     },
     #[error("plan for entry `{entry}` has no fragments")]
     EmptyPlan { entry: String },
+    #[error("fragment `{name}` is in the plan twice; add each fragment once")]
+    DuplicateFragment { name: String },
+    #[error("the plan names no entry: give the kernel(s) to link (Planner::new, Planner::with_entry, Planner::kernel; `--entry` in the CLI)")]
+    NoEntry,
+    #[error("entry {entry:?} is not a symbol name (empty, or with whitespace)")]
+    EmptyEntry { entry: String },
+    #[error("entry `{entry}` is in none of the fragments ({fragments}) as built for {target}; nearest kernels: {}", if nearest.is_empty() { "none".to_string() } else { nearest.join(", ") })]
+    UnknownEntry {
+        entry: String,
+        target: String,
+        fragments: String,
+        nearest: Vec<String>,
+    },
+    #[error("entry {entry} is not in fragment `{fragment}`'s {chosen} LTO-IR, which is what links for {target}, but is in its {present_in} IR: a `#if __CUDA_ARCH__` guard removed it. Build the IR it needs (e.g. FRAGLINK_ARCHS / Builder::archs with compute_80) or link for an arch that has it")]
+    EntryGuarded {
+        entry: String,
+        fragment: String,
+        target: String,
+        chosen: String,
+        present_in: String,
+    },
+    #[error("{symbol} is defined by both fragment `{first}` and fragment `{second}`: one link can hold one definition (make it `inline`/`static`, or link only one of them)")]
+    DuplicateDefinition {
+        symbol: String,
+        first: String,
+        second: String,
+    },
+    #[error("fragment `{fragment}` has no name expression `{expression}`; recorded: {}", if known.is_empty() { "none (give the family a Family::name_expression)".to_string() } else { known.join(", ") })]
+    UnknownExpression {
+        fragment: String,
+        expression: String,
+        known: Vec<String>,
+    },
     #[error("linked cubin for `{entry}` failed its check: {source}")]
     Cubin {
         entry: String,

@@ -41,10 +41,11 @@ impl Default for PlanSettings {
     }
 }
 
-/// A link plan: an entry point and its fragments, in link order.
+/// A link plan: its entry points (one link serves them all) and its
+/// fragments, in link order.
 #[derive(Debug, Clone)]
 pub struct Planner {
-    entry: String,
+    entries: Vec<String>,
     statics: Vec<&'static FragmentInfo>,
     sources: Vec<(String, String)>,
     settings: PlanSettings,
@@ -56,8 +57,14 @@ pub struct Planner {
 impl Planner {
     /// A plan for the kernel whose symbol is `entry`.
     pub fn new(entry: impl Into<String>) -> Self {
+        Self::empty().with_entry(entry)
+    }
+
+    /// A plan with no entry yet (add them with [`with_entry`](Self::with_entry)
+    /// or [`kernel`](Self::kernel)).
+    pub fn empty() -> Self {
         Planner {
-            entry: entry.into(),
+            entries: Vec::new(),
             statics: Vec::new(),
             sources: Vec::new(),
             settings: PlanSettings::default(),
@@ -77,10 +84,49 @@ impl Planner {
         &self.memo
     }
 
+    /// One more kernel for the same link (`-kernels-used` takes several):
+    /// a 100-kernel file is one link, not 100. A repeated entry is kept once.
+    pub fn with_entry(mut self, entry: impl Into<String>) -> Self {
+        let e = entry.into();
+        if !self.entries.contains(&e) {
+            self.entries.push(e);
+        }
+        self.changed()
+    }
+
     /// Adds an embedded fragment chosen at compile time; a combination the
     /// matrices did not produce does not compile.
     pub fn add<F: StaticFragment>(self) -> Self {
         self.add_fragment(F::info())
+    }
+
+    /// Adds the kernel fragment `F` names by the C++ name expression
+    /// `expression` (`"quantize<float>"`, as rendered by the family's
+    /// `name_expression`): its mangled name, recorded at build time, becomes
+    /// an entry, and `F` is added unless it is in the plan already.
+    pub fn kernel<F: StaticFragment>(self, expression: &str) -> Result<Self, LinkError> {
+        self.kernel_of(F::info(), expression)
+    }
+
+    /// [`kernel`](Self::kernel) for a fragment chosen at run time (e.g. from
+    /// [`find_in`](crate::fragment::find_in)).
+    pub fn kernel_of(
+        mut self,
+        info: &'static FragmentInfo,
+        expression: &str,
+    ) -> Result<Self, LinkError> {
+        let lowered =
+            info.lowered_name(expression)
+                .ok_or_else(|| LinkError::UnknownExpression {
+                    fragment: info.name.to_string(),
+                    expression: expression.to_string(),
+                    known: info.lowered.iter().map(|(e, _)| e.to_string()).collect(),
+                })?;
+        if !self.statics.iter().any(|f| std::ptr::eq(*f, info)) {
+            self.statics.push(info);
+        }
+        // `with_entry` starts a new memo for the changed plan.
+        Ok(self.with_entry(lowered))
     }
 
     /// Adds an embedded fragment by description (any catalog).
@@ -154,8 +200,13 @@ impl Planner {
         self.changed()
     }
 
+    /// The first entry ("" when there is none).
     pub fn entry(&self) -> &str {
-        &self.entry
+        self.entries.first().map_or("", String::as_str)
+    }
+    /// Every entry, in the order given.
+    pub fn entries(&self) -> &[String] {
+        &self.entries
     }
     pub fn static_fragments(&self) -> &[&'static FragmentInfo] {
         &self.statics
@@ -187,11 +238,11 @@ impl Planner {
         o.prec_div = s.prec_div;
         o.prec_sqrt = s.prec_sqrt;
         o.fma = s.fma;
-        o.kernels_used = vec![self.entry.clone()];
+        o.kernels_used = self.entries.clone();
         o
     }
 
-    /// The link settings (everything but the entry and the fragments).
+    /// The link settings (everything but the entries and the fragments).
     pub fn settings(&self) -> &PlanSettings {
         &self.settings
     }
@@ -240,5 +291,17 @@ mod tests {
             "-lto -arch=sm_80 -O3 -verbose -lineinfo -maxrregcount=64 -kernels-used=scan_f32_u32_v4_k128"
         );
         assert_eq!(p.fragment_names(), ["scan_f32_u32_v4_k128"]);
+    }
+
+    #[test]
+    fn several_entries_in_one_plan() {
+        let p = Planner::new("a").with_entry("b").with_entry("a");
+        assert_eq!(p.entries(), ["a", "b"]);
+        assert_eq!(p.entry(), "a");
+        assert_eq!(
+            p.options(Arch::sm(90)).kernels_used,
+            ["a".to_string(), "b".to_string()]
+        );
+        assert_eq!(Planner::empty().entry(), "");
     }
 }

@@ -14,12 +14,13 @@
 //!
 //! ```text
 //! {"fraglink_profile":1}
-//! {"entry":"scan_f32_u32_v4_k32","fragments":["scan_f32_u32_v4_k32","metric_l2_f32","filter_none_u32"],"settings":{"opt_level":3,"lineinfo":false,"max_registers":null,"split_compile":null,"ftz":null,"prec_div":null,"prec_sqrt":null,"fma":null},"arch":"sm_90"}
+//! {"entries":["scan_f32_u32_v4_k32"],"fragments":["scan_f32_u32_v4_k32","metric_l2_f32","filter_none_u32"],"settings":{"opt_level":3,"lineinfo":false,"max_registers":null,"split_compile":null,"ftz":null,"prec_div":null,"prec_sqrt":null,"fma":null},"arch":"sm_90"}
 //! {"note":"skipped `my_kernel` for sm_90: run-time source fragments (`my_metric`) are not recorded; link them at run time"}
 //! ```
 //!
-//! * `fragments` are catalog names in link order, `settings` are
-//!   [`PlanSettings`], `arch` is `sm_XX`;
+//! * `entries` are the kernel symbols one link serves (lowered names for
+//!   name expressions), `fragments` catalog names in link order, `settings`
+//!   [`PlanSettings`], `arch` `sm_XX` (with its `a`/`f` variant, if any);
 //! * a plan with run-time source fragments ([`Planner::add_source`]) is not
 //!   recorded (its source is not in any catalog): a `note` line says so;
 //! * a reader skips `note` lines and repeated header lines (two processes
@@ -70,7 +71,7 @@ pub enum ProfileError {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfiledPlan {
-    pub entry: String,
+    pub entries: Vec<String>,
     pub fragments: Vec<String>,
     pub settings: PlanSettings,
     pub arch: String,
@@ -94,7 +95,7 @@ impl ProfiledPlan {
             ));
         }
         Ok(ProfiledPlan {
-            entry: plan.entry().to_string(),
+            entries: plan.entries().to_vec(),
             fragments: plan
                 .static_fragments()
                 .iter()
@@ -107,7 +108,7 @@ impl ProfiledPlan {
 
     /// The recorded architecture.
     pub fn arch(&self) -> Result<Arch, ArchError> {
-        Arch::parse(&self.arch, "a profiled plan").map(|a| Arch::sm(a.number))
+        Arch::parse(&self.arch, "a profiled plan").map(Arch::real)
     }
 
     /// The plan again, its fragments found by name in `catalog`.
@@ -115,7 +116,10 @@ impl ProfiledPlan {
         &self,
         catalog: &'static [&'static FragmentInfo],
     ) -> Result<Planner, LinkError> {
-        let mut plan = Planner::new(self.entry.clone());
+        let mut plan = Planner::empty();
+        for entry in &self.entries {
+            plan = plan.with_entry(entry.clone());
+        }
         for name in &self.fragments {
             plan = plan.add_named_in(catalog, name)?;
         }
@@ -344,8 +348,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.jsonl");
         let w = ProfileWriter::open(&path).unwrap();
-        let key = LinkKey::new("e", &[], &[], (12, 9));
-        let other = LinkKey::new("f", &[], &[], (12, 9));
+        let key = LinkKey::new(&["e"], &[], &[], (12, 9));
+        let other = LinkKey::new(&["f"], &[], &[], (12, 9));
         w.record(key, &plan(), Arch::sm(90));
         w.record(key, &plan(), Arch::sm(90));
         let with_source = plan().add_source("mine", "// nothing");
@@ -368,7 +372,7 @@ mod tests {
         let again = p.planner().unwrap();
         assert_eq!(again.fragment_names(), plan().fragment_names());
         assert_eq!(again.settings(), plan().settings());
-        assert_eq!(again.entry(), "scan_f32_u32_v4_k32");
+        assert_eq!(again.entries(), ["scan_f32_u32_v4_k32"]);
     }
 
     #[test]
@@ -391,14 +395,14 @@ mod tests {
         let path = dir.path().join("p.jsonl");
         let cases = [
             ("", None),
-            ("{\"entry\":\"e\"}\n", Some("line 1: not a header")),
+            ("{\"entries\":[\"e\"]}\n", Some("line 1: not a header")),
             ("{\"note\":\"n\"}\n", Some("line 1: missing the header")),
             (
                 "{\"fraglink_profile\":2}\n",
                 Some("line 1: format version 2"),
             ),
             (
-                "{\"fraglink_profile\":1}\n{\"entry\":\"e\",\"fragments\":[]",
+                "{\"fraglink_profile\":1}\n{\"entries\":[\"e\"],\"fragments\":[]",
                 Some("line 2: not a header"),
             ),
             (

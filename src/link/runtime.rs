@@ -61,19 +61,48 @@ const FRAGLINK_HEADERS: &[(&str, &str)] = &[
     ("scan.cuh", include_str!("../../fragments/scan.cuh")),
 ];
 
-/// A linked, checked kernel.
+/// The in-memory headers of a run-time source: fraglink's own and the
+/// standard-header stand-ins (`stdint.h`, `cmath`, ...), as in build-time
+/// fragments.
+fn runtime_headers() -> &'static [(&'static str, &'static str)] {
+    static ALL: OnceCell<Vec<(&'static str, &'static str)>> = OnceCell::new();
+    ALL.get_or_init(|| {
+        FRAGLINK_HEADERS
+            .iter()
+            .chain(crate::build::std_headers::STD_HEADERS)
+            .copied()
+            .collect()
+    })
+}
+
+/// A linked, checked cubin holding one or more entries.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct LinkedKernel {
     #[serde(skip)]
     pub key: Option<LinkKey>,
+    /// The plan's first entry.
     pub entry: String,
     pub arch: String,
     pub fragments: Vec<String>,
+    /// The first entry's resources (`kernels[0]`).
     pub metadata: KernelMetadata,
+    /// Every entry's resources, in the plan's order.
+    pub kernels: Vec<KernelMetadata>,
     /// nvJitLink's `-verbose` info log of the link that produced the cubin.
     pub info_log: String,
     #[serde(skip)]
     pub cubin: Vec<u8>,
+}
+
+impl LinkedKernel {
+    /// The resources of entry `name`, if this cubin was linked for it.
+    pub fn kernel(&self, name: &str) -> Option<&KernelMetadata> {
+        self.kernels.iter().find(|k| k.entry == name)
+    }
+    /// The entries, in the plan's order.
+    pub fn entries(&self) -> impl Iterator<Item = &str> {
+        self.kernels.iter().map(|k| k.entry.as_str())
+    }
 }
 
 impl Weighed for LinkedKernel {
@@ -230,8 +259,9 @@ static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(0);
 static GLOBAL: OnceCell<LinkRuntime> = OnceCell::new();
 static MEMORY_ONLY: OnceCell<LinkRuntime> = OnceCell::new();
 
-/// The disk-cache payload of a linked kernel (inside the disk cache's
-/// checksummed entry, format version 2). All integers little-endian:
+/// The disk-cache payload of a linked cubin (inside the disk cache's
+/// checksummed entry, format version 3: a cubin now serves every entry of
+/// its plan, each checked on a hit). All integers little-endian:
 ///
 /// | offset  | size | field                                   |
 /// |---------|------|-----------------------------------------|
@@ -541,8 +571,12 @@ impl LinkRuntime {
                     tried: tried.join("; "),
                 })
         })?;
-        let options =
-            crate::build::compile::nvrtc_options(Arch::compute(arch.number), include_dirs, &[]);
+        let options = crate::build::compile::nvrtc_options(
+            Arch::compute(arch.number),
+            include_dirs,
+            &[],
+            true,
+        );
         let mut h = blake3::Hasher::new();
         h.update(format!("nvrtc {maj}.{min}\0").as_bytes());
         for o in &options {
@@ -550,7 +584,7 @@ impl LinkRuntime {
             h.update(b"\0");
         }
         h.update(source.as_bytes());
-        for (file, text) in FRAGLINK_HEADERS {
+        for (file, text) in runtime_headers() {
             h.update(file.as_bytes());
             h.update(text.as_bytes());
         }
@@ -572,7 +606,7 @@ impl LinkRuntime {
                 let out = self.nvrtc()?.compile_with_headers(
                     source,
                     name,
-                    FRAGLINK_HEADERS,
+                    runtime_headers(),
                     options,
                     Output::LtoIr,
                 )?;
@@ -585,7 +619,8 @@ impl LinkRuntime {
     /// Links `plan` for `arch` (memory cache, then disk cache, then nvJitLink).
     pub fn link(&self, plan: &Planner, arch: Arch) -> Result<Linked, LinkError> {
         let requested = Instant::now();
-        let arch = Arch::sm(arch.number);
+        // The real arch, variant kept: sm_90a is its own target and key.
+        let arch = arch.real();
         let entry = plan.entry();
         if plan.is_empty() {
             return Err(LinkError::EmptyPlan {
@@ -638,32 +673,40 @@ impl LinkRuntime {
                 },
             });
         }
-        let mut options = plan.options(arch);
-        if options.kernels_used.is_empty() {
-            options.kernels_used.push(entry.to_string());
-        }
+        let options = plan.options(arch);
         let args = options.to_args();
         let pairs: Vec<(&str, &str)> = inputs.iter().map(|i| (i.name, i.hash.as_ref())).collect();
-        let key = LinkKey::new(entry, &pairs, &args, self.linker.version());
+        let entries: Vec<&str> = plan.entries().iter().map(String::as_str).collect();
+        let key = LinkKey::new(&entries, &pairs, &args, self.linker.version());
         plan.memo().remember(self.id, arch, key);
         let fragments = || inputs.iter().map(|i| i.name.to_string()).collect();
 
         let produce = || -> Result<(LinkedKernel, Source), LinkError> {
+            // Only on a miss: a hit's key (fragments, entries, arch) passed
+            // this check when it was linked.
+            super::check::check_plan(plan, arch)?;
             let hex = key.hex();
             let disk = self.try_disk()?;
             if let Some(disk) = disk {
                 if let DiskLookup::Hit(bytes) = disk.get(&hex) {
                     let checked = DiskPayload::decode(&bytes)
                         .ok_or_else(|| "the payload does not decode".to_string())
-                        .and_then(|p| verify_disk_hit(entry, arch, &p).map(|m| (p, m)));
+                        .and_then(|p| {
+                            entries
+                                .iter()
+                                .map(|e| verify_disk_hit(e, arch, &p))
+                                .collect::<Result<Vec<_>, _>>()
+                                .map(|m| (p, m))
+                        });
                     match checked {
-                        Ok((p, metadata)) => {
+                        Ok((p, kernels)) => {
                             let kernel = LinkedKernel {
                                 key: Some(key),
                                 entry: entry.to_string(),
                                 arch: arch.to_string(),
                                 fragments: fragments(),
-                                metadata,
+                                metadata: kernels[0].clone(),
+                                kernels,
                                 info_log: p.info_log.to_string(),
                                 cubin: p.cubin.to_vec(),
                             };
@@ -700,11 +743,14 @@ impl LinkRuntime {
             let started = Instant::now();
             let out = self.linker.link(&link_inputs, &options)?;
             let link_ms = started.elapsed().as_secs_f64() * 1e3;
-            metadata::check_cubin(&out.cubin, entry).map_err(|source| LinkError::Cubin {
-                entry: entry.to_string(),
-                source,
-            })?;
-            let metadata = fresh_metadata(entry, arch, &out.cubin, &out.info_log, link_ms)?;
+            let mut kernels = Vec::with_capacity(entries.len());
+            for e in &entries {
+                metadata::check_cubin(&out.cubin, e).map_err(|source| LinkError::Cubin {
+                    entry: e.to_string(),
+                    source,
+                })?;
+                kernels.push(fresh_metadata(e, arch, &out.cubin, &out.info_log, link_ms)?);
+            }
             if let Some(disk) = disk {
                 // The disk cache is an optimisation: failing to write it is
                 // not a failed link.
@@ -720,7 +766,8 @@ impl LinkRuntime {
                 entry: entry.to_string(),
                 arch: arch.to_string(),
                 fragments: fragments(),
-                metadata,
+                metadata: kernels[0].clone(),
+                kernels,
                 info_log: out.info_log,
                 cubin: out.cubin,
             };

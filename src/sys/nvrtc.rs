@@ -50,6 +50,17 @@ pub struct NvrtcFns {
     pub nvrtcGetPTX: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> NvrtcResult,
     pub nvrtcGetCUBINSize: unsafe extern "C" fn(NvrtcProgram, *mut usize) -> NvrtcResult,
     pub nvrtcGetCUBIN: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> NvrtcResult,
+    /// Registers a C++ name expression (`quantize<float>`) whose mangled
+    /// name is wanted after the compile; also forces its instantiation.
+    pub nvrtcAddNameExpression:
+        unsafe extern "C" fn(NvrtcProgram, name_expression: *const c_char) -> NvrtcResult,
+    /// The mangled ("lowered") name of a registered expression; the string
+    /// lives as long as the program.
+    pub nvrtcGetLoweredName: unsafe extern "C" fn(
+        NvrtcProgram,
+        name_expression: *const c_char,
+        lowered_name: *mut *const c_char,
+    ) -> NvrtcResult,
     /// Optional (since CUDA 11.2).
     pub nvrtcGetNumSupportedArchs: Option<unsafe extern "C" fn(*mut c_int) -> NvrtcResult>,
     /// Optional (since CUDA 11.2).
@@ -81,6 +92,8 @@ impl NvrtcFns {
             nvrtcGetPTX: req!("nvrtcGetPTX"),
             nvrtcGetCUBINSize: req!("nvrtcGetCUBINSize"),
             nvrtcGetCUBIN: req!("nvrtcGetCUBIN"),
+            nvrtcAddNameExpression: req!("nvrtcAddNameExpression"),
+            nvrtcGetLoweredName: req!("nvrtcGetLoweredName"),
             nvrtcGetNumSupportedArchs: unsafe {
                 loader::resolve_optional(lib, "nvrtcGetNumSupportedArchs", false)
             },
@@ -306,7 +319,29 @@ impl Nvrtc {
         options: &[String],
         output: Output,
     ) -> Result<Compiled, SysError> {
+        self.compile_named(source, name, headers, options, output, &[])
+            .map(|(c, _)| c)
+    }
+
+    /// Like [`Nvrtc::compile_with_headers`], registering C++ name
+    /// expressions (`nvrtcAddNameExpression`, e.g. `quantize<float>`) and
+    /// returning their mangled names (`nvrtcGetLoweredName`) in order. A
+    /// templated kernel's mangled name cannot be written by hand; this is
+    /// how it is known.
+    pub fn compile_named(
+        &self,
+        source: &str,
+        name: &str,
+        headers: &[(&str, &str)],
+        options: &[String],
+        output: Output,
+        expressions: &[String],
+    ) -> Result<(Compiled, Vec<String>), SysError> {
         let fns = &self.inner.fns;
+        let c_expressions = expressions
+            .iter()
+            .map(|e| cstring("name expression", e))
+            .collect::<Result<Vec<_>, _>>()?;
         let c_source = cstring("CUDA source", source)?;
         let c_name = cstring("program name", name)?;
         let (_opts, opt_ptrs) = cstrings("NVRTC option", options)?;
@@ -350,6 +385,11 @@ impl Nvrtc {
             )
         };
         self.check("nvrtcCreateProgram", r)?;
+        for e in &c_expressions {
+            // SAFETY: valid program; NUL-terminated expression.
+            let r = unsafe { (fns.nvrtcAddNameExpression)(guard.prog, e.as_ptr()) };
+            self.check("nvrtcAddNameExpression", r)?;
+        }
 
         // SAFETY: valid program; `opt_ptrs` has `num_options` live C strings.
         let r = unsafe {
@@ -372,6 +412,28 @@ impl Nvrtc {
             });
         }
 
+        let mut lowered = Vec::with_capacity(expressions.len());
+        for (e, c) in expressions.iter().zip(&c_expressions) {
+            let mut out: *const c_char = ptr::null();
+            // SAFETY: valid, compiled program; the expression was added.
+            let r = unsafe { (fns.nvrtcGetLoweredName)(guard.prog, c.as_ptr(), &mut out) };
+            if r != NVRTC_SUCCESS || out.is_null() {
+                return Err(SysError::Compile {
+                    program: name.to_owned(),
+                    code_name: self.code_name(r),
+                    log: format!(
+                        "name expression `{e}` has no lowered name: it names no \
+                         __global__ or __device__ entity of the program"
+                    ),
+                });
+            }
+            // SAFETY: NUL-terminated string owned by the live program.
+            lowered.push(
+                unsafe { CStr::from_ptr(out) }
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
         let (size_fn, get_fn, size_call, get_call) = match output {
             Output::LtoIr => (
                 fns.nvrtcGetLTOIRSize,
@@ -419,7 +481,7 @@ impl Nvrtc {
         // SAFETY: `bytes` holds the `size` bytes NVRTC reported.
         let r = unsafe { get_fn(guard.prog, bytes.as_mut_ptr().cast()) };
         self.check(get_call, r)?;
-        Ok(Compiled { bytes, log })
+        Ok((Compiled { bytes, log }, lowered))
     }
 
     fn program_log(&self, prog: NvrtcProgram) -> Result<String, SysError> {

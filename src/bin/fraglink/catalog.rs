@@ -50,6 +50,11 @@ pub fn run(args: &CatalogArgs) -> ExitCode {
                     "archs": f.archs,
                     "bytes": f.fatbin.len(),
                     "hash": f.hash,
+                    // What the build recorded: kernels per arch, external
+                    // definitions, name expressions' mangled names.
+                    "entries": f.entries.iter().map(|(a, names)| (a.to_string(), json!(names))).collect::<serde_json::Map<_, _>>(),
+                    "definitions": f.definitions,
+                    "lowered": f.lowered.iter().map(|(e, l)| (e.to_string(), json!(l))).collect::<serde_json::Map<_, _>>(),
                 })
             })
             .collect();

@@ -12,9 +12,10 @@ pub struct LinkArgs {
     /// Target architecture (sm_XX); default: the current GPU's.
     #[arg(long)]
     pub arch: Option<String>,
-    /// Entry point symbol; default: the first fragment's name.
+    /// Entry point symbol; repeat for several kernels in one link. Default:
+    /// the first fragment's name.
     #[arg(long)]
-    pub entry: Option<String>,
+    pub entry: Vec<String>,
     /// Print machine-readable JSON.
     #[arg(long)]
     pub json: bool,
@@ -40,7 +41,8 @@ pub fn target_arch(arch: Option<&str>) -> Result<Arch, String> {
     match arch {
         Some(a) => {
             let parsed = Arch::parse(a, "--arch").map_err(|e| e.to_string())?;
-            Ok(Arch::sm(parsed.number))
+            // sm_90a stays arch-specific: its own target and cache key.
+            Ok(parsed.real())
         }
         None => fraglink::gpu::GpuContext::default_arch()
             .map_err(|e| format!("{e}; pass --arch sm_XX to link without a GPU")),
@@ -50,8 +52,24 @@ pub fn target_arch(arch: Option<&str>) -> Result<Arch, String> {
 /// The `link` object of `--json` outputs (also used by `fraglink search`).
 pub fn link_json(l: &Linked) -> serde_json::Value {
     let m = &l.kernel.metadata;
+    let kernels: Vec<serde_json::Value> = l
+        .kernel
+        .kernels
+        .iter()
+        .map(|k| {
+            json!({
+                "entry": k.entry,
+                "registers": k.registers,
+                "spill_stores": k.spill_stores,
+                "spill_loads": k.spill_loads,
+                "stack_bytes": k.stack_bytes,
+                "shared_bytes": k.shared_bytes,
+            })
+        })
+        .collect();
     json!({
         "entry": l.kernel.entry,
+        "kernels": kernels,
         "arch": l.kernel.arch,
         "cubin_bytes": l.kernel.cubin.len(),
         "registers": m.registers,
@@ -71,11 +89,13 @@ pub fn run(args: &LinkArgs) -> ExitCode {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
-    let entry = args
-        .entry
-        .clone()
-        .unwrap_or_else(|| args.fragments[0].clone());
-    let mut plan = Planner::new(entry);
+    let mut plan = Planner::empty();
+    if args.entry.is_empty() {
+        plan = plan.with_entry(args.fragments[0].clone());
+    }
+    for e in &args.entry {
+        plan = plan.with_entry(e.clone());
+    }
     for name in &args.fragments {
         plan = match plan.add_named(name) {
             Ok(p) => p,
@@ -99,18 +119,20 @@ pub fn run(args: &LinkArgs) -> ExitCode {
         println!("{}", link_json(&linked));
     } else {
         let m = &linked.kernel.metadata;
-        println!("entry        {}", linked.kernel.entry);
         println!("arch         {}", linked.kernel.arch);
         println!("fragments    {}", linked.kernel.fragments.join(" "));
         println!("cubin        {} bytes", linked.kernel.cubin.len());
-        println!(
-            "resources    {} registers, {} spill stores, {} spill loads, {} stack bytes, {} shared bytes",
-            m.registers,
-            m.spill_stores,
-            m.spill_loads,
-            m.stack_bytes,
-            m.shared_bytes.map_or("?".to_string(), |b| b.to_string())
-        );
+        for k in &linked.kernel.kernels {
+            println!("entry        {}", k.entry);
+            println!(
+                "resources    {} registers, {} spill stores, {} spill loads, {} stack bytes, {} shared bytes",
+                k.registers,
+                k.spill_stores,
+                k.spill_loads,
+                k.stack_bytes,
+                k.shared_bytes.map_or("?".to_string(), |b| b.to_string())
+            );
+        }
         println!(
             "link         {:.1} ms; this request: {} in {:.2} ms",
             m.link_ms,

@@ -45,9 +45,13 @@ fn jobs(args: &PrelinkArgs) -> Result<Vec<(Planner, Arch)>, String> {
         return plans
             .iter()
             .map(|p| {
-                let plan = p
-                    .planner()
-                    .map_err(|e| format!("profile {}: plan `{}`: {e}", path.display(), p.entry))?;
+                let plan = p.planner().map_err(|e| {
+                    format!(
+                        "profile {}: plan `{}`: {e}",
+                        path.display(),
+                        p.entries.join(" ")
+                    )
+                })?;
                 let arch = match arch {
                     Some(a) => a,
                     None => p.arch().map_err(|e| format!("{}: {e}", path.display()))?,

@@ -1,0 +1,3 @@
+// fraglink stand-in for <limits.h> under NVRTC: libcu++'s <cuda/std/climits>.
+#pragma once
+#include <cuda/std/climits>

@@ -1,0 +1,3 @@
+// fraglink stand-in for <stdio.h> under NVRTC: device printf is an NVRTC
+// built-in, so there is nothing to declare.
+#pragma once

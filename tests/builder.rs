@@ -1,0 +1,254 @@
+//! The public builder as a GPU library author uses it (issue 14): keep-going
+//! builds, option checks, standard-header stand-ins, `-default-device` per
+//! family with the host-code warning, plain sources with `-D` defines, name
+//! expressions, entries recorded per arch, and arch-specific targets. Real
+//! NVRTC and nvFatbin (the toolkit fraglink was built with).
+
+use std::path::Path;
+
+use fraglink::build::toolkit::{Origin, Toolkit};
+use fraglink::build::{BuildError, BuildReport, Builder, Family};
+
+fn toolkit() -> Toolkit {
+    Toolkit {
+        root: env!("FRAGLINK_BAKED_CUDA_ROOT").into(),
+        nvrtc: env!("FRAGLINK_BAKED_NVRTC_PATH").into(),
+        nvjitlink: env!("FRAGLINK_BAKED_NVJITLINK_PATH").into(),
+        nvfatbin: env!("FRAGLINK_BAKED_NVFATBIN_PATH").into(),
+        include_dirs: std::env::split_paths(env!("FRAGLINK_BAKED_CUDA_INCLUDES")).collect(),
+        origin: Origin::Root("FRAGLINK_BAKED_CUDA_ROOT".into()),
+    }
+}
+
+/// A crate directory with one matrix and the given sources.
+fn project(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("m.json"),
+        r#"{"ctype": ["float", "double"]}"#,
+    )
+    .unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    dir
+}
+
+fn builder(dir: &Path, archs: &[&str]) -> Builder {
+    Builder::new()
+        .manifest_dir(dir)
+        .out_dir(dir.join("out"))
+        .cache_dir(dir.join("cache"))
+        .toolkit(toolkit())
+        .archs(archs)
+        .jobs(2)
+        .cargo_directives(false)
+}
+
+fn family(name: &str, file: &str) -> Family {
+    Family::new(name, format!("{}Fragment", name.to_uppercase()))
+        .matrix("m.json")
+        .template(file)
+        .name_format(format!("{name}_{{{{ ctype }}}}"))
+}
+
+const GOOD: &str = r#"extern "C" __global__ void good_{{ ctype }}({{ ctype }}* x) { x[0] = 1; }"#;
+const BAD: &str =
+    r#"extern "C" __global__ void bad_{{ ctype }}({{ ctype }}* x) { x[0] = undefined_name; }"#;
+
+#[test]
+fn a_failing_fragment_is_reported_with_every_arch_and_keep_going_writes_the_rest() {
+    let dir = project(&[("good.cu.j2", GOOD), ("bad.cu.j2", BAD)]);
+    let b = builder(dir.path(), &["compute_75", "compute_80"])
+        .family(family("good", "good.cu.j2"))
+        .family(family("bad", "bad.cu.j2"));
+    let e = b.clone().compile().unwrap_err();
+    let msg = e.to_string();
+    let BuildError::Fragments {
+        failures, total, ..
+    } = &e
+    else {
+        panic!("{msg}")
+    };
+    assert_eq!(
+        (failures.len(), *total),
+        (4, 4),
+        "two fragments × two archs: {msg}"
+    );
+    assert!(msg.starts_with("2 of 4 fragments failed"), "{msg}");
+    for want in [
+        "bad_float",
+        "bad_double",
+        "compute_75",
+        "compute_80",
+        "undefined_name",
+    ] {
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
+    assert!(!dir.path().join("out/fraglink_registry.rs").exists());
+
+    let report: BuildReport = b.keep_going(true).compile().unwrap();
+    assert_eq!(report.fragments.len(), 2);
+    assert_eq!(report.failures.len(), 4);
+    let registry = std::fs::read_to_string(&report.registry).unwrap();
+    assert!(registry.contains("\"good_float\"") && !registry.contains("\"bad_float\""));
+    let text = std::fs::read_to_string(&report.report_file).unwrap();
+    assert!(text.contains("FAILED           bad_double (bad)"), "{text}");
+    assert!(text.contains("undefined_name"), "{text}");
+}
+
+#[test]
+fn options_are_checked_up_front() {
+    let dir = project(&[("good.cu.j2", GOOD)]);
+    let e = builder(dir.path(), &["compute_75"])
+        .nvrtc_option("--expt-relaxed-constexpr")
+        .family(family("good", "good.cu.j2"))
+        .compile()
+        .unwrap_err();
+    assert!(matches!(e, BuildError::Option(_)), "{e}");
+    assert!(e.to_string().contains("__host__ __device__"), "{e}");
+    let e = builder(dir.path(), &["compute_75"])
+        .family(family("good", "good.cu.j2").nvrtc_option("-Xcompiler=-fPIC"))
+        .compile()
+        .unwrap_err();
+    assert!(e.to_string().contains("family `good`"), "{e}");
+    // nvcc's -O3 is translated, with a note.
+    let r = builder(dir.path(), &["compute_75"])
+        .nvrtc_option("-O3")
+        .family(family("good", "good.cu.j2"))
+        .compile()
+        .unwrap();
+    assert!(
+        r.warnings.iter().any(|w| w.contains("`-dopt=on`")),
+        "{:?}",
+        r.warnings
+    );
+}
+
+const STD: &str = r#"#include <stdint.h>
+#include <cmath>
+#include <type_traits>
+#include <climits>
+extern "C" __global__ void std_{{ ctype }}({{ ctype }}* x, int32_t n) {
+  static_assert(std::is_floating_point<{{ ctype }}>::value, "");
+  x[0] = std::round(x[1]) + INFINITY + (n == INT_MAX ? M_PI : 0.0);
+}"#;
+
+#[test]
+fn standard_headers_are_on_by_default_and_switchable() {
+    let dir = project(&[("std.cu.j2", STD)]);
+    builder(dir.path(), &["compute_75"])
+        .family(family("std", "std.cu.j2"))
+        .compile()
+        .unwrap();
+    let e = builder(dir.path(), &["compute_75"])
+        .family(family("std", "std.cu.j2").std_headers(false))
+        .compile()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stdint.h"), "{e}");
+}
+
+const LAUNCHER: &str = r#"#include <cuda_runtime.h>
+template <typename T> static __global__ void fill(T* x) { x[0] = T(1); }
+extern "C" void launch_fill_{{ ctype }}(cudaStream_t s, {{ ctype }}* x) { fill<{{ ctype }}><<<1, 1, 0, s>>>(x); }
+"#;
+
+#[test]
+fn host_launchers_warn_under_default_device_and_fail_without_it() {
+    let dir = project(&[("l.cu.j2", LAUNCHER)]);
+    let r = builder(dir.path(), &["compute_75"])
+        .family(family("launch", "l.cu.j2"))
+        .compile()
+        .unwrap();
+    let w = r
+        .warnings
+        .iter()
+        .find(|w| w.contains("host-looking"))
+        .expect("a warning");
+    assert!(
+        w.contains("`launch_float`") && w.contains("<<<") && w.contains("__CUDACC_RTC__"),
+        "{w}"
+    );
+    let e = builder(dir.path(), &["compute_75"])
+        .family(family("launch", "l.cu.j2").default_device(false))
+        .compile()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("host function"), "{e}");
+}
+
+const PLAIN: &str = r#"#include <stdint.h>
+template <typename T> static __global__ void quantize(const T* x, int8_t* q) { q[0] = (int8_t)x[0]; }
+#ifndef __CUDACC_RTC__
+void launch() { quantize<float><<<1, 1>>>(nullptr, nullptr); }
+#endif
+extern "C" __global__ void zero_fill(float* y) { float z[1] = {{0.0f}}; y[0] = z[0] + WIDTH; }
+#if __CUDA_ARCH__ >= 800
+extern "C" __global__ void only_ampere(float* y) { y[0] = 2; }
+#endif
+"#;
+
+#[test]
+fn plain_sources_name_expressions_and_entries_per_arch() {
+    let dir = project(&[("plain.cu", PLAIN)]);
+    std::fs::write(
+        dir.path().join("m.json"),
+        r#"{"ctype": ["float"], "width": [4]}"#,
+    )
+    .unwrap();
+    let r = builder(dir.path(), &["compute_75", "compute_80"])
+        .family(
+            Family::new("plain", "PlainFragment")
+                .matrix("m.json")
+                .source("plain.cu")
+                .name_format("plain_{{ ctype }}_w{{ width }}")
+                .name_expression("quantize<{{ ctype }}>"),
+        )
+        .compile()
+        .unwrap();
+    let rec = &r.fragments[0].recorded;
+    let lowered = &rec.lowered[0];
+    assert_eq!(lowered.0, "quantize<float>");
+    assert!(lowered.1.starts_with("_Z8quantizeIfE"), "{lowered:?}");
+    let (a75, e75) = &rec.entries[0];
+    let (a80, e80) = &rec.entries[1];
+    assert_eq!((a75.as_str(), a80.as_str()), ("compute_75", "compute_80"));
+    assert!(e75.contains(&lowered.1) && e75.contains(&"zero_fill".to_string()));
+    assert!(!e75.contains(&"only_ampere".to_string()));
+    assert!(e80.contains(&"only_ampere".to_string()));
+    assert_eq!(
+        rec.definitions,
+        ["only_ampere", "zero_fill"],
+        "static kernels are not external"
+    );
+    let registry = std::fs::read_to_string(&r.registry).unwrap();
+    assert!(
+        registry.contains("lowered: &[(\"quantize<float>\", \"_Z8quantizeIfE"),
+        "{registry}"
+    );
+}
+
+#[test]
+fn arch_specific_targets_build() {
+    let dir = project(&[("good.cu.j2", GOOD)]);
+    let r = builder(dir.path(), &["sm_90a", "compute_100f"])
+        .family(family("good", "good.cu.j2"))
+        .compile()
+        .unwrap();
+    let archs: Vec<String> = r.archs.iter().map(|a| a.to_string()).collect();
+    assert_eq!(archs, ["sm_90a", "compute_100f"]);
+    assert_eq!(r.fragments[0].recorded.entries[0].0, "sm_90a");
+    assert_eq!(r.fragments[0].recorded.entries[1].1, ["good_float"]);
+}
+
+#[test]
+fn a_name_expression_that_names_nothing_is_a_fragment_error() {
+    let dir = project(&[("good.cu.j2", GOOD)]);
+    let e = builder(dir.path(), &["compute_75"])
+        .family(family("good", "good.cu.j2").name_expression("missing<{{ ctype }}>"))
+        .compile()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("good_float") && e.contains("missing"), "{e}");
+}
