@@ -330,69 +330,74 @@ def section_link(res, lines, headline):
                      f"mutex / fraglink = {ratio(m['wall']['median'], f['wall']['median'])}"))
 
 
+def busy_note(c):
+    """'' for a quiet case, else why its ratio is not evidence."""
+    if c.get("quiet", True):
+        return ""
+    o = c["other_busy_pct"]
+    return (f"BUSY: {c['reps_quiet']} of {c['reps_total']} repetitions quiet (other work used "
+            f"{o['median']:.0f}% of the CPUs, median; quiet ≤ {c['busy_max']:.0f}%), not evidence")
+
+
+def search_ratio(c):
+    r = ratio(c["fraglink_qps"]["median"], c["faiss_qps"]["median"])
+    return r if c.get("quiet", True) else f"{r} (BUSY, not evidence)"
+
+
 def section_search(res, lines, headline):
     s = load_json(os.path.join(res, "search.json"))
+    busy_max = s.get("busy_max", 10)
     lines += [
         "## 4. Search on the CPU",
         "",
         f"`fraglink search --device cpu` against faiss-cpu {s['cases'][0]['faiss_version']} "
-        f"`IndexFlatL2` / `IndexFlatIP` on identical data: {s['n']:,} × {s['dim']} f32 base, "
-        f"{s['nq']:,} queries, k = {s['k']} ({s['data']}, seed {s['seed']}), written once as .fvecs and "
-        "read by both. Each timed search runs in a fresh process (faiss: `index.search` alone; "
-        "fraglink: the JSON `search_ms`, the search alone), alternating faiss and fraglink, "
-        f"{s['reps']} runs each. One thread: `RAYON_NUM_THREADS=1` (fraglink), "
+        f"on identical data: {s['n']:,} × {s['dim']} base, "
+        f"{s['nq']:,} queries, k = {s['k']} ({s['data']}, seed {s['seed']}), written once (.fvecs for "
+        "f32, .npy otherwise) and read by both. f32 is compared with `IndexFlatL2` / `IndexFlatIP`; "
+        "f16, i8 and u8 with faiss' nearest equivalents, each tried and the faster one compared: "
+        "`IndexScalarQuantizer` holding the same type (`QT_fp16`, `QT_8bit_direct_signed`, "
+        "`QT_8bit_direct`) and `IndexFlat` on a float32 copy of the same values. "
+        "Each timed search runs in a fresh process (faiss: `index.search` alone; "
+        "fraglink: the JSON `search_ms`, the search alone), alternating faiss and fraglink. "
+        "One thread: `RAYON_NUM_THREADS=1` (fraglink), "
         "`faiss.omp_set_num_threads(1)` and `OMP/OPENBLAS/MKL_NUM_THREADS=1` (faiss); all threads: "
         f"{s['cores']}. With more than one thread faiss also runs with `OMP_WAIT_POLICY=PASSIVE` (its "
-        "OpenMP threads otherwise spin beside BLAS' threads) and its faster variant is compared.",
+        "OpenMP threads otherwise spin beside BLAS' threads) and its fastest variant is compared.",
         "",
-        "| metric, threads | faiss ms min / median / max | fraglink ms min / median / max | QPS faiss / fraglink (median) | fraglink QPS ÷ faiss QPS |",
-        "| --- | --- | --- | --- | ---: |",
+        "Around every timed process the script reads the CPU time of the whole machine and of the "
+        "process; the rest is other work's share of the CPUs during the run. A repetition counts "
+        f"when every run in it saw at most {busy_max:.0f}% of the CPUs used by other work; the script "
+        f"repeats (up to 3 × {s['reps']}) until it has {s['reps']} such repetitions, and the figures come "
+        "from them. A case without enough quiet repetitions is marked **BUSY**: its figures come from "
+        "all its repetitions, and its ratio is not evidence either way.",
+        "",
+        "| dtype metric, threads | faiss peer (fastest variant) | faiss ms min / median / max | fraglink ms min / median / max | QPS faiss / fraglink (median) | fraglink QPS ÷ faiss QPS | other work on the CPUs (median %) |",
+        "| --- | --- | --- | --- | --- | ---: | ---: |",
     ]
     for c in s["cases"]:
-        variant = "" if c["faiss_best_variant"] == "default" else f" ({c['faiss_best_variant']})"
         lines.append(
-            f"| {c['label']} | {mmm(c['faiss_ms'], digits=0)}{variant} | {mmm(c['fraglink_ms'], digits=0)} | "
+            f"| {c['label']} | {c['faiss_best_variant']} | {mmm(c['faiss_ms'], digits=0)} | "
+            f"{mmm(c['fraglink_ms'], digits=0)} | "
             f"{c['faiss_qps']['median']:,.0f} / {c['fraglink_qps']['median']:,.0f} | "
-            f"{ratio(c['fraglink_qps']['median'], c['faiss_qps']['median'])} |")
-        headline.append((f"CPU search QPS, {c['label']}",
-                         f"fraglink {c['fraglink_qps']['median']:,.0f} vs faiss {c['faiss_qps']['median']:,.0f}",
-                         f"fraglink / faiss = {ratio(c['fraglink_qps']['median'], c['faiss_qps']['median'])}"))
-    multi = [c for c in s["cases"] if len(c["faiss_variants"]) > 1]
-    if multi:
-        lines += ["", "faiss with more than one thread, both variants (median ms): " + "; ".join(
-            f"{c['label']}: " + ", ".join(f"{n} {v['ms']['median']:,.0f}" for n, v in c["faiss_variants"].items())
-            for c in multi) + "."]
-    # Each side at its best thread count (faiss may not gain from more threads).
-    best_rows = []
-    for metric in dict.fromkeys(c["metric"] for c in s["cases"]):
-        cases = [c for c in s["cases"] if c["metric"] == metric]
-        ours = max(cases, key=lambda c: c["fraglink_qps"]["median"])
-        theirs = max(cases, key=lambda c: c["faiss_qps"]["median"])
-        best_rows.append((metric, ours, theirs))
-    lines += [
-        "",
-        "Each side at its best setting (highest median QPS over the thread counts and faiss variants above):",
-        "",
-        "| metric | fraglink best | faiss best | fraglink QPS ÷ faiss QPS |",
-        "| --- | --- | --- | ---: |",
-    ]
-    for metric, ours, theirs in best_rows:
-        variant = "" if theirs["faiss_best_variant"] == "default" else f", {theirs['faiss_best_variant']}"
-        lines.append(
-            f"| {metric} | {ours['fraglink_qps']['median']:,.0f} QPS ({ours['threads']} thread(s)) | "
-            f"{theirs['faiss_qps']['median']:,.0f} QPS ({threads(theirs['threads'])}{variant}) | "
-            f"{ratio(ours['fraglink_qps']['median'], theirs['faiss_qps']['median'])} |")
-        headline.append((f"CPU search QPS, {metric}, each side at its best thread count",
-                         f"fraglink {ours['fraglink_qps']['median']:,.0f} ({threads(ours['threads'])}) vs "
-                         f"faiss {theirs['faiss_qps']['median']:,.0f} ({threads(theirs['threads'])})",
-                         f"fraglink / faiss = {ratio(ours['fraglink_qps']['median'], theirs['faiss_qps']['median'])}"))
+            f"{search_ratio(c)} | {c['other_busy_pct']['median']:.0f}% "
+            f"({c['reps_quiet']}/{c['reps_total']} quiet) |")
+        if c["dtype"] == "f32":
+            headline.append((f"CPU search QPS, {c['label']} (faiss {c['faiss_best_variant']})",
+                             f"fraglink {c['fraglink_qps']['median']:,.0f} vs faiss {c['faiss_qps']['median']:,.0f}",
+                             f"fraglink / faiss = {search_ratio(c)}"))
+    notes = [f"{c['label']}: {busy_note(c)}" for c in s["cases"] if busy_note(c)]
+    if notes:
+        lines += ["", "Cases measured while the CPUs were busy:", ""] + [f"- {n}" for n in notes]
+    lines += ["", "Every faiss variant (median ms): " + "; ".join(
+        f"{c['label']}: " + ", ".join(f"{n} {v['ms']['median']:,.0f}" for n, v in c["faiss_variants"].items())
+        for c in s["cases"]) + "."]
     lines += [
         "",
         "Recall@10 (|A ∩ B| / k averaged over queries; with k results on each side the measure is "
         "symmetric, so fraglink-vs-faiss equals faiss-vs-fraglink). \"exact\" is float64 brute force "
-        "in numpy (ties by smaller id).",
+        "in numpy over the values both sides read (ties by smaller id).",
         "",
-        "| metric, threads | fraglink vs faiss (= faiss vs fraglink) | fraglink vs exact | faiss vs exact |",
+        "| dtype metric, threads | fraglink vs faiss (= faiss vs fraglink) | fraglink vs exact | faiss vs exact |",
         "| --- | ---: | ---: | ---: |",
     ]
     for c in s["cases"]:
@@ -401,8 +406,9 @@ def section_search(res, lines, headline):
     lines += [
         "",
         f"fraglink command (per case and run): `{s['cases'][0]['fraglink_command']} --groundtruth FAISS_IDS.ivecs` "
-        "(with `RAYON_NUM_THREADS=T`); faiss: `python benches/scripts/search_bench.py faiss --base BASE.fvecs "
-        "--queries Q.fvecs --metric l2|ip --k 10 --threads T --ids-out FAISS_IDS.ivecs`.",
+        "(with `RAYON_NUM_THREADS=T`; other dtypes read `base_DTYPE.npy` / `queries_DTYPE.npy`); faiss: "
+        "`python benches/scripts/search_bench.py faiss --base BASE --queries Q --metric l2|ip --k 10 "
+        "--threads T --ids-out FAISS_IDS.ivecs --index flat|sq_fp16|sq_8bit_direct_signed|sq_8bit_direct`.",
         "",
     ]
 
