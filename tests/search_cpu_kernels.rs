@@ -38,7 +38,13 @@ fn many_blocks_per_task_match_the_reference() {
     // dim 128: blocks of 510 rows, so the tasks' row shards (4 of ~525 rows
     // with 2 threads) span several blocks and end with a partial tile; 130
     // queries leave a partial panel with 16 and with 64 lanes.
-    for (dtype, ks) in [(DType::F32, &[1, 100][..]), (DType::F16, &[10][..])] {
+    let ten = &[10][..];
+    for (dtype, ks) in [
+        (DType::F32, &[1, 100][..]),
+        (DType::F16, ten),
+        (DType::I8, ten),
+        (DType::U8, ten),
+    ] {
         let (base, queries) = synthetic(2101, 128, 130, dtype, 5);
         for metric in Metric::ALL {
             for &k in ks {
@@ -71,6 +77,46 @@ fn wide_margins_and_near_ties_match_the_reference() {
     for metric in Metric::ALL {
         for k in [1, 16] {
             assert_all_kernels(&base, &queries, &SearchParams::new(k, metric));
+        }
+    }
+}
+
+#[test]
+fn integer_extremes_and_offsets_match_the_reference() {
+    // u8 rows near 255 and i8 rows at ±127/−128 with small variations: the
+    // largest squared norms the types allow, and (u8) a large common offset,
+    // through the fused kernels' float path and the exact GEMM path alike.
+    let (dim, n, nq) = (40, 1500, 21);
+    let pick = |i: usize| (i * 2_654_435_761usize) >> 7;
+    let u8s = |rows: usize, salt: usize| -> Vec<u8> {
+        (0..rows * dim)
+            .map(|i| 250 + (pick(i + salt) % 6) as u8)
+            .collect()
+    };
+    let i8s = |rows: usize, salt: usize| -> Vec<i8> {
+        (0..rows * dim)
+            .map(|i| match pick(i + salt) % 3 {
+                0 => -128,
+                1 => 127,
+                _ => (pick(i + salt) % 7) as i8 - 3,
+            })
+            .collect()
+    };
+    let sets = [
+        (
+            Vectors::u8(u8s(n, 0), dim).unwrap(),
+            Vectors::u8(u8s(nq, 99), dim).unwrap(),
+        ),
+        (
+            Vectors::i8(i8s(n, 0), dim).unwrap(),
+            Vectors::i8(i8s(nq, 99), dim).unwrap(),
+        ),
+    ];
+    for (base, queries) in &sets {
+        for metric in Metric::ALL {
+            for k in [1, 12] {
+                assert_all_kernels(base, queries, &SearchParams::new(k, metric));
+            }
         }
     }
 }

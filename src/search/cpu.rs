@@ -63,7 +63,18 @@
 //! and join the merge; special queries are answered by the reference scan.
 //! dim = 0 and dims where γ is not small (n·u ≥ 1/2) use the reference.
 //!
-//! For i8/u8 the GEMM is exact: its inputs are small integers widened to f32,
+//! **Integers and the fused kernels.** With a fused kernel ([`CpuKernel`]), i8
+//! and u8 take the float path above: their values are exact in f32, so the
+//! approximation `g` is bounded as for any f32 input, and their reference
+//! distance is the exact integer result `D` rounded once to f32 (`|d − D| ≤
+//! u·|D|`, inside the γ terms the bounds already allow for the float fold's
+//! own rounding: l2 `u·D ≤ γ(n+2)·D`; inner product `u·|D| ≤ u·|q||x|`;
+//! cosine's accumulators are each within `u` instead of `γ(n)`); the
+//! candidates are re-ranked with the integer fold itself, so the results are
+//! the reference's bit for bit. Zero vectors are special for cosine as
+//! before; no integer vector is otherwise special.
+//!
+//! With the GEMM kernel, for i8/u8 the GEMM is exact: its inputs are small integers widened to f32,
 //! and with the inner dimension split into chunks of at most 1024 (i8,
 //! |q·x| ≤ 2¹⁴) or 258 (u8, q·x ≤ 65025) elements every partial sum is an
 //! integer of magnitude ≤ 2²⁴, so each chunk's dot product is exact whatever
@@ -459,8 +470,9 @@ pub fn search_cpu(
 
 /// [`search_cpu`] with the float dot products computed by `kernel` (replaced by
 /// the fastest one this CPU has if it cannot run it: [`CpuKernel::usable`]).
-/// Every kernel gives the same results, bit for bit; integer types always use
-/// the GEMM (it is exact for them).
+/// Every kernel gives the same results, bit for bit. Integer types take the
+/// exact-GEMM path with [`CpuKernel::Gemm`] and the float path (margin, then
+/// exact re-rank) with a fused kernel (module docs).
 pub fn search_cpu_with(
     base: &Vectors,
     queries: &Vectors,
@@ -473,8 +485,14 @@ pub fn search_cpu_with(
     Ok(match (base, queries) {
         (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params, kernel),
         (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params, kernel),
-        (Vectors::I8(b), Vectors::I8(q)) => int_search(b, q, params),
-        (Vectors::U8(b), Vectors::U8(q)) => int_search(b, q, params),
+        (Vectors::I8(b), Vectors::I8(q)) => match kernel {
+            CpuKernel::Gemm => int_search(b, q, params),
+            _ => float_search(b, q, params, kernel),
+        },
+        (Vectors::U8(b), Vectors::U8(q)) => match kernel {
+            CpuKernel::Gemm => int_search(b, q, params),
+            _ => float_search(b, q, params, kernel),
+        },
         _ => unreachable!("validate() checked the dtypes"),
     })
 }
@@ -984,6 +1002,25 @@ impl FloatElem for f16 {
         src.convert_to_f32_slice(dst);
     }
     fn as_f32(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
+}
+
+// Integers through the float path (with a fused kernel only; module docs,
+// "Integers and the fused kernels"): exact as f32, re-ranked by their own fold.
+impl FloatElem for i8 {
+    fn widen(src: &[i8], dst: &mut [f32]) {
+        <i8 as IntElem>::widen(src, dst)
+    }
+    fn as_f32(_: &[i8]) -> Option<&[f32]> {
+        None
+    }
+}
+impl FloatElem for u8 {
+    fn widen(src: &[u8], dst: &mut [f32]) {
+        <u8 as IntElem>::widen(src, dst)
+    }
+    fn as_f32(_: &[u8]) -> Option<&[f32]> {
         None
     }
 }
@@ -1544,7 +1581,7 @@ mod tests {
         {
             assert!(kernels.contains(&CpuKernel::Avx2));
         }
-        for dt in [DType::F32, DType::F16] {
+        for dt in DType::ALL {
             for (n, dim, nq) in [(700, 9, 20), (1031, 1, 70), (613, 33, 65), (257, 130, 17)] {
                 let (b, q) = synthetic(n, dim, nq, dt, n as u64);
                 for m in Metric::ALL {
