@@ -459,13 +459,15 @@ fn reference_all<T: Element>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> 
 /// selection from dot products with a rigorous error margin, then an exact
 /// re-rank with the reference fold (module docs). Results equal
 /// [`search_reference`] bit for bit. Uses rayon's current thread pool and the
-/// fastest float kernel this CPU has ([`CpuKernel::detect`]).
+/// fastest float kernel this CPU has for this many queries
+/// ([`CpuKernel::for_queries`]).
 pub fn search_cpu(
     base: &Vectors,
     queries: &Vectors,
     params: &SearchParams,
 ) -> Result<Neighbors, SearchError> {
-    search_cpu_with(base, queries, params, CpuKernel::detect())
+    let kernel = CpuKernel::for_queries(queries.rows());
+    search_cpu_with(base, queries, params, kernel)
 }
 
 /// [`search_cpu`] with the float dot products computed by `kernel` (replaced by
@@ -1624,6 +1626,13 @@ mod tests {
             assert_eq!(k.usable(), if k.available() { k } else { best });
         }
         assert_eq!(CpuKernel::Gemm.usable(), CpuKernel::Gemm);
+        assert_eq!(CpuKernel::for_queries(1), CpuKernel::Gemm);
+        assert_eq!(CpuKernel::for_queries(1000), best);
+        let few = CpuKernel::for_queries(20);
+        assert!(few.available());
+        if best == CpuKernel::Avx512 && CpuKernel::Avx2.available() {
+            assert_eq!(few, CpuKernel::Avx2);
+        }
     }
 
     #[test]
