@@ -10,7 +10,9 @@
 #   2. binary size: embedded fragments vs ahead-of-time cubins of every kernel;
 #   3. link: cold link through the planner vs raw nvJitLink, cache hits, and
 #      64 threads on 16 keys vs one global mutex;
-#   4. CPU search: `fraglink search --device cpu` vs faiss-cpu IndexFlat;
+#   4. CPU search: `fraglink search --device cpu` vs faiss-cpu IndexFlat (f32)
+#      and its nearest equivalents (f16, i8, u8), each timed run checked for
+#      other work on the CPUs (see BENCH_SEARCH_BUSY);
 #   5. small costs: a cost-model decision, a warm planner lookup.
 # Needs Linux x86_64, Rust, python3 with venv/pip, a C++ host compiler (gcc) for
 # nvcc, and network access to PyPI (and crates.io for the first build).
@@ -36,6 +38,17 @@ SEARCH_REPS=${BENCH_SEARCH_REPS:-5}
 # machine); what was found is reported beside the results.
 QUIET_BUSY=${BENCH_QUIET_BUSY:-25}
 QUIET_WAIT=${BENCH_QUIET_WAIT:-60}
+# CPU search: a repetition counts only when other work used at most this % of
+# the CPUs during each of its timed runs (measured around every run); cases
+# without BENCH_SEARCH_REPS such repetitions are marked BUSY in BENCHMARKS.md,
+# and with BENCH_REFUSE_BUSY=1 the script then exits with status 3.
+SEARCH_BUSY=${BENCH_SEARCH_BUSY:-10}
+REFUSE_BUSY=${BENCH_REFUSE_BUSY:-0}
+# Sections to measure (default all): build, size, link, search, small. With a
+# subset, BENCHMARKS.md keeps the other sections from its previous run and
+# says so (e.g. BENCH_ONLY=search,small after a change to the CPU search).
+ONLY=${BENCH_ONLY:-build,size,link,search,small}
+want() { case ",$ONLY," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 # Variables that would change what is measured.
 unset FRAGLINK_ARCHS FRAGLINK_BUILD_JOBS FRAGLINK_BUILD_CACHE_DIR FRAGLINK_CACHE_DISABLE \
@@ -115,6 +128,7 @@ FRAGLINK=$ROOT/target/release/fraglink
 BENCH_BUILD=$ROOT/target/release/examples/bench_build
 BENCH_AOT=$ROOT/target/release/examples/bench_aot
 
+if want build; then
 log "1. fragment build: fraglink builder vs nvcc -fatbin per fragment (jobs $JOBS)"
 load build
 : >"$RES/build_fraglink13.jsonl"
@@ -138,35 +152,60 @@ done
 load rebuild
 run "$BENCH_BUILD" rebuild --work "$WORK/build/rebuild" --cuda-root "$CU13" --jobs "$JOBS" \
   --reps "$REBUILD_REPS" >"$RES/rebuild.json"
+fi
 
+if want size; then
 log "2. binary size: embedded fragments vs AOT cubins of every kernel"
 load aot
 run "$FRAGLINK" catalog --json >"$RES/catalog.json"
 run "$BENCH_AOT" --jobs "$JOBS" >"$RES/aot.json"
+fi
 
+if want link; then
 log "3. link: criterion (benches/link.rs) and contention (benches/contention.rs)"
 load link
-rm -rf target/criterion/link_cold target/criterion/link_cached target/criterion/cost
+rm -rf target/criterion/link_cold target/criterion/link_cached
 cargo_retry bench --bench link
 load contention
 cargo_retry bench --bench contention -- --rounds "$CONTENTION_ROUNDS" --json "$ROOT/$RES/contention.json" >/dev/null
+fi
 
+if want small; then
 log "5. small costs: cost-model decision (benches/cost.rs)"
 load cost
+rm -rf target/criterion/cost
 cargo_retry bench --bench cost
+fi
+if want link || want small; then
 run "$PY" benches/scripts/criterion_stats.py --criterion target/criterion --out "$RES/criterion.json" \
   link_cold/raw_nvjitlink link_cold/planner link_cached/memory_hit link_cached/disk_hit \
   link_cached/warm_planner_lookup cost/choose/gpu/warm cost/choose/no_gpu cost/choose/gpu/unseen_op \
   cost/learn
+fi
 
-log "4. CPU search: fraglink vs faiss-cpu (100k x 128 f32, 1k queries, k = 10)"
+if want search; then
+log "4. CPU search: fraglink vs faiss-cpu (100k x 128 f32/f16/i8/u8, 1k queries, k = 10)"
 load search
 run "$PY" benches/scripts/search_bench.py run --fraglink "$FRAGLINK" --work "$WORK/search" \
-  --reps "$SEARCH_REPS" --out "$RES/search.json"
+  --reps "$SEARCH_REPS" --busy-max "$SEARCH_BUSY" --out "$RES/search.json"
+fi
 load end
 
 log "writing BENCHMARKS.md"
 run "$PY" benches/scripts/report.py --results "$RES" --out BENCHMARKS.md --cu13 "$CU13" \
   --seconds "$(($(date +%s) - STARTED))" --jobs "$JOBS" \
-  --reps "build=$BUILD_REPS nvcc=$NVCC_REPS build129=$BUILD129_REPS rebuild=$REBUILD_REPS contention=$CONTENTION_ROUNDS search=$SEARCH_REPS"
+  --reps "build=$BUILD_REPS nvcc=$NVCC_REPS build129=$BUILD129_REPS rebuild=$REBUILD_REPS contention=$CONTENTION_ROUNDS search=$SEARCH_REPS" \
+  --only "$ONLY"
 echo "BENCHMARKS.md written ($(($(date +%s) - STARTED)) s)" >&2
+BUSY_CASES=
+if want search; then
+  BUSY_CASES=$("$PY" -c 'import json, sys
+print("; ".join(c["label"] for c in json.load(open(sys.argv[1]))["cases"] if not c["quiet"]))' "$RES/search.json")
+fi
+if [ -n "$BUSY_CASES" ]; then
+  echo "WARNING: CPU search ratios measured while other work used more than $SEARCH_BUSY% of the CPUs (marked BUSY in BENCHMARKS.md): $BUSY_CASES" >&2
+  if [ "$REFUSE_BUSY" = 1 ]; then
+    echo "BENCH_REFUSE_BUSY=1: refusing these ratios (exit 3); rerun on a quiet machine" >&2
+    exit 3
+  fi
+fi

@@ -4,18 +4,22 @@
 //! 1 000 queries, k = 10, L2 and inner product (one search of all queries per
 //! iteration; throughput is reported in queries). Override with
 //! `FRAGLINK_BENCH_N`, `FRAGLINK_BENCH_DIM`, `FRAGLINK_BENCH_NQ` and
-//! `FRAGLINK_BENCH_K`; `FRAGLINK_BENCH_DTYPES=f32,f16,i8,u8` adds other types.
+//! `FRAGLINK_BENCH_K`; `FRAGLINK_BENCH_DTYPES=f32,f16,i8,u8` adds other types;
+//! `FRAGLINK_BENCH_KERNELS=gemm,avx2,avx512` times each float kernel this CPU
+//! has (default: the one `search_cpu` picks).
 //!
 //! ```text
 //! cargo bench --bench search_cpu
 //! FRAGLINK_BENCH_N=20000 FRAGLINK_BENCH_NQ=100 cargo bench --bench search_cpu
+//! RAYON_NUM_THREADS=1 FRAGLINK_BENCH_KERNELS=gemm,avx2,avx512 cargo bench --bench search_cpu
 //! ```
 
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fraglink::search::cpu::{search_cpu_with, CpuKernel};
 use fraglink::search::data::synthetic;
-use fraglink::search::{search_cpu, DType, Metric, SearchParams};
+use fraglink::search::{DType, Metric, SearchParams};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -34,6 +38,13 @@ fn bench(c: &mut Criterion) {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
+    let kernels: Vec<CpuKernel> = match std::env::var("FRAGLINK_BENCH_KERNELS") {
+        Ok(v) => CpuKernel::ALL
+            .into_iter()
+            .filter(|k| v.split(',').any(|s| s.trim() == k.name()) && k.available())
+            .collect(),
+        Err(_) => vec![CpuKernel::detect()],
+    };
     let mut g = c.benchmark_group(format!("search_cpu/{n}x{dim}/nq{nq}/k{k}"));
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
@@ -43,11 +54,15 @@ fn bench(c: &mut Criterion) {
         let (base, queries) = synthetic(n, dim, nq, dtype, 1);
         for metric in [Metric::L2, Metric::InnerProduct] {
             let params = SearchParams::new(k, metric);
-            g.bench_with_input(
-                BenchmarkId::new(dtype.name(), metric.fragment_name()),
-                &params,
-                |b, p| b.iter(|| black_box(search_cpu(&base, &queries, p).unwrap())),
-            );
+            for &kernel in &kernels {
+                g.bench_with_input(
+                    BenchmarkId::new(format!("{}/{kernel}", dtype.name()), metric.fragment_name()),
+                    &params,
+                    |b, p| {
+                        b.iter(|| black_box(search_cpu_with(&base, &queries, p, kernel).unwrap()))
+                    },
+                );
+            }
         }
     }
     g.finish();

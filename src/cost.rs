@@ -21,9 +21,11 @@
 //! the blend `(1 − w) · analytical + w · mean ratio · analytical` with weight
 //! `w = n / (n + prior_weight)`, which tends to the observed mean as n grows;
 //! the estimate's confidence rises from the analytical one towards 1 by the
-//! same weight. Lookups take one uncontended read lock and one hash of the operation
-//! name; a warm [`GpuCostModel::choose`] costs well under a microsecond
-//! (`cargo bench --bench cost`).
+//! same weight. Lookups take no lock (a fixed table of operations and
+//! sequence-locked statistics, `table` module) and one hash of the operation
+//! name; a warm [`GpuCostModel::choose`] costs well under 100 ns
+//! (`cargo bench --bench cost`). At most 256 distinct operations are learned
+//! per model; later ones keep their analytical estimates.
 //!
 //! **No GPU** ([`GpuAvailability::Unavailable`]): every choice is the CPU with
 //! [`Reason::NoGpu`], displayed as `no GPU: <why>`.
@@ -36,13 +38,13 @@
 //! on the GPU module's error type.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::search::DType;
+mod table;
+
+use table::{Stat, StatTable, BUCKETS};
 
 /// Where an operation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -130,33 +132,42 @@ impl OpDesc {
         self
     }
 
-    /// Brute-force k-NN of `nq` queries over `n` rows of `dim` elements: 2 flops
-    /// per element pair; uploads the queries (and the base unless resident),
-    /// downloads `nq × k` (id, distance) pairs of 12 bytes (i64 ids).
-    pub fn knn(
-        n: usize,
+    /// A brute-force comparison of `queries` vectors against `rows` vectors of
+    /// `dim` elements of `element_bytes` each, keeping `per_query` results of 12
+    /// bytes (an i64 id and an f32 value) per query: 2 flops per element pair;
+    /// uploads the queries (and the rows unless `rows_resident`), downloads the
+    /// results. The operations that are such scans name themselves
+    /// (`OpDesc::knn`, defined beside the search in `search::ops`), so this
+    /// module knows operations by their shape only.
+    pub fn brute_force(
+        operation: impl Into<Cow<'static, str>>,
+        rows: usize,
         dim: usize,
-        nq: usize,
-        k: usize,
-        dtype: DType,
-        base_resident: bool,
+        queries: usize,
+        per_query: usize,
+        element_bytes: usize,
+        rows_resident: bool,
     ) -> Self {
-        let op: &'static str = match dtype {
-            DType::F32 => "knn.f32",
-            DType::F16 => "knn.f16",
-            DType::I8 => "knn.i8",
-            DType::U8 => "knn.u8",
-        };
-        let es = dtype.size() as u64;
-        let base = if base_resident {
+        let es = element_bytes as u64;
+        let base = if rows_resident {
             0
         } else {
-            (n * dim) as u64 * es
+            (rows as u64).saturating_mul(dim as u64).saturating_mul(es)
         };
-        OpDesc::new(op)
-            .to_device(base + (nq * dim) as u64 * es)
-            .from_device((nq * k) as u64 * 12)
-            .work(2.0 * n as f64 * dim as f64 * nq as f64)
+        OpDesc::new(operation)
+            .to_device(
+                base.saturating_add(
+                    (queries as u64)
+                        .saturating_mul(dim as u64)
+                        .saturating_mul(es),
+                ),
+            )
+            .from_device(
+                (queries as u64)
+                    .saturating_mul(per_query as u64)
+                    .saturating_mul(12),
+            )
+            .work(2.0 * rows as f64 * dim as f64 * queries as f64)
     }
 
     /// ⌊log2(work)⌋ of the larger of the two work figures (0 below 2).
@@ -459,43 +470,6 @@ pub fn calibrated_cpu_throughput() -> f64 {
 // The adaptive model
 // --------------------------------------------------------------------------------
 
-const BUCKETS: usize = 64;
-
-/// FxHash: a fast non-cryptographic hasher for the short operation names.
-#[derive(Default)]
-struct FxHasher(u64);
-impl Hasher for FxHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let v = u64::from_le_bytes(c.try_into().unwrap());
-            self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(K);
-        }
-        for &b in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(K);
-        }
-    }
-}
-
-/// Observations of one (operation, bucket, target).
-#[derive(Debug, Clone, Copy, Default)]
-struct Stat {
-    n: u64,
-    /// Welford mean and M2 of observed / analytical.
-    mean: f64,
-    m2: f64,
-    /// 1 − w + w · mean once n ≥ min_samples, else 1.
-    factor: f64,
-    /// Weight w (0 before min_samples).
-    weight: f64,
-}
-
-type OpStats = Box<[[Stat; 2]; BUCKETS]>;
-
 /// Learned statistics of one (operation, size bucket, target).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Observed {
@@ -509,11 +483,11 @@ pub struct Observed {
 }
 
 /// The analytical model plus per-(operation, size) learning. Thread-safe;
-/// decisions take one read lock.
+/// decisions take no lock (the `table` module).
 pub struct AdaptiveCostModel {
     params: CostParams,
     cpu_throughput: f64,
-    stats: RwLock<HashMap<Box<str>, OpStats, BuildHasherDefault<FxHasher>>>,
+    stats: StatTable,
 }
 
 impl fmt::Debug for AdaptiveCostModel {
@@ -541,7 +515,7 @@ impl AdaptiveCostModel {
         AdaptiveCostModel {
             params,
             cpu_throughput,
-            stats: RwLock::new(HashMap::default()),
+            stats: StatTable::default(),
         }
     }
 
@@ -556,8 +530,7 @@ impl AdaptiveCostModel {
 
     /// What was learned for (operation, bucket of `op`, target), if anything.
     pub fn observed(&self, op: &OpDesc, target: Target) -> Option<Observed> {
-        let map = self.stats.read().unwrap_or_else(|e| e.into_inner());
-        let s = map.get(op.operation.as_ref())?[op.size_bucket() as usize][target.index()];
+        let s = self.stats.get(&op.operation, op.size_bucket() as usize)[target.index()];
         (s.n > 0).then(|| Observed {
             samples: s.n,
             mean_ratio: s.mean,
@@ -572,19 +545,12 @@ impl AdaptiveCostModel {
 
     /// Forgets everything learned.
     pub fn reset(&self) {
-        self.stats
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.stats.clear();
     }
 
     #[inline]
     fn learned(&self, op: &OpDesc) -> [Stat; 2] {
-        let map = self.stats.read().unwrap_or_else(|e| e.into_inner());
-        match map.get(op.operation.as_ref()) {
-            Some(s) => s[op.size_bucket() as usize],
-            None => [Stat::default(); 2],
-        }
+        self.stats.get(&op.operation, op.size_bucket() as usize)
     }
 
     #[inline]
@@ -714,25 +680,30 @@ impl GpuCostModel for AdaptiveCostModel {
             return;
         }
         let x = obs / analytical;
-        let mut map = self.stats.write().unwrap_or_else(|e| e.into_inner());
-        let entry = match map.get_mut(op.operation.as_ref()) {
-            Some(e) => e,
-            None => map
-                .entry(op.operation.as_ref().into())
-                .or_insert_with(|| Box::new([[Stat::default(); 2]; BUCKETS])),
-        };
-        let s = &mut entry[op.size_bucket() as usize][target.index()];
-        s.n += 1;
-        let delta = x - s.mean;
-        s.mean += delta / s.n as f64;
-        s.m2 += delta * (x - s.mean);
-        if s.n >= self.params.min_samples.max(1) {
-            s.weight = s.n as f64 / (s.n as f64 + self.params.prior_weight.max(0.0));
-            s.factor = 1.0 - s.weight + s.weight * s.mean;
-        } else {
-            s.weight = 0.0;
-            s.factor = 1.0;
-        }
+        let (min_samples, prior) = (
+            self.params.min_samples.max(1),
+            self.params.prior_weight.max(0.0),
+        );
+        // A full table (more distinct operations than it holds) leaves the
+        // operation analytical: nothing to do about it here.
+        let _ = self.stats.update(
+            &op.operation,
+            op.size_bucket() as usize,
+            target.index(),
+            |s| {
+                s.n += 1;
+                let delta = x - s.mean;
+                s.mean += delta / s.n as f64;
+                s.m2 += delta * (x - s.mean);
+                if s.n >= min_samples {
+                    s.weight = s.n as f64 / (s.n as f64 + prior);
+                    s.factor = 1.0 - s.weight + s.weight * s.mean;
+                } else {
+                    s.weight = 0.0;
+                    s.factor = 1.0;
+                }
+            },
+        );
     }
 }
 
@@ -915,6 +886,11 @@ pub fn execute<M: GpuCostModel + ?Sized, T, E: RecoverableError>(
 mod tests {
     use super::*;
 
+    /// f32 k-NN as `search::ops` describes it.
+    fn knn_f32(n: usize, dim: usize, nq: usize, k: usize, resident: bool) -> OpDesc {
+        OpDesc::brute_force("knn.f32", n, dim, nq, k, 4, resident)
+    }
+
     fn model(gpu: bool) -> AdaptiveCostModel {
         let p = CostParams::default().with_cpu_throughput(100e9);
         AdaptiveCostModel::new(if gpu {
@@ -958,8 +934,8 @@ mod tests {
     #[test]
     fn choice_flips_with_size() {
         let m = model(true);
-        let small = OpDesc::knn(1000, 128, 1, 10, DType::F32, false);
-        let big = OpDesc::knn(1_000_000, 128, 10_000, 10, DType::F32, true);
+        let small = knn_f32(1000, 128, 1, 10, false);
+        let big = knn_f32(1_000_000, 128, 10_000, 10, true);
         let cs = m.choose(&small);
         assert_eq!(cs.target, Target::Cpu, "{}", cs.reason);
         assert!(cs.reason.to_string().starts_with("CPU estimated faster"));
@@ -1017,7 +993,7 @@ mod tests {
     #[test]
     fn learning_changes_the_decision_after_min_samples() {
         let m = model(true);
-        let op = OpDesc::knn(1_000_000, 128, 1000, 10, DType::F32, true);
+        let op = knn_f32(1_000_000, 128, 1000, 10, true);
         let first = m.choose(&op);
         assert_eq!(first.target, Target::Gpu);
         let g = first.gpu.seconds;
@@ -1039,7 +1015,7 @@ mod tests {
         let o = m.observed(&op, Target::Gpu).unwrap();
         assert!(approx(o.mean_ratio, 1000.0) && o.ratio_std < 1e-6);
         // Other sizes and operations are unaffected.
-        let other = OpDesc::knn(1_000_000, 128, 100_000, 10, DType::F32, true);
+        let other = knn_f32(1_000_000, 128, 100_000, 10, true);
         assert_eq!(m.choose(&other).gpu.correction, 1.0);
         assert_eq!(
             m.choose(&OpDesc {
@@ -1199,7 +1175,7 @@ mod tests {
     #[test]
     fn execute_learns_what_ran() {
         let m = model(true);
-        let op = OpDesc::knn(1_000_000, 128, 1000, 10, DType::F32, true);
+        let op = knn_f32(1_000_000, 128, 1000, 10, true);
         let r = execute(
             &m,
             &op,

@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """Writes BENCHMARKS.md from the JSON results benches/run.sh collected.
 
-    report.py --results DIR --out BENCHMARKS.md --cu13 DIR --seconds S --jobs N --reps "k=v ..."
+    report.py --results DIR --out BENCHMARKS.md --cu13 DIR --seconds S --jobs N --reps "k=v ..." \
+        [--only build,size,link,search,small]
+
+With --only (run.sh's BENCH_ONLY), only those sections are regenerated: the
+other sections, their summary rows and their machine are kept from the
+existing --out file, and the header says which sections come from which run.
 """
 import argparse
 import datetime
@@ -330,69 +335,74 @@ def section_link(res, lines, headline):
                      f"mutex / fraglink = {ratio(m['wall']['median'], f['wall']['median'])}"))
 
 
+def busy_note(c):
+    """'' for a quiet case, else why its ratio is not evidence."""
+    if c.get("quiet", True):
+        return ""
+    o = c["other_busy_pct"]
+    return (f"BUSY: {c['reps_quiet']} of {c['reps_total']} repetitions quiet (other work used "
+            f"{o['median']:.0f}% of the CPUs, median; quiet ≤ {c['busy_max']:.0f}%), not evidence")
+
+
+def search_ratio(c):
+    r = ratio(c["fraglink_qps"]["median"], c["faiss_qps"]["median"])
+    return r if c.get("quiet", True) else f"{r} (BUSY, not evidence)"
+
+
 def section_search(res, lines, headline):
     s = load_json(os.path.join(res, "search.json"))
+    busy_max = s.get("busy_max", 10)
     lines += [
         "## 4. Search on the CPU",
         "",
         f"`fraglink search --device cpu` against faiss-cpu {s['cases'][0]['faiss_version']} "
-        f"`IndexFlatL2` / `IndexFlatIP` on identical data: {s['n']:,} × {s['dim']} f32 base, "
-        f"{s['nq']:,} queries, k = {s['k']} ({s['data']}, seed {s['seed']}), written once as .fvecs and "
-        "read by both. Each timed search runs in a fresh process (faiss: `index.search` alone; "
-        "fraglink: the JSON `search_ms`, the search alone), alternating faiss and fraglink, "
-        f"{s['reps']} runs each. One thread: `RAYON_NUM_THREADS=1` (fraglink), "
+        f"on identical data: {s['n']:,} × {s['dim']} base, "
+        f"{s['nq']:,} queries, k = {s['k']} ({s['data']}, seed {s['seed']}), written once (.fvecs for "
+        "f32, .npy otherwise) and read by both. f32 is compared with `IndexFlatL2` / `IndexFlatIP`; "
+        "f16, i8 and u8 with faiss' nearest equivalents, each tried and the faster one compared: "
+        "`IndexScalarQuantizer` holding the same type (`QT_fp16`, `QT_8bit_direct_signed`, "
+        "`QT_8bit_direct`) and `IndexFlat` on a float32 copy of the same values. "
+        "Each timed search runs in a fresh process (faiss: `index.search` alone; "
+        "fraglink: the JSON `search_ms`, the search alone), alternating faiss and fraglink. "
+        "One thread: `RAYON_NUM_THREADS=1` (fraglink), "
         "`faiss.omp_set_num_threads(1)` and `OMP/OPENBLAS/MKL_NUM_THREADS=1` (faiss); all threads: "
         f"{s['cores']}. With more than one thread faiss also runs with `OMP_WAIT_POLICY=PASSIVE` (its "
-        "OpenMP threads otherwise spin beside BLAS' threads) and its faster variant is compared.",
+        "OpenMP threads otherwise spin beside BLAS' threads) and its fastest variant is compared.",
         "",
-        "| metric, threads | faiss ms min / median / max | fraglink ms min / median / max | QPS faiss / fraglink (median) | fraglink QPS ÷ faiss QPS |",
-        "| --- | --- | --- | --- | ---: |",
+        "Around every timed process the script reads the CPU time of the whole machine and of the "
+        "process; the rest is other work's share of the CPUs during the run. A repetition counts "
+        f"when every run in it saw at most {busy_max:.0f}% of the CPUs used by other work; the script "
+        f"repeats (up to 3 × {s['reps']}) until it has {s['reps']} such repetitions, and the figures come "
+        "from them. A case without enough quiet repetitions is marked **BUSY**: its figures come from "
+        "all its repetitions, and its ratio is not evidence either way.",
+        "",
+        "| dtype metric, threads | faiss peer (fastest variant) | faiss ms min / median / max | fraglink ms min / median / max | QPS faiss / fraglink (median) | fraglink QPS ÷ faiss QPS | other work on the CPUs (median %) |",
+        "| --- | --- | --- | --- | --- | ---: | ---: |",
     ]
     for c in s["cases"]:
-        variant = "" if c["faiss_best_variant"] == "default" else f" ({c['faiss_best_variant']})"
         lines.append(
-            f"| {c['label']} | {mmm(c['faiss_ms'], digits=0)}{variant} | {mmm(c['fraglink_ms'], digits=0)} | "
+            f"| {c['label']} | {c['faiss_best_variant']} | {mmm(c['faiss_ms'], digits=0)} | "
+            f"{mmm(c['fraglink_ms'], digits=0)} | "
             f"{c['faiss_qps']['median']:,.0f} / {c['fraglink_qps']['median']:,.0f} | "
-            f"{ratio(c['fraglink_qps']['median'], c['faiss_qps']['median'])} |")
-        headline.append((f"CPU search QPS, {c['label']}",
-                         f"fraglink {c['fraglink_qps']['median']:,.0f} vs faiss {c['faiss_qps']['median']:,.0f}",
-                         f"fraglink / faiss = {ratio(c['fraglink_qps']['median'], c['faiss_qps']['median'])}"))
-    multi = [c for c in s["cases"] if len(c["faiss_variants"]) > 1]
-    if multi:
-        lines += ["", "faiss with more than one thread, both variants (median ms): " + "; ".join(
-            f"{c['label']}: " + ", ".join(f"{n} {v['ms']['median']:,.0f}" for n, v in c["faiss_variants"].items())
-            for c in multi) + "."]
-    # Each side at its best thread count (faiss may not gain from more threads).
-    best_rows = []
-    for metric in dict.fromkeys(c["metric"] for c in s["cases"]):
-        cases = [c for c in s["cases"] if c["metric"] == metric]
-        ours = max(cases, key=lambda c: c["fraglink_qps"]["median"])
-        theirs = max(cases, key=lambda c: c["faiss_qps"]["median"])
-        best_rows.append((metric, ours, theirs))
-    lines += [
-        "",
-        "Each side at its best setting (highest median QPS over the thread counts and faiss variants above):",
-        "",
-        "| metric | fraglink best | faiss best | fraglink QPS ÷ faiss QPS |",
-        "| --- | --- | --- | ---: |",
-    ]
-    for metric, ours, theirs in best_rows:
-        variant = "" if theirs["faiss_best_variant"] == "default" else f", {theirs['faiss_best_variant']}"
-        lines.append(
-            f"| {metric} | {ours['fraglink_qps']['median']:,.0f} QPS ({ours['threads']} thread(s)) | "
-            f"{theirs['faiss_qps']['median']:,.0f} QPS ({threads(theirs['threads'])}{variant}) | "
-            f"{ratio(ours['fraglink_qps']['median'], theirs['faiss_qps']['median'])} |")
-        headline.append((f"CPU search QPS, {metric}, each side at its best thread count",
-                         f"fraglink {ours['fraglink_qps']['median']:,.0f} ({threads(ours['threads'])}) vs "
-                         f"faiss {theirs['faiss_qps']['median']:,.0f} ({threads(theirs['threads'])})",
-                         f"fraglink / faiss = {ratio(ours['fraglink_qps']['median'], theirs['faiss_qps']['median'])}"))
+            f"{search_ratio(c)} | {c['other_busy_pct']['median']:.0f}% "
+            f"({c['reps_quiet']}/{c['reps_total']} quiet) |")
+        if c["dtype"] == "f32":
+            headline.append((f"CPU search QPS, {c['label']} (faiss {c['faiss_best_variant']})",
+                             f"fraglink {c['fraglink_qps']['median']:,.0f} vs faiss {c['faiss_qps']['median']:,.0f}",
+                             f"fraglink / faiss = {search_ratio(c)}"))
+    notes = [f"{c['label']}: {busy_note(c)}" for c in s["cases"] if busy_note(c)]
+    if notes:
+        lines += ["", "Cases measured while the CPUs were busy:", ""] + [f"- {n}" for n in notes]
+    lines += ["", "Every faiss variant (median ms): " + "; ".join(
+        f"{c['label']}: " + ", ".join(f"{n} {v['ms']['median']:,.0f}" for n, v in c["faiss_variants"].items())
+        for c in s["cases"]) + "."]
     lines += [
         "",
         "Recall@10 (|A ∩ B| / k averaged over queries; with k results on each side the measure is "
         "symmetric, so fraglink-vs-faiss equals faiss-vs-fraglink). \"exact\" is float64 brute force "
-        "in numpy (ties by smaller id).",
+        "in numpy over the values both sides read (ties by smaller id).",
         "",
-        "| metric, threads | fraglink vs faiss (= faiss vs fraglink) | fraglink vs exact | faiss vs exact |",
+        "| dtype metric, threads | fraglink vs faiss (= faiss vs fraglink) | fraglink vs exact | faiss vs exact |",
         "| --- | ---: | ---: | ---: |",
     ]
     for c in s["cases"]:
@@ -401,8 +411,9 @@ def section_search(res, lines, headline):
     lines += [
         "",
         f"fraglink command (per case and run): `{s['cases'][0]['fraglink_command']} --groundtruth FAISS_IDS.ivecs` "
-        "(with `RAYON_NUM_THREADS=T`); faiss: `python benches/scripts/search_bench.py faiss --base BASE.fvecs "
-        "--queries Q.fvecs --metric l2|ip --k 10 --threads T --ids-out FAISS_IDS.ivecs`.",
+        "(with `RAYON_NUM_THREADS=T`; other dtypes read `base_DTYPE.npy` / `queries_DTYPE.npy`); faiss: "
+        "`python benches/scripts/search_bench.py faiss --base BASE --queries Q --metric l2|ip --k 10 "
+        "--threads T --ids-out FAISS_IDS.ivecs --index flat|sq_fp16|sq_8bit_direct_signed|sq_8bit_direct`.",
         "",
     ]
 
@@ -439,6 +450,82 @@ def section_small(res, lines, headline):
     lines.append("")
 
 
+# --------------------------------------------------------------------------- partial runs
+
+# The sections, in document order, with the heading numbers they carry.
+SECTIONS = {"build": "1", "size": "2", "link": "3", "search": "4", "small": "5"}
+
+# Summary rows by the section that makes them (first words of the figure).
+ROW_PREFIXES = [("Fragment build", "build"), ("Rebuild", "build"), ("Binary size", "size"),
+                ("Cold link", "link"), ("Cache hits", "link"), ("Contention", "link"),
+                ("CPU search", "search"), ("Cost-model", "small"), ("Warm planner", "small")]
+
+
+def row_section(figure):
+    return next((sec for prefix, sec in ROW_PREFIXES if figure.startswith(prefix)), None)
+
+
+PROVENANCE = "Where each section was measured:"
+
+
+def parse_existing(path):
+    """Sections (as lines), summary rows and per-section provenance (date, CPU) of an
+    existing report."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        lines = f.read().split("\n")
+    number_to_name = {v: k for k, v in SECTIONS.items()}
+    sections, current, summary, in_summary = {}, None, [], False
+    generated, cpu, provenance, in_prov = "date unknown", "machine unknown", {}, False
+    for line in lines:
+        if line.startswith("Generated by"):
+            m = re.search(r" on (\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC)", line)
+            generated = m.group(1) if m else generated
+        if line.startswith("| CPU |") and cpu == "machine unknown":
+            cpu = line.split("|")[2].strip()
+        if line == PROVENANCE:
+            in_prov = True
+            continue
+        if in_prov:
+            if not line and not provenance:
+                continue  # the blank line after the heading
+            if not line.startswith("- "):
+                in_prov = False
+            else:
+                names, _, rest = line[2:].partition(": ")
+                date, _, where = rest.partition(", ")
+                for n in names.split(", "):
+                    provenance[n] = (date, where.removesuffix(" (this run)"))
+        if line.startswith("## "):
+            in_summary = line == "## Summary"
+            m = re.match(r"## (\d)\. ", line)
+            current = number_to_name.get(m.group(1)) if m else None
+            if current:
+                sections[current] = []
+        if line.startswith("## Method and commands"):
+            current = None
+        if current:
+            sections[current].append(line)
+        if in_summary and line.startswith("| ") and not line.startswith("| figure") and not line.startswith("| ---"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 3:
+                summary.append(tuple(cells))
+    # A report without the list was measured whole, in one run.
+    for n in SECTIONS:
+        provenance.setdefault(n, (generated, cpu))
+    return {"sections": sections, "summary": summary, "provenance": provenance}
+
+
+def provenance_lines(prov, now, cpu, only):
+    """The list of where each section was measured (this run's sections last)."""
+    groups = {}
+    for n in SECTIONS:
+        key = (now, cpu + " (this run)") if n in only else prov[n]
+        groups.setdefault(key, []).append(n)
+    return [PROVENANCE, ""] + [f"- {', '.join(ns)}: {d}, {w}" for (d, w), ns in groups.items()]
+
+
 # --------------------------------------------------------------------------- main
 
 def main():
@@ -449,21 +536,38 @@ def main():
     p.add_argument("--seconds", type=int, required=True)
     p.add_argument("--jobs", type=int, required=True)
     p.add_argument("--reps", required=True)
+    p.add_argument("--only", default=",".join(SECTIONS))
     a = p.parse_args()
     res = a.results
+    only = [x for x in a.only.split(",") if x]
+    unknown = [x for x in only if x not in SECTIONS]
+    if unknown:
+        raise SystemExit(f"report.py: unknown section(s) {unknown} (expected some of {list(SECTIONS)})")
+    partial = len(only) < len(SECTIONS)
 
     toolkit129 = None
     p129 = os.path.join(res, "build_fraglink129.jsonl")
     if os.path.exists(p129) and load_jsonl(p129):
         toolkit129 = os.path.dirname(load_jsonl(p129)[0]["toolkit"]["nvrtc"])
+    elif os.path.isdir("target/fraglink-cuda-12.9"):
+        # No build section this run: the toolkit the crate's build provisions.
+        toolkit129 = os.path.realpath("target/fraglink-cuda-12.9")
 
+    old = parse_existing(a.out) if partial else None
+    if partial and old is None:
+        raise SystemExit(f"report.py: --only needs an existing {a.out} to keep the other sections from")
     body, headline = [], []
-    for section in (lambda: section_build(res, a.jobs, body, headline),
-                    lambda: section_size(res, body, headline),
-                    lambda: section_link(res, body, headline),
-                    lambda: section_search(res, body, headline),
-                    lambda: section_small(res, body, headline)):
-        section()
+    makers = {"build": lambda: section_build(res, a.jobs, body, headline),
+              "size": lambda: section_size(res, body, headline),
+              "link": lambda: section_link(res, body, headline),
+              "search": lambda: section_search(res, body, headline),
+              "small": lambda: section_small(res, body, headline)}
+    for name in SECTIONS:
+        if name in only:
+            makers[name]()
+        else:
+            body += old["sections"][name]
+            headline += [r for r in old["summary"] if row_section(r[0]) == name]
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [
@@ -474,6 +578,15 @@ def main():
         "run and given as min / median / max over repeated runs, with ratios of medians. No GPU: "
         "everything here runs on the host (compiles, links, CPU search).",
         "",
+    ]
+    if partial:
+        this_cpu = dict(machine(a.cu13, toolkit129))["CPU"]
+        out += [
+            f"This run measured only: {', '.join(only)} (`BENCH_ONLY`); the other sections are kept "
+            "from earlier runs. Ratios compare peers within one run only.",
+            "",
+        ] + provenance_lines(old["provenance"], now, this_cpu, only) + [""]
+    out += [
         "## Machine",
         "",
         "| | |",

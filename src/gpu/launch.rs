@@ -457,7 +457,7 @@ pub fn check_alignment(
             "argument {index} `{name}` of `{entry}`: required alignment {align} is not a power of two"
         )));
     }
-    if address % align != 0 {
+    if !address.is_multiple_of(align) {
         return Err(GpuError::invalid_config(format!(
             "argument {index} `{name}` of `{entry}`: device address {address:#x} is not aligned \
              to {align} bytes (the kernel's vector loads would fault)"
@@ -602,7 +602,7 @@ impl ScanContract {
             });
         }
         let veclen = self.veclen.max(1);
-        if dim % u64::from(veclen) != 0 {
+        if !dim.is_multiple_of(u64::from(veclen)) {
             return Err(ScanArgError::DimNotMultipleOfVeclen { dim, veclen });
         }
         if self.id_bytes == 4 && n_rows >= u64::from(u32::MAX) {
@@ -625,7 +625,7 @@ impl ScanContract {
             .iter()
             .find(|(name, _)| *name == argument)
             .map_or(1, |&(_, a)| a);
-        if offset % align != 0 {
+        if !offset.is_multiple_of(align) {
             return Err(ScanArgError::Misaligned {
                 argument,
                 offset,

@@ -1267,7 +1267,7 @@ ptxas info    : Compile time = NaN ms
         out.extend_from_slice(&shstr);
         let str_off = out.len();
         out.extend_from_slice(&strtab);
-        while out.len() % 8 != 0 {
+        while !out.len().is_multiple_of(8) {
             out.push(0);
         }
         let sym_off = out.len();

@@ -7,9 +7,12 @@
 //!   the README's in-order fold ([`distance`]), NaN → +inf, then a sort by
 //!   `(distance, id)`. Simple and slow; the oracle.
 //! - [`search_cpu`]: the same results, bit for bit, fast. Dot products of query
-//!   blocks × row blocks come from the `gemm` crate (tasks in parallel with
-//!   rayon); with precomputed norms they give approximate distances, which pick a
-//!   few candidates per query; the candidates are then **re-ranked with the exact
+//!   blocks × row blocks (tasks in parallel with rayon) come, for f32 and f16,
+//!   from a fused AVX-512 or AVX2 kernel chosen at run time ([`CpuKernel`],
+//!   `fused` module: the dot products never leave the registers before they
+//!   are compared with the thresholds), else from the `gemm` crate; with
+//!   precomputed norms they give approximate distances, which pick a few
+//!   candidates per query; the candidates are then **re-ranked with the exact
 //!   in-order fold**, so every returned distance is the reference's (and the
 //!   GPU's) to the bit and ties resolve by the same `(distance, id)` key.
 //!
@@ -34,7 +37,8 @@
 //! The bound `e` (u = 2⁻²⁴, γ(m) = m·u / (1 − m·u), n = dim, `|q|`, `|x|` the
 //! Euclidean norms; every sum of n products computed in f32 in any order, with
 //! or without fma, is within γ(n)·Σ|q_j x_j| ≤ γ(n)·|q||x| of the exact value;
-//! this covers GEMM's blocked order and the reference's in-order fold):
+//! this covers GEMM's blocked order, the fused kernels' in-order vector fmas
+//! and the reference's in-order fold):
 //!
 //! - **l2**: reference `|d − D| ≤ γ(n+2)·D` (the differences are rounded once,
 //!   squared exactly inside the fma) with `D = |q − x|² ≤ (|q|+|x|)²`;
@@ -59,7 +63,18 @@
 //! and join the merge; special queries are answered by the reference scan.
 //! dim = 0 and dims where γ is not small (n·u ≥ 1/2) use the reference.
 //!
-//! For i8/u8 the GEMM is exact: its inputs are small integers widened to f32,
+//! **Integers and the fused kernels.** With a fused kernel ([`CpuKernel`]), i8
+//! and u8 take the float path above: their values are exact in f32, so the
+//! approximation `g` is bounded as for any f32 input, and their reference
+//! distance is the exact integer result `D` rounded once to f32 (`|d − D| ≤
+//! u·|D|`, inside the γ terms the bounds already allow for the float fold's
+//! own rounding: l2 `u·D ≤ γ(n+2)·D`; inner product `u·|D| ≤ u·|q||x|`;
+//! cosine's accumulators are each within `u` instead of `γ(n)`); the
+//! candidates are re-ranked with the integer fold itself, so the results are
+//! the reference's bit for bit. Zero vectors are special for cosine as
+//! before; no integer vector is otherwise special.
+//!
+//! With the GEMM kernel, for i8/u8 the GEMM is exact: its inputs are small integers widened to f32,
 //! and with the inner dimension split into chunks of at most 1024 (i8,
 //! |q·x| ≤ 2¹⁴) or 258 (u8, q·x ≤ 65025) elements every partial sum is an
 //! integer of magnitude ≤ 2²⁴, so each chunk's dot product is exact whatever
@@ -79,6 +94,11 @@ use rayon::prelude::*;
 use super::{
     validate, DType, Filter, Matrix, Metric, Neighbors, SearchError, SearchParams, Vectors,
 };
+
+mod fused;
+mod simd;
+
+pub use fused::CpuKernel;
 
 mod sealed {
     pub trait Sealed {}
@@ -435,22 +455,46 @@ fn reference_all<T: Element>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> 
     out
 }
 
-/// Exact k-nearest neighbours with the GPU scan's semantics, fast: GEMM-based
-/// candidate selection with a rigorous error margin, then an exact re-rank with
-/// the reference fold (module docs). Results equal [`search_reference`] bit for
-/// bit. Uses rayon's current thread pool.
+/// Exact k-nearest neighbours with the GPU scan's semantics, fast: candidate
+/// selection from dot products with a rigorous error margin, then an exact
+/// re-rank with the reference fold (module docs). Results equal
+/// [`search_reference`] bit for bit. Uses rayon's current thread pool and the
+/// fastest float kernel this CPU has for this many queries
+/// ([`CpuKernel::for_queries`]).
 pub fn search_cpu(
     base: &Vectors,
     queries: &Vectors,
     params: &SearchParams,
 ) -> Result<Neighbors, SearchError> {
+    let kernel = CpuKernel::for_queries(queries.rows());
+    search_cpu_with(base, queries, params, kernel)
+}
+
+/// [`search_cpu`] with the float dot products computed by `kernel` (replaced by
+/// the fastest one this CPU has if it cannot run it: [`CpuKernel::usable`]).
+/// Every kernel gives the same results, bit for bit. Integer types take the
+/// exact-GEMM path with [`CpuKernel::Gemm`] and the float path (margin, then
+/// exact re-rank) with a fused kernel (module docs).
+pub fn search_cpu_with(
+    base: &Vectors,
+    queries: &Vectors,
+    params: &SearchParams,
+    kernel: CpuKernel,
+) -> Result<Neighbors, SearchError> {
     validate(base, queries, params)?;
     ensure_threads();
+    let kernel = kernel.usable();
     Ok(match (base, queries) {
-        (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params),
-        (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params),
-        (Vectors::I8(b), Vectors::I8(q)) => int_search(b, q, params),
-        (Vectors::U8(b), Vectors::U8(q)) => int_search(b, q, params),
+        (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params, kernel),
+        (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params, kernel),
+        (Vectors::I8(b), Vectors::I8(q)) => match kernel {
+            CpuKernel::Gemm => int_search(b, q, params),
+            _ => float_search(b, q, params, kernel),
+        },
+        (Vectors::U8(b), Vectors::U8(q)) => match kernel {
+            CpuKernel::Gemm => int_search(b, q, params),
+            _ => float_search(b, q, params, kernel),
+        },
         _ => unreachable!("validate() checked the dtypes"),
     })
 }
@@ -964,6 +1008,25 @@ impl FloatElem for f16 {
     }
 }
 
+// Integers through the float path (with a fused kernel only; module docs,
+// "Integers and the fused kernels"): exact as f32, re-ranked by their own fold.
+impl FloatElem for i8 {
+    fn widen(src: &[i8], dst: &mut [f32]) {
+        <i8 as IntElem>::widen(src, dst)
+    }
+    fn as_f32(_: &[i8]) -> Option<&[f32]> {
+        None
+    }
+}
+impl FloatElem for u8 {
+    fn widen(src: &[u8], dst: &mut [f32]) {
+        <u8 as IntElem>::widen(src, dst)
+    }
+    fn as_f32(_: &[u8]) -> Option<&[f32]> {
+        None
+    }
+}
+
 /// Squared-norm limits of "normal" vectors (module docs).
 const MAX_SQ: f64 = 1.2676506002282294e30; // 2^100
 const MIN_SQ_COSINE: f64 = 8.673617379884035e-19; // 2^-60
@@ -1014,7 +1077,177 @@ fn float_aux(metric: Metric, sq: f64) -> (f32, f32) {
     }
 }
 
-fn float_search<T: FloatElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Neighbors {
+/// What every task of one float search shares.
+struct FloatTask<'a, T> {
+    b: &'a Matrix<T>,
+    q: &'a Matrix<T>,
+    metric: Metric,
+    dim: usize,
+    /// Rows per block.
+    rb: usize,
+    /// The normal rows' ids, and their [`float_aux`] values.
+    normal: &'a [usize],
+    aux0: &'a [f32],
+    aux1: &'a [f32],
+    /// Per query: its squared norm, `None` if special.
+    q_info: &'a [Option<f64>],
+    /// [`float_bound_consts`].
+    consts: (f32, f32, f32, f32),
+}
+
+impl<T: FloatElem> FloatTask<'_, T> {
+    /// The f32 rows `ids` (a block of `normal`): the data itself where it is f32
+    /// and contiguous, else widened into `xbuf`.
+    fn block_data<'x>(&'x self, ids: &[usize], xbuf: &'x mut Vec<f32>) -> &'x [f32] {
+        let (m, dim) = (ids.len(), self.dim);
+        let contiguous = ids[m - 1] - ids[0] == m - 1;
+        match T::as_f32(self.b.data()) {
+            Some(all) if contiguous => &all[ids[0] * dim..(ids[0] + m) * dim],
+            _ => {
+                let xbuf = at_least(xbuf, m * dim);
+                for (j, &r) in ids.iter().enumerate() {
+                    T::widen(self.b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
+                }
+                &xbuf[..m * dim]
+            }
+        }
+    }
+
+    /// Queries `qr` (widened in `qbuf`) over normal rows `sr`: GEMM blocks of dot
+    /// products, then a selection pass per query over each block.
+    fn gemm_task(
+        &self,
+        qr: &[usize],
+        qbuf: &[f32],
+        sr: std::ops::Range<usize>,
+        tops: &mut [TopK],
+        scratch: &mut Scratch,
+    ) {
+        let (b, q, metric, dim, rb) = (self.b, self.q, self.metric, self.dim, self.rb);
+        let (c_l2, c_ip, c_cos, abs) = self.consts;
+        let nqb = qr.len();
+        let Scratch { dots, xbuf, lo, .. } = scratch;
+        let dots = at_least(dots, nqb * rb.min(sr.len()));
+        let mut r0 = sr.start;
+        while r0 < sr.end {
+            let r1 = (r0 + rb).min(sr.end);
+            let m = r1 - r0;
+            let ids = &self.normal[r0..r1];
+            let xs = self.block_data(ids, xbuf);
+            gemm_nt(nqb, m, dim, qbuf, xs, dim, dots);
+            let (a0, a1) = (&self.aux0[r0..r1], &self.aux1[r0..r1]);
+            for (i, top) in tops.iter_mut().enumerate() {
+                let qi = qr[i];
+                let qrow = q.row(qi);
+                let mut exact = |id: usize| T::distance(metric, qrow, b.row(id));
+                let sq = self.q_info[qi].expect("a normal query");
+                let (q0, q1) = float_aux(metric, sq);
+                let drow = &dots[i * m..(i + 1) * m];
+                match metric {
+                    Metric::L2 => {
+                        let a = L2Approx {
+                            qq: q0,
+                            qn: q1,
+                            xx: a0,
+                            xn: a1,
+                            c: c_l2,
+                            abs,
+                        };
+                        scan_block(&a, drow, ids, top, &mut exact, lo);
+                    }
+                    Metric::InnerProduct => {
+                        let a = IpApprox {
+                            cq: c_ip * q0,
+                            xn: a0,
+                            abs,
+                        };
+                        scan_block(&a, drow, ids, top, &mut exact, lo);
+                    }
+                    Metric::Cosine => {
+                        let a = CosApprox {
+                            qinv: q0,
+                            xinv: a0,
+                            e: c_cos + abs,
+                        };
+                        scan_block(&a, drow, ids, top, &mut exact, lo);
+                    }
+                }
+            }
+            r0 = r1;
+        }
+    }
+
+    /// The same selection as [`gemm_task`](Self::gemm_task) with the fused
+    /// kernel (`fused` module): the same per-query and per-row bound values,
+    /// laid out in vector lanes.
+    fn fused_task(
+        &self,
+        kernel: CpuKernel,
+        qr: &[usize],
+        qbuf: &[f32],
+        sr: std::ops::Range<usize>,
+        tops: &mut [TopK],
+        xbuf: &mut Vec<f32>,
+    ) {
+        let (b, q, metric, dim) = (self.b, self.q, self.metric, self.dim);
+        let (c_l2, c_ip, c_cos, abs) = self.consts;
+        let (qa, qb): (Vec<f32>, Vec<f32>) = qr
+            .iter()
+            .map(|&qi| {
+                let (q0, q1) = float_aux(metric, self.q_info[qi].expect("a normal query"));
+                match metric {
+                    Metric::L2 => (q0, q1),
+                    Metric::InnerProduct => (c_ip * q0, 0.0),
+                    Metric::Cosine => (q0, 0.0),
+                }
+            })
+            .unzip();
+        let consts = match metric {
+            Metric::L2 => fused::BoundConsts {
+                metric,
+                c: c_l2,
+                e: abs,
+            },
+            Metric::InnerProduct => fused::BoundConsts {
+                metric,
+                c: 0.0,
+                e: abs,
+            },
+            Metric::Cosine => fused::BoundConsts {
+                metric,
+                c: 0.0,
+                e: c_cos + abs,
+            },
+        };
+        let mut packed = fused::PackedQueries::new(kernel, dim, qbuf, &qa, &qb);
+        let mut exact = |i: usize, id: usize| T::distance(metric, q.row(qr[i]), b.row(id));
+        let mut r0 = sr.start;
+        while r0 < sr.end {
+            let r1 = (r0 + self.rb).min(sr.end);
+            let ids = &self.normal[r0..r1];
+            // f32 rows are read in place (any ids); f16 rows are widened first.
+            let rows: Vec<&[f32]> = match T::as_f32(b.data()) {
+                Some(all) => ids.iter().map(|&r| &all[r * dim..(r + 1) * dim]).collect(),
+                None => self.block_data(ids, xbuf).chunks_exact(dim).collect(),
+            };
+            let block = fused::RowBlock {
+                rows: &rows,
+                ids,
+                xa: &self.aux0[r0..r1],
+                xb: &self.aux1[r0..r1],
+            };
+            fused::scan_block(&mut packed, &block, consts, tops, &mut exact);
+            r0 = r1;
+        }
+    }
+}
+
+fn float_search<T: FloatElem>(
+    b: &Matrix<T>,
+    q: &Matrix<T>,
+    p: &SearchParams,
+    kernel: CpuKernel,
+) -> Neighbors {
     let (nq, dim, k, metric) = (q.rows(), b.dim(), p.k, p.metric);
     if nq == 0 {
         return padded(0, k);
@@ -1055,6 +1288,10 @@ fn float_search<T: FloatElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) ->
 
     let (c_l2, c_ip, c_cos, abs) = float_bound_consts(dim);
     let (qb, rb) = block_sizes(dim);
+    let rb = match kernel {
+        CpuKernel::Gemm => rb,
+        _ => fused::block_rows(dim),
+    };
     let qblocks = split(normal_q.len(), normal_q.len().div_ceil(qb));
     let shards = if normal.is_empty() || normal_q.is_empty() {
         Vec::new()
@@ -1065,6 +1302,18 @@ fn float_search<T: FloatElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) ->
     let tasks: Vec<(usize, usize)> = (0..qblocks.len())
         .flat_map(|qi| (0..n_shards).map(move |s| (qi, s)))
         .collect();
+    let ctx = FloatTask {
+        b,
+        q,
+        metric,
+        dim,
+        rb,
+        normal: &normal,
+        aux0: &aux0,
+        aux1: &aux1,
+        q_info: &q_info,
+        consts: (c_l2, c_ip, c_cos, abs),
+    };
 
     let results: Vec<Vec<Vec<Cand>>> = tasks
         .par_iter()
@@ -1077,66 +1326,9 @@ fn float_search<T: FloatElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) ->
                 T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
             }
             let mut tops: Vec<TopK> = (0..nqb).map(|_| TopK::new(k)).collect();
-            with_scratch(|scratch| {
-                let Scratch { dots, xbuf, lo, .. } = scratch;
-                let dots = at_least(dots, nqb * rb.min(sr.len()));
-                let mut r0 = sr.start;
-                while r0 < sr.end {
-                    let r1 = (r0 + rb).min(sr.end);
-                    let m = r1 - r0;
-                    let ids = &normal[r0..r1];
-                    let contiguous = ids[m - 1] - ids[0] == m - 1;
-                    let xs: &[f32] = match T::as_f32(b.data()) {
-                        Some(all) if contiguous => &all[ids[0] * dim..(ids[0] + m) * dim],
-                        _ => {
-                            let xbuf = at_least(xbuf, m * dim);
-                            for (j, &r) in ids.iter().enumerate() {
-                                T::widen(b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
-                            }
-                            &xbuf[..m * dim]
-                        }
-                    };
-                    gemm_nt(nqb, m, dim, &qbuf, xs, dim, dots);
-                    let (a0, a1) = (&aux0[r0..r1], &aux1[r0..r1]);
-                    for (i, top) in tops.iter_mut().enumerate() {
-                        let qi = qr[i];
-                        let qrow = q.row(qi);
-                        let mut exact = |id: usize| T::distance(metric, qrow, b.row(id));
-                        let sq = q_info[qi].unwrap();
-                        let (q0, q1) = float_aux(metric, sq);
-                        let drow = &dots[i * m..(i + 1) * m];
-                        match metric {
-                            Metric::L2 => {
-                                let a = L2Approx {
-                                    qq: q0,
-                                    qn: q1,
-                                    xx: a0,
-                                    xn: a1,
-                                    c: c_l2,
-                                    abs,
-                                };
-                                scan_block(&a, drow, ids, top, &mut exact, lo);
-                            }
-                            Metric::InnerProduct => {
-                                let a = IpApprox {
-                                    cq: c_ip * q0,
-                                    xn: a0,
-                                    abs,
-                                };
-                                scan_block(&a, drow, ids, top, &mut exact, lo);
-                            }
-                            Metric::Cosine => {
-                                let a = CosApprox {
-                                    qinv: q0,
-                                    xinv: a0,
-                                    e: c_cos + abs,
-                                };
-                                scan_block(&a, drow, ids, top, &mut exact, lo);
-                            }
-                        }
-                    }
-                    r0 = r1;
-                }
+            with_scratch(|scratch| match kernel {
+                CpuKernel::Gemm => ctx.gemm_task(qr, &qbuf, sr, &mut tops, scratch),
+                _ => ctx.fused_task(kernel, qr, &qbuf, sr, &mut tops, &mut scratch.xbuf),
             });
             tops.into_iter().map(|t| t.cands).collect()
         })
@@ -1373,6 +1565,73 @@ mod tests {
                     check(&b, &q, &SearchParams::new(k, m).with_filter(f));
                 }
             }
+        }
+    }
+
+    /// Every kernel this CPU can run against the reference, bit for bit, with
+    /// shapes that leave partial panels (nq not a multiple of 16 or 64),
+    /// partial tiles (rows not a multiple of 6), tiny and odd dims, filters
+    /// (rows read at scattered ids) and k beyond the row count.
+    #[test]
+    fn every_kernel_matches_reference() {
+        let kernels: Vec<CpuKernel> = CpuKernel::ALL
+            .into_iter()
+            .filter(|k| k.available())
+            .collect();
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            assert!(kernels.contains(&CpuKernel::Avx2));
+        }
+        for dt in DType::ALL {
+            for (n, dim, nq) in [(700, 9, 20), (1031, 1, 70), (613, 33, 65), (257, 130, 17)] {
+                let (b, q) = synthetic(n, dim, nq, dt, n as u64);
+                for m in Metric::ALL {
+                    for k in [1, 7, 800] {
+                        let f = Filter::Bitset(Bitset::random(n, 0.3, 2));
+                        for p in [
+                            SearchParams::new(k, m),
+                            SearchParams::new(k, m).with_filter(f),
+                        ] {
+                            let r = search_reference(&b, &q, &p).unwrap();
+                            for &kern in &kernels {
+                                let a = search_cpu_with(&b, &q, &p, kern).unwrap();
+                                assert!(
+                                    a.bitwise_eq(&r),
+                                    "{kern} {dt:?} {m} n={n} dim={dim} nq={nq} k={k}: first difference at {:?}",
+                                    a.first_difference(&r)
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_detection_picks_the_fastest_available() {
+        let best = CpuKernel::detect();
+        assert!(best.available());
+        let faster: Vec<CpuKernel> = CpuKernel::ALL
+            .into_iter()
+            .skip_while(|&k| k != best)
+            .skip(1)
+            .collect();
+        assert!(
+            faster.iter().all(|k| !k.available()),
+            "{best} chosen over {faster:?}"
+        );
+        for k in CpuKernel::ALL {
+            assert_eq!(k.usable(), if k.available() { k } else { best });
+        }
+        assert_eq!(CpuKernel::Gemm.usable(), CpuKernel::Gemm);
+        assert_eq!(CpuKernel::for_queries(1), CpuKernel::Gemm);
+        assert_eq!(CpuKernel::for_queries(1000), best);
+        let few = CpuKernel::for_queries(20);
+        assert!(few.available());
+        if best == CpuKernel::Avx512 && CpuKernel::Avx2.available() {
+            assert_eq!(few, CpuKernel::Avx2);
         }
     }
 

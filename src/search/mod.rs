@@ -24,6 +24,7 @@ pub mod cpu;
 pub mod data;
 pub mod gpu;
 pub mod index;
+mod ops;
 pub mod plan;
 pub mod route;
 
@@ -165,7 +166,7 @@ impl<T> Matrix<T> {
 
     /// Rows of `dim` elements; `data.len()` must be a multiple of `dim` (`dim > 0`).
     pub fn from_rows(data: Vec<T>, dim: usize) -> Result<Self, SearchError> {
-        if dim == 0 || data.len() % dim != 0 {
+        if dim == 0 || !data.len().is_multiple_of(dim) {
             return Err(SearchError::Shape {
                 len: data.len(),
                 rows: data.len().checked_div(dim).unwrap_or(0),

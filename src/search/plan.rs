@@ -114,7 +114,7 @@ pub fn plan(
         .iter()
         .copied()
         .filter(|f| param_u32(f, "capacity") == Some(capacity))
-        .filter(|f| param_u32(f, "veclen").is_some_and(|v| v > 0 && dim % v as usize == 0))
+        .filter(|f| param_u32(f, "veclen").is_some_and(|v| v > 0 && dim.is_multiple_of(v as usize)))
         .max_by_key(|f| param_u32(f, "veclen"))
         .ok_or(PlanError::NoScan { dtype, idx })?;
     let veclen = param_u32(scan, "veclen").unwrap_or(1);

@@ -1,0 +1,122 @@
+//! The CPU search's float kernels (GEMM, fused AVX2, fused AVX-512; run-time
+//! detection) against the scalar reference, bit for bit, on inputs that
+//! stress the fast paths: many row blocks per task, several tasks, and data
+//! whose error margins are wide compared with the gaps between distances.
+
+use fraglink::search::cpu::{search_cpu_with, CpuKernel};
+use fraglink::search::data::synthetic;
+use fraglink::search::{search_reference, DType, Metric, SearchParams, Vectors};
+
+/// The kernels this CPU runs (the GEMM one always; the fused ones where the
+/// CPU has the instructions).
+fn kernels() -> Vec<CpuKernel> {
+    let k: Vec<CpuKernel> = CpuKernel::ALL
+        .into_iter()
+        .filter(|k| k.available())
+        .collect();
+    eprintln!("kernels on this CPU: {k:?}");
+    k
+}
+
+fn assert_all_kernels(base: &Vectors, queries: &Vectors, p: &SearchParams) {
+    let want = search_reference(base, queries, p).unwrap();
+    for kernel in kernels() {
+        let got = search_cpu_with(base, queries, p, kernel).unwrap();
+        assert!(
+            got.bitwise_eq(&want),
+            "{kernel} {} {} k={}: differs from the reference at {:?}",
+            base.dtype(),
+            p.metric,
+            p.k,
+            got.first_difference(&want)
+        );
+    }
+}
+
+#[test]
+fn many_blocks_per_task_match_the_reference() {
+    // dim 128: blocks of 510 rows, so the tasks' row shards (4 of ~525 rows
+    // with 2 threads) span several blocks and end with a partial tile; 130
+    // queries leave a partial panel with 16 and with 64 lanes.
+    let ten = &[10][..];
+    for (dtype, ks) in [
+        (DType::F32, &[1, 100][..]),
+        (DType::F16, ten),
+        (DType::I8, ten),
+        (DType::U8, ten),
+    ] {
+        let (base, queries) = synthetic(2101, 128, 130, dtype, 5);
+        for metric in Metric::ALL {
+            for &k in ks {
+                assert_all_kernels(&base, &queries, &SearchParams::new(k, metric));
+            }
+        }
+    }
+}
+
+#[test]
+fn wide_margins_and_near_ties_match_the_reference() {
+    // Every vector is a large common offset plus tiny noise: |q||x| is about
+    // 10⁴ times the distances, so the error margins cover many rows and the
+    // candidate lists overflow and are compacted with exact distances.
+    let (dim, n, nq) = (24, 3000, 37);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut noise = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 1e-2
+    };
+    let mut gen = |rows: usize| -> Vec<f32> {
+        (0..rows * dim)
+            .map(|i| 100.0 + (i % dim) as f32 + noise())
+            .collect()
+    };
+    let base = Vectors::f32(gen(n), dim).unwrap();
+    let queries = Vectors::f32(gen(nq), dim).unwrap();
+    for metric in Metric::ALL {
+        for k in [1, 16] {
+            assert_all_kernels(&base, &queries, &SearchParams::new(k, metric));
+        }
+    }
+}
+
+#[test]
+fn integer_extremes_and_offsets_match_the_reference() {
+    // u8 rows near 255 and i8 rows at ±127/−128 with small variations: the
+    // largest squared norms the types allow, and (u8) a large common offset,
+    // through the fused kernels' float path and the exact GEMM path alike.
+    let (dim, n, nq) = (40, 1500, 21);
+    let pick = |i: usize| (i * 2_654_435_761usize) >> 7;
+    let u8s = |rows: usize, salt: usize| -> Vec<u8> {
+        (0..rows * dim)
+            .map(|i| 250 + (pick(i + salt) % 6) as u8)
+            .collect()
+    };
+    let i8s = |rows: usize, salt: usize| -> Vec<i8> {
+        (0..rows * dim)
+            .map(|i| match pick(i + salt) % 3 {
+                0 => -128,
+                1 => 127,
+                _ => (pick(i + salt) % 7) as i8 - 3,
+            })
+            .collect()
+    };
+    let sets = [
+        (
+            Vectors::u8(u8s(n, 0), dim).unwrap(),
+            Vectors::u8(u8s(nq, 99), dim).unwrap(),
+        ),
+        (
+            Vectors::i8(i8s(n, 0), dim).unwrap(),
+            Vectors::i8(i8s(nq, 99), dim).unwrap(),
+        ),
+    ];
+    for (base, queries) in &sets {
+        for metric in Metric::ALL {
+            for k in [1, 12] {
+                assert_all_kernels(base, queries, &SearchParams::new(k, metric));
+            }
+        }
+    }
+}
