@@ -162,12 +162,20 @@ run "$BENCH_AOT" --jobs "$JOBS" >"$RES/aot.json"
 fi
 
 if want link; then
-log "3. link: criterion (benches/link.rs) and contention (benches/contention.rs)"
+log "3. link: criterion (benches/link.rs), contention (benches/contention.rs), interleaved cold-link overhead, prelinked first call"
 load link
 rm -rf target/criterion/link_cold target/criterion/link_cached
 cargo_retry bench --bench link
 load contention
 cargo_retry bench --bench contention -- --rounds "$CONTENTION_ROUNDS" --json "$ROOT/$RES/contention.json" >/dev/null
+load link_overhead
+# Interleaved cold links, planner vs raw nvJitLink; its last line is JSON.
+cargo_retry bench --bench link_overhead | tee "$RES/link_overhead.txt" >&2
+tail -n 1 "$RES/link_overhead.txt" >"$RES/link_overhead.json"
+load prelink
+# A fresh process's first call, prelinked or not (release CLI, built above).
+FRAGLINK_BIN=$FRAGLINK run bash benches/scripts/prelink_first_call.sh | tee "$RES/prelink.txt" >&2
+tail -n 1 "$RES/prelink.txt" >"$RES/prelink.json"
 fi
 
 if want small; then

@@ -292,11 +292,42 @@ def section_link(res, lines, headline):
         f"cold / hit = {planner['median_ns'] / disk['median_ns']:,.0f}×" if ok(planner) and ok(disk) else "")
     lines += [
         "",
-        "The planner's cold link additionally passes `-kernels-used=<entry>` (the raw link in "
-        "`benches/link.rs` does not), computes the link key, checks the cubin's ELF and parses the "
-        "resource usage from the info log.",
+        "Both sides pass the same nvJitLink command line (the raw side uses the plan's own "
+        "`options(arch).to_args()`, `-kernels-used` included). Criterion runs the sides one after "
+        "the other, so a machine that gets busier half-way shows up as overhead; the interleaved "
+        "measurement below is the one to read.",
         "",
     ]
+    optional = lambda name: (load_json(os.path.join(res, name))
+                             if os.path.exists(os.path.join(res, name)) else None)
+    over = optional("link_overhead.json")
+    if over:
+        lines += [
+            f"**Cold link, interleaved** (`cargo bench --bench link_overhead`, {over['rounds']} rounds, "
+            "each one link per side, the side going first alternating): raw nvJitLink median "
+            f"{fmt(over['raw_ms'])} ms, planner {fmt(over['planner_ms'])} ms, per-round ratio planner / raw "
+            f"median {over['ratio']:.3f} (quartiles {over['ratio_q1']:.3f}–{over['ratio_q3']:.3f}). "
+            f"The planner's own work in a cold link (request time minus the time inside nvJitLink, "
+            f"same call): {over['own_us']:.0f} µs, {over['own_us'] / 1e3 / over['raw_ms'] * 100:.2f}% of "
+            "the raw link.",
+            "",
+        ]
+        headline.append(("Cold link: planner vs raw nvJitLink, interleaved",
+                         f"{fmt(over['planner_ms'])} ms vs {fmt(over['raw_ms'])} ms",
+                         f"planner / raw = {over['ratio']:.3f}; planner's own work {over['own_us']:.0f} µs"))
+    pre = optional("prelink.json")
+    if pre:
+        lines += [
+            "**First call in a fresh process** (`benches/scripts/prelink_first_call.sh`, "
+            f"{pre['rounds']} interleaved rounds per side, sm_80, no GPU: the first call is the link): "
+            f"not prelinked {fmt(pre['cold_request_ms'])} ms per request ({fmt(pre['cold_process_ms'])} ms "
+            f"for the whole process); after `fraglink prelink --from` a profile "
+            f"{fmt(pre['prelinked_request_ms'], 3)} ms ({fmt(pre['prelinked_process_ms'])} ms).",
+            "",
+        ]
+        headline.append(("First call, prelinked vs not (fresh process)",
+                         f"{fmt(pre['prelinked_request_ms'], 3)} ms vs {fmt(pre['cold_request_ms'])} ms",
+                         f"{pre['cold_request_ms'] / pre['prelinked_request_ms']:,.0f}× faster"))
     if ok(planner) and ok(raw):
         headline.append(("Cold link: planner vs raw nvJitLink",
                          f"{ns_human(planner['median_ns'])} vs {ns_human(raw['median_ns'])}",
