@@ -20,7 +20,15 @@
 //!    with its input and dominates the fixed per-launch overhead.
 //! 6. **Too little work.** `work < min_useful_work` (the family's, or
 //!    [`DispatchPolicy::default_min_useful_work`] when it gives 0) →
-//!    `Direct`: below that size capture and replay do not pay off.
+//!    `Direct`: for families whose own measurements show that below that
+//!    size capture and replay do not pay off. The default policy has no
+//!    such threshold (0): on an H100 (driver 580.159.04, CUDA 13.0, GPU.md
+//!    at commit 8b2d061) replaying a captured graph beat direct launches
+//!    of a tiny scan at every batch from 1 to 256 launches per call, by
+//!    30–35 %, and capture plus instantiation paid for itself within 2–5
+//!    replays from 2 launches on (48 for a single launch, hence rule 4).
+//!    SYCL's frame-area threshold, which the libvmaf ADR migrates into its
+//!    registry, is a property of that backend, not of CUDA graphs.
 //! 7. Otherwise → `GraphCapture`.
 //!
 //! "Work" is whatever unit the family measures one call in (elements,
@@ -124,7 +132,8 @@ impl Default for DispatchPolicy {
     fn default() -> Self {
         DispatchPolicy {
             min_graph_dispatches: 2,
-            default_min_useful_work: 1 << 20,
+            // No work threshold by default: see rule 6 in the module docs.
+            default_min_useful_work: 0,
         }
     }
 }
@@ -322,8 +331,13 @@ pub fn decide_with(
         DispatchStrategy::GraphCapture,
         DecisionSource::Rule,
         format!(
-            "`{family}` issues {} launches per call on work {work} ≥ {threshold}: replaying a captured graph saves {} launch overheads",
+            "`{family}` issues {} launches per call{}: replaying a captured graph saves {} launch overheads",
             c.dispatches_per_call,
+            if threshold == 0 {
+                String::new()
+            } else {
+                format!(" on work {work} ≥ {threshold}")
+            },
             c.dispatches_per_call - 1
         ),
     )
@@ -670,14 +684,25 @@ mod tests {
             "{}",
             d.reason
         );
-        // 6: a zero threshold falls back to the policy's default.
+        // 6: a zero threshold falls back to the policy's default, which is
+        // none: graph replay from 2 launches on, however little the work
+        // (measured on an H100, module docs).
         let vif = chars(4, false, 0);
+        assert_eq!(p.default_min_useful_work, 0);
         assert_eq!(
-            decide_with("vif", Some(&vif), None, &p, p.default_min_useful_work - 1).strategy,
+            decide_with("vif", Some(&vif), None, &p, 1).strategy,
+            DispatchStrategy::GraphCapture
+        );
+        let with_default = DispatchPolicy {
+            default_min_useful_work: 1000,
+            ..p
+        };
+        assert_eq!(
+            decide_with("vif", Some(&vif), None, &with_default, 999).strategy,
             DispatchStrategy::Direct
         );
         assert_eq!(
-            decide_with("vif", Some(&vif), None, &p, p.default_min_useful_work).strategy,
+            decide_with("vif", Some(&vif), None, &with_default, 1000).strategy,
             DispatchStrategy::GraphCapture
         );
         // Exactly min_graph_dispatches qualifies.
