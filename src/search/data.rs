@@ -524,7 +524,7 @@ fn decode_vecs<T>(
 
 /// The file's bytes, after checking that it and a decoded copy of the same
 /// size fit in the [`memory_limit`].
-fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
+pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
     use std::io::Read;
     let mut f = fs::File::open(path).map_err(io_err(path))?;
     let len = f.metadata().map_err(io_err(path))?.len();

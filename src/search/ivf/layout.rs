@@ -1,0 +1,145 @@
+//! cuVS's interleaved list layout.
+//!
+//! A list of `len` rows is stored in `ceil(len / 32)` groups of [`GROUP`] = 32
+//! rows (the last padded with zero rows). Inside a group the dimension is cut
+//! into chunks of `veclen` elements; chunk `c` holds, for each of the 32 rows in
+//! turn, that row's `veclen` elements:
+//!
+//! ```text
+//! offset(row, j) = (row / 32) · 32 · dim  +  (j / veclen) · 32 · veclen
+//!                + (row % 32) · veclen    +  j % veclen
+//! ```
+//!
+//! A warp whose lane `r` owns row `r` of a group loads chunk `c` as one
+//! contiguous, coalesced `32 · veclen`-element transaction, each lane a
+//! `veclen`-wide vector (16 bytes for the default [`veclen_for`]). With
+//! `veclen = 1` a group is dimension-major, which is also what the CPU's SIMD
+//! fold across rows wants ([`to_dim_major`] converts the other cases).
+
+use super::IvfError;
+use crate::search::DType;
+
+/// Rows per interleaved group (a warp).
+pub const GROUP: usize = 32;
+
+/// cuVS's `calculate_veclen`: 16 bytes of elements per lane when the dimension
+/// is a multiple of that, else 1.
+pub fn veclen_for(dtype: DType, dim: usize) -> usize {
+    let v = (16 / dtype.size()).max(1);
+    if dim % v == 0 {
+        v
+    } else {
+        1
+    }
+}
+
+/// Checks a veclen against the dimension (a power of two up to 16 dividing it).
+pub fn check_veclen(veclen: usize, dim: usize) -> Result<(), IvfError> {
+    if veclen == 0 || veclen > 16 || !veclen.is_power_of_two() || dim % veclen != 0 {
+        return Err(IvfError::BadVeclen { veclen, dim });
+    }
+    Ok(())
+}
+
+/// Rows a list of `len` rows occupies (a whole number of groups).
+pub fn padded_rows(len: usize) -> usize {
+    len.div_ceil(GROUP) * GROUP
+}
+
+/// Where element `j` of row `row` lives in a list's data.
+#[inline]
+pub fn offset(row: usize, j: usize, dim: usize, veclen: usize) -> usize {
+    (row / GROUP) * GROUP * dim
+        + (j / veclen) * GROUP * veclen
+        + (row % GROUP) * veclen
+        + j % veclen
+}
+
+/// Interleaves `rows` (each `dim` elements) into a list's data, padded to whole
+/// groups with `T::default()` (zero).
+pub fn pack<'a, T: Copy + Default + 'a>(
+    rows: impl ExactSizeIterator<Item = &'a [T]>,
+    dim: usize,
+    veclen: usize,
+) -> Vec<T> {
+    let mut out = vec![T::default(); padded_rows(rows.len()) * dim];
+    for (i, row) in rows.enumerate() {
+        debug_assert_eq!(row.len(), dim);
+        for (j, &v) in row.iter().enumerate() {
+            out[offset(i, j, dim, veclen)] = v;
+        }
+    }
+    out
+}
+
+/// Row `row` of a list's data, de-interleaved.
+pub fn unpack_row<T: Copy>(data: &[T], row: usize, dim: usize, veclen: usize) -> Vec<T> {
+    (0..dim)
+        .map(|j| data[offset(row, j, dim, veclen)])
+        .collect()
+}
+
+/// One group (`32 · dim` elements of a list's data) as dimension-major
+/// `out[j · 32 + r]`, each element widened by `widen`.
+#[inline]
+pub fn to_dim_major<T: Copy, W>(
+    group: &[T],
+    dim: usize,
+    veclen: usize,
+    widen: impl Fn(T) -> W,
+    out: &mut [W],
+) {
+    debug_assert_eq!(group.len(), GROUP * dim);
+    debug_assert_eq!(out.len(), GROUP * dim);
+    for (c, chunk) in group.chunks_exact(GROUP * veclen).enumerate() {
+        for (r, lane) in chunk.chunks_exact(veclen).enumerate() {
+            for (v, &x) in lane.iter().enumerate() {
+                out[(c * veclen + v) * GROUP + r] = widen(x);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn veclen_is_cuvs_rule() {
+        assert_eq!(veclen_for(DType::F32, 128), 4);
+        assert_eq!(veclen_for(DType::F32, 130), 1);
+        assert_eq!(veclen_for(DType::F16, 128), 8);
+        assert_eq!(veclen_for(DType::I8, 96), 16);
+        assert_eq!(veclen_for(DType::U8, 100), 1);
+        assert!(check_veclen(4, 128).is_ok());
+        assert!(check_veclen(3, 12).is_err());
+        assert!(check_veclen(8, 12).is_err());
+        assert!(check_veclen(0, 12).is_err());
+    }
+
+    #[test]
+    fn pack_unpack_and_dim_major_agree() {
+        let dim = 8;
+        let rows: Vec<Vec<u32>> = (0..45)
+            .map(|i| (0..dim as u32).map(|j| i * 100 + j + 1).collect())
+            .collect();
+        for veclen in [1, 2, 4, 8] {
+            let data = pack(rows.iter().map(|r| r.as_slice()), dim, veclen);
+            assert_eq!(data.len(), 64 * dim);
+            for (i, r) in rows.iter().enumerate() {
+                assert_eq!(&unpack_row(&data, i, dim, veclen), r);
+            }
+            // Padding rows are zero.
+            assert!(unpack_row(&data, 50, dim, veclen).iter().all(|&v| v == 0));
+            // The layout cuVS documents: chunk c of a group is 32 rows × veclen.
+            assert_eq!(data[veclen], rows[1][0]);
+            let mut dm = vec![0u64; GROUP * dim];
+            to_dim_major(&data[GROUP * dim..], dim, veclen, u64::from, &mut dm);
+            for r in 0..13 {
+                for j in 0..dim {
+                    assert_eq!(dm[j * GROUP + r], u64::from(rows[32 + r][j]));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,448 @@
+//! The multithreaded CPU search of an [`IvfIndex`] (definition: [`super`]).
+//!
+//! 1. Probed lists: [`search_cpu`] with the centroids as the base and
+//!    `k = nprobe` — the exact top-`nprobe` by the fold, GEMM-selected.
+//! 2. Queries are cut into blocks (rayon tasks). Inside a block the
+//!    (list, query) pairs are sorted by list, so each 32-row group of a list is
+//!    brought into dimension-major form once ([`to_dim_major`]) and then
+//!    scanned by every query of the block that probes the list: the group stays
+//!    in L1 while the queries stream past it.
+//! 3. The scan computes 32 rows' distances at once, one SIMD lane per row, each
+//!    lane folding its row in dimension order with exactly the operations of
+//!    [`distance`](crate::search::distance) (f32 `mul_add` / wrapping i32), so
+//!    every distance is the reference's bit for bit; the per-query [`TopK`]
+//!    keeps the `k` smallest `(distance, id)` keys.
+
+use std::borrow::Cow;
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::build::List;
+use super::kmeans::gather_f32;
+use super::layout::{to_dim_major, GROUP};
+use super::topk::TopK;
+use super::{IvfError, IvfIndex};
+use crate::search::cpu::{ensure_threads, finalize_cosine, nan_to_inf, padded, Element};
+use crate::search::{
+    search_cpu, Filter, Matrix, Metric, Neighbors, SearchError, SearchParams, Vectors,
+};
+
+/// What to search for in an IVF index (the metric is the index's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IvfSearchParams {
+    /// Neighbours per query, ≥ 1 (padded like brute force when fewer rows are scanned).
+    pub k: usize,
+    /// Lists probed per query, ≥ 1; more than `nlist` means all of them.
+    pub nprobe: usize,
+    /// Which dataset ids may appear in the results.
+    pub filter: Filter,
+}
+
+impl IvfSearchParams {
+    pub fn new(k: usize, nprobe: usize) -> Self {
+        IvfSearchParams {
+            k,
+            nprobe,
+            filter: Filter::None,
+        }
+    }
+
+    pub fn with_filter(mut self, filter: Filter) -> Self {
+        self.filter = filter;
+        self
+    }
+}
+
+/// An element type's lane arithmetic: f32 for the floats, wrapping i32 for
+/// the integers (whose accumulators the reference keeps in i32 / u32: the same
+/// bits under wrapping addition).
+pub(crate) trait ScanElem: Element {
+    type W: Copy + Default + Send + Sync;
+    fn widen(self) -> Self::W;
+    /// `Σ v_j²` by the fold (in order).
+    fn norm(v: &[Self::W]) -> Self::W;
+    /// The 32 distances of one query against one dimension-major group.
+    fn group(
+        metric: Metric,
+        q: &[Self::W],
+        qq: Self::W,
+        gx: &[Self::W],
+        xx: &[Self::W; GROUP],
+        out: &mut [f32; GROUP],
+    );
+}
+
+#[inline(always)]
+fn float_group(
+    metric: Metric,
+    q: &[f32],
+    qq: f32,
+    gx: &[f32],
+    xx: &[f32; GROUP],
+    out: &mut [f32; GROUP],
+) {
+    let mut acc = [0.0f32; GROUP];
+    match metric {
+        Metric::L2 => {
+            for (&qj, col) in q.iter().zip(gx.chunks_exact(GROUP)) {
+                for r in 0..GROUP {
+                    let d = qj - col[r];
+                    acc[r] = d.mul_add(d, acc[r]);
+                }
+            }
+            *out = acc;
+        }
+        Metric::InnerProduct | Metric::Cosine => {
+            for (&qj, col) in q.iter().zip(gx.chunks_exact(GROUP)) {
+                for r in 0..GROUP {
+                    acc[r] = qj.mul_add(col[r], acc[r]);
+                }
+            }
+            for r in 0..GROUP {
+                out[r] = if metric == Metric::Cosine {
+                    finalize_cosine(acc[r], qq, xx[r])
+                } else {
+                    -acc[r]
+                };
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn float_norm(v: &[f32]) -> f32 {
+    v.iter().fold(0.0f32, |a, &x| x.mul_add(x, a))
+}
+
+#[inline(always)]
+fn int_group(
+    metric: Metric,
+    q: &[i32],
+    qq: i32,
+    gx: &[i32],
+    xx: &[i32; GROUP],
+    conv: impl Fn(i32) -> f32,
+    out: &mut [f32; GROUP],
+) {
+    let mut acc = [0i32; GROUP];
+    match metric {
+        Metric::L2 => {
+            for (&qj, col) in q.iter().zip(gx.chunks_exact(GROUP)) {
+                for r in 0..GROUP {
+                    let d = qj - col[r];
+                    acc[r] = acc[r].wrapping_add(d * d);
+                }
+            }
+            for r in 0..GROUP {
+                out[r] = conv(acc[r]);
+            }
+        }
+        Metric::InnerProduct | Metric::Cosine => {
+            for (&qj, col) in q.iter().zip(gx.chunks_exact(GROUP)) {
+                for r in 0..GROUP {
+                    acc[r] = acc[r].wrapping_add(qj * col[r]);
+                }
+            }
+            for r in 0..GROUP {
+                out[r] = if metric == Metric::Cosine {
+                    finalize_cosine(conv(acc[r]), conv(qq), conv(xx[r]))
+                } else {
+                    -conv(acc[r])
+                };
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn int_norm(v: &[i32]) -> i32 {
+    v.iter().fold(0i32, |a, &x| a.wrapping_add(x * x))
+}
+
+macro_rules! float_elem {
+    ($t:ty, $widen:expr) => {
+        impl ScanElem for $t {
+            type W = f32;
+            #[inline(always)]
+            fn widen(self) -> f32 {
+                $widen(self)
+            }
+            #[inline(always)]
+            fn norm(v: &[f32]) -> f32 {
+                float_norm(v)
+            }
+            #[inline(always)]
+            fn group(
+                metric: Metric,
+                q: &[f32],
+                qq: f32,
+                gx: &[f32],
+                xx: &[f32; GROUP],
+                out: &mut [f32; GROUP],
+            ) {
+                float_group(metric, q, qq, gx, xx, out)
+            }
+        }
+    };
+}
+float_elem!(f32, |v: f32| v);
+float_elem!(f16, |v: f16| v.to_f32());
+
+macro_rules! int_elem {
+    ($t:ty, $conv:expr) => {
+        impl ScanElem for $t {
+            type W = i32;
+            #[inline(always)]
+            fn widen(self) -> i32 {
+                self as i32
+            }
+            #[inline(always)]
+            fn norm(v: &[i32]) -> i32 {
+                int_norm(v)
+            }
+            #[inline(always)]
+            fn group(
+                metric: Metric,
+                q: &[i32],
+                qq: i32,
+                gx: &[i32],
+                xx: &[i32; GROUP],
+                out: &mut [f32; GROUP],
+            ) {
+                int_group(metric, q, qq, gx, xx, $conv, out)
+            }
+        }
+    };
+}
+// i8 accumulates in i32, u8 in u32 (the same bits under wrapping addition).
+int_elem!(i8, |a: i32| a as f32);
+int_elem!(u8, |a: i32| (a as u32) as f32);
+
+/// One query block's work.
+struct Block<'a, E: ScanElem> {
+    metric: Metric,
+    dim: usize,
+    veclen: usize,
+    lists: &'a [List<E>],
+    filter: &'a Filter,
+    /// Widened queries of the block (`nb × dim`) and their norms.
+    q: Vec<E::W>,
+    qq: Vec<E::W>,
+    /// (list, query in block), sorted.
+    pairs: Vec<(u32, u32)>,
+}
+
+#[inline(always)]
+fn scan_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
+    let dim = b.dim;
+    let mut gx = vec![E::W::default(); GROUP * dim];
+    let mut xx = [E::W::default(); GROUP];
+    let mut out = [0.0f32; GROUP];
+    let mut col = vec![E::W::default(); dim];
+    let mut start = 0;
+    while start < b.pairs.len() {
+        let l = b.pairs[start].0;
+        let end = start + b.pairs[start..].iter().take_while(|p| p.0 == l).count();
+        let list = &b.lists[l as usize];
+        let len = list.ids.len();
+        for (g, group) in list.data.chunks_exact(GROUP * dim).enumerate() {
+            to_dim_major(group, dim, b.veclen, E::widen, &mut gx);
+            if b.metric == Metric::Cosine {
+                for (r, x) in xx.iter_mut().enumerate() {
+                    for (j, c) in col.iter_mut().enumerate() {
+                        *c = gx[j * GROUP + r];
+                    }
+                    *x = E::norm(&col);
+                }
+            }
+            let valid = (len - g * GROUP).min(GROUP);
+            let ids = &list.ids[g * GROUP..g * GROUP + valid];
+            for &(_, qi) in &b.pairs[start..end] {
+                let qi = qi as usize;
+                E::group(
+                    b.metric,
+                    &b.q[qi * dim..(qi + 1) * dim],
+                    b.qq[qi],
+                    &gx,
+                    &xx,
+                    &mut out,
+                );
+                let top = &mut tops[qi];
+                let bound = top.bound();
+                for (&d, &id) in out.iter().zip(ids) {
+                    let d = nan_to_inf(d);
+                    if d <= bound && b.filter.allows(id as usize) {
+                        top.offer(d, id);
+                    }
+                }
+            }
+        }
+        start = end;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scan_block_avx2<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
+    scan_block(b, tops)
+}
+
+fn run_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports avx2 and fma (checked above).
+        return unsafe { scan_block_avx2(b, tops) };
+    }
+    scan_block(b, tops)
+}
+
+/// The probed lists of every query (`nq × nprobe`, row-major), by the exact
+/// coarse search.
+pub fn probe_lists(
+    index: &IvfIndex,
+    queries: &Vectors,
+    nprobe: usize,
+) -> Result<Vec<i64>, IvfError> {
+    let nprobe = nprobe.clamp(1, index.nlist());
+    let qf: Cow<'_, Vectors> = match queries {
+        Vectors::F32(_) => Cow::Borrowed(queries),
+        _ => {
+            let idx: Vec<usize> = (0..queries.rows()).collect();
+            Cow::Owned(Vectors::F32(gather_f32(queries, &idx)))
+        }
+    };
+    let cents = Vectors::F32(index.centroids.clone());
+    let coarse = search_cpu(&cents, &qf, &SearchParams::new(nprobe, index.metric.metric))?;
+    Ok(coarse.ids)
+}
+
+/// Queries per block: enough blocks for every thread, at most 128 queries so
+/// a block's tops and widened queries stay small.
+fn block_size(nq: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    nq.div_ceil(4 * threads).clamp(1, 128)
+}
+
+fn search_typed<E: ScanElem>(
+    index: &IvfIndex,
+    lists: &[List<E>],
+    queries: &Matrix<E>,
+    probes: &[i64],
+    nprobe: usize,
+    p: &IvfSearchParams,
+) -> Neighbors {
+    let (nq, k, dim) = (queries.rows(), p.k, index.dim);
+    let mut res = padded(nq, k);
+    let qb = block_size(nq);
+    res.ids
+        .par_chunks_mut(qb * k)
+        .zip(res.distances.par_chunks_mut(qb * k))
+        .enumerate()
+        .for_each(|(bi, (ids, dists))| {
+            let q0 = bi * qb;
+            let nb = ids.len() / k;
+            let mut q = Vec::with_capacity(nb * dim);
+            let mut qq = Vec::with_capacity(nb);
+            for i in 0..nb {
+                let start = q.len();
+                q.extend(queries.row(q0 + i).iter().map(|&e| e.widen()));
+                qq.push(E::norm(&q[start..]));
+            }
+            let mut pairs: Vec<(u32, u32)> = (0..nb)
+                .flat_map(|i| {
+                    probes[(q0 + i) * nprobe..(q0 + i + 1) * nprobe]
+                        .iter()
+                        .filter(|&&l| l >= 0)
+                        .map(move |&l| (l as u32, i as u32))
+                })
+                .collect();
+            pairs.sort_unstable();
+            let block = Block {
+                metric: index.metric.metric,
+                dim,
+                veclen: index.veclen,
+                lists,
+                filter: &p.filter,
+                q,
+                qq,
+                pairs,
+            };
+            let mut tops: Vec<TopK> = (0..nb).map(|_| TopK::new(k)).collect();
+            run_block(&block, &mut tops);
+            for (i, top) in tops.into_iter().enumerate() {
+                top.write(&mut ids[i * k..(i + 1) * k], &mut dists[i * k..(i + 1) * k]);
+            }
+        });
+    res
+}
+
+/// Checks the queries and parameters against the index.
+pub fn validate_ivf(
+    index: &IvfIndex,
+    queries: &Vectors,
+    p: &IvfSearchParams,
+) -> Result<(), IvfError> {
+    if queries.dtype() != index.dtype() {
+        return Err(IvfError::DTypeMismatch {
+            index: index.dtype(),
+            queries: queries.dtype(),
+        });
+    }
+    if queries.dim() != index.dim {
+        return Err(SearchError::DimensionMismatch {
+            base: index.dim,
+            queries: queries.dim(),
+        }
+        .into());
+    }
+    if p.k == 0 {
+        return Err(SearchError::InvalidK { k: 0 }.into());
+    }
+    if p.nprobe == 0 {
+        return Err(IvfError::NprobeZero { nprobe: 0 });
+    }
+    if queries
+        .rows()
+        .checked_mul(p.k)
+        .is_none_or(|s| s > isize::MAX as usize / 8)
+    {
+        return Err(SearchError::ResultTooLarge {
+            nq: queries.rows(),
+            k: p.k,
+        }
+        .into());
+    }
+    if let Filter::Bitset(b) = &p.filter {
+        b.validate(index.n)?;
+    }
+    Ok(())
+}
+
+/// Approximate k-NN by the IVF-Flat definition ([`super`]), multithreaded on
+/// rayon's current pool. Equal bit for bit to
+/// [`search_ivf_reference`](super::search_ivf_reference).
+pub fn search_ivf(
+    index: &IvfIndex,
+    queries: &Vectors,
+    p: &IvfSearchParams,
+) -> Result<Neighbors, IvfError> {
+    validate_ivf(index, queries, p)?;
+    ensure_threads();
+    let nprobe = p.nprobe.min(index.nlist());
+    let probes = probe_lists(index, queries, nprobe)?;
+    let mut res = match (&index.lists, queries) {
+        (super::ListStore::F32(l), Vectors::F32(q)) => {
+            search_typed(index, l, q, &probes, nprobe, p)
+        }
+        (super::ListStore::F16(l), Vectors::F16(q)) => {
+            search_typed(index, l, q, &probes, nprobe, p)
+        }
+        (super::ListStore::I8(l), Vectors::I8(q)) => search_typed(index, l, q, &probes, nprobe, p),
+        (super::ListStore::U8(l), Vectors::U8(q)) => search_typed(index, l, q, &probes, nprobe, p),
+        _ => unreachable!("validate_ivf checked the dtypes"),
+    };
+    let post = index.metric.post;
+    res.distances.iter_mut().for_each(|d| *d = post.apply(*d));
+    Ok(res)
+}
