@@ -160,6 +160,28 @@ impl IvfIndex {
         }
     }
 
+    /// The indexed vectors in dataset-id order, de-interleaved (the base the
+    /// index was built from, bit for bit).
+    pub fn reconstruct(&self) -> Vectors {
+        fn rows<T: Copy + Default>(lists: &[List<T>], n: usize, dim: usize, veclen: usize) -> Vec<T> {
+            let mut out = vec![T::default(); n * dim];
+            for l in lists {
+                for (r, &id) in l.ids.iter().enumerate() {
+                    let dst = &mut out[id as usize * dim..(id as usize + 1) * dim];
+                    dst.copy_from_slice(&unpack_row(&l.data, r, dim, veclen));
+                }
+            }
+            out
+        }
+        let (n, d, v) = (self.n, self.dim, self.veclen);
+        match &self.lists {
+            ListStore::F32(l) => Vectors::F32(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim")),
+            ListStore::F16(l) => Vectors::F16(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim")),
+            ListStore::I8(l) => Vectors::I8(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim")),
+            ListStore::U8(l) => Vectors::U8(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim")),
+        }
+    }
+
     /// Bytes of vectors the lists hold, padding included.
     pub fn list_bytes(&self) -> usize {
         with_lists!(&self.lists, ls => ls
