@@ -168,7 +168,11 @@ fn index_files_round_trip_and_refuse_bad_bytes() {
         write_index(&path, &index).unwrap();
         let back = read_index(&path).unwrap();
         assert_eq!(back, index);
-        assert_eq!(back.reconstruct(), base, "the lists hold the base bit for bit");
+        assert_eq!(
+            back.reconstruct(),
+            base,
+            "the lists hold the base bit for bit"
+        );
         let p = IvfSearchParams::new(4, 2);
         assert_bitwise(
             &search_ivf(&back, &queries, &p).unwrap(),

@@ -58,9 +58,17 @@ pub struct IndexBuildArgs {
 }
 
 /// The checks a build makes on its options against the base before k-means.
-pub fn check_build(base: &Vectors, nlist: usize, dtype: Option<DType>, what: &str) -> Result<(), String> {
+pub fn check_build(
+    base: &Vectors,
+    nlist: usize,
+    dtype: Option<DType>,
+    what: &str,
+) -> Result<(), String> {
     if let Some(d) = dtype.filter(|&d| d != base.dtype()) {
-        return Err(format!("--dtype {d} conflicts with {what}, which holds {} vectors", base.dtype()));
+        return Err(format!(
+            "--dtype {d} conflicts with {what}, which holds {} vectors",
+            base.dtype()
+        ));
     }
     if nlist == 0 || nlist > base.rows() {
         return Err(format!(
@@ -93,15 +101,26 @@ fn build(a: &IndexBuildArgs) -> Result<(), String> {
     }
     let base = read_vectors(&a.base).map_err(|e| e.to_string())?;
     if base.rows() == 0 {
-        return Err(DataError::Empty { path: a.base.clone() }.to_string());
+        return Err(DataError::Empty {
+            path: a.base.clone(),
+        }
+        .to_string());
     }
-    check_build(&base, a.nlist, a.dtype, &format!("--base {}", a.base.display()))?;
+    check_build(
+        &base,
+        a.nlist,
+        a.dtype,
+        &format!("--base {}", a.base.display()),
+    )?;
     let mut p = IvfBuildParams::new(a.nlist, a.metric).with_seed(a.seed);
     p.iterations = a.iterations;
     let (index, seconds) = timed_build(&base, &p)?;
     write_index(&a.out, &index).map_err(|e| e.to_string())?;
     let lens: Vec<usize> = (0..index.nlist()).map(|l| index.list_len(l)).collect();
-    let (min, max) = (lens.iter().min().copied().unwrap_or(0), lens.iter().max().copied().unwrap_or(0));
+    let (min, max) = (
+        lens.iter().min().copied().unwrap_or(0),
+        lens.iter().max().copied().unwrap_or(0),
+    );
     if a.json {
         println!(
             "{}",

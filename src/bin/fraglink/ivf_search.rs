@@ -19,7 +19,9 @@ use serde_json::json;
 
 use crate::index::{check_build, timed_build};
 use crate::link::fail;
-use crate::search::{check_k, fits, load_data, parse_filter, spinner, SearchArgs, RESULT_BYTES_PER_SLOT};
+use crate::search::{
+    check_k, fits, load_data, parse_filter, spinner, SearchArgs, RESULT_BYTES_PER_SLOT,
+};
 
 pub fn run(a: &SearchArgs) -> ExitCode {
     match search(a) {
@@ -48,14 +50,23 @@ fn from_file(a: &SearchArgs, path: &std::path::Path) -> Result<Loaded, String> {
     let load_seconds = started.elapsed().as_secs_f64();
     let what = format!("--index {}", path.display());
     if let Some(m) = a.metric.filter(|&m| m != index.metric()) {
-        return Err(format!("--metric {m} conflicts with {what}, built for {}", index.metric()));
+        return Err(format!(
+            "--metric {m} conflicts with {what}, built for {}",
+            index.metric()
+        ));
     }
     if let Some(d) = a.dtype.filter(|&d| d != index.dtype()) {
-        return Err(format!("--dtype {d} conflicts with {what}, which holds {} vectors", index.dtype()));
+        return Err(format!(
+            "--dtype {d} conflicts with {what}, which holds {} vectors",
+            index.dtype()
+        ));
     }
     let queries = read_vectors(qpath).map_err(|e| e.to_string())?;
     if queries.rows() == 0 {
-        return Err(DataError::Empty { path: qpath.clone() }.to_string());
+        return Err(DataError::Empty {
+            path: qpath.clone(),
+        }
+        .to_string());
     }
     if queries.dtype() != index.dtype() || queries.dim() != index.dim() {
         return Err(format!(
@@ -86,7 +97,12 @@ fn in_memory(a: &SearchArgs) -> Result<Loaded, String> {
     let (base, queries, held) = load_data(a, memory_limit())?;
     check_build(&base, nlist, a.dtype, "the base")?;
     // The index holds a copy of the base (interleaved, padded to groups of 32).
-    let held = fits("the in-memory index", Some(base.size_bytes() as u64 * 2), held, memory_limit())?;
+    let held = fits(
+        "the in-memory index",
+        Some(base.size_bytes() as u64 * 2),
+        held,
+        memory_limit(),
+    )?;
     let spec = a.metric.unwrap_or(MetricSpec::plain(Metric::L2));
     let p = IvfBuildParams::new(nlist, spec).with_seed(a.seed);
     let pb = spinner("building the IVF-Flat index", a.json);
@@ -123,14 +139,19 @@ fn search(a: &SearchArgs) -> Result<(), String> {
     let results = (queries.rows() as u64)
         .checked_mul(a.k as u64)
         .and_then(|s| s.checked_mul(2 * RESULT_BYTES_PER_SLOT));
-    let what = format!("--k {} for {} queries (the results and the exact answer)", a.k, queries.rows());
+    let what = format!(
+        "--k {} for {} queries (the results and the exact answer)",
+        a.k,
+        queries.rows()
+    );
     let held = fits(&what, results, l.held, memory_limit())?;
     let filter = parse_filter(&a.filter, index.rows(), a.seed)?;
     let params = IvfSearchParams::new(a.k, nprobe).with_filter(filter.clone());
     let file_truth = match &a.groundtruth {
         Some(path) => {
             let t = read_ground_truth(path).map_err(|e| e.to_string())?;
-            check_ground_truth(path, &t, queries.rows(), index.rows(), a.k).map_err(|e| e.to_string())?;
+            check_ground_truth(path, &t, queries.rows(), index.rows(), a.k)
+                .map_err(|e| e.to_string())?;
             Some(t)
         }
         None => None,
@@ -154,7 +175,12 @@ fn search(a: &SearchArgs) -> Result<(), String> {
             let base = match &l.base {
                 Some(b) => b,
                 None => {
-                    fits("the exact answer (the base, rebuilt from the index)", Some(index.list_bytes() as u64), held, memory_limit())?;
+                    fits(
+                        "the exact answer (the base, rebuilt from the index)",
+                        Some(index.list_bytes() as u64),
+                        held,
+                        memory_limit(),
+                    )?;
                     rebuilt = index.reconstruct();
                     &rebuilt
                 }
@@ -204,12 +230,27 @@ fn search(a: &SearchArgs) -> Result<(), String> {
         a.filter
     );
     match (l.build_seconds, l.load_seconds) {
-        (Some(b), _) => println!("index      ivf-flat in memory, {} lists, built in {b:.2} s", index.nlist()),
-        (_, Some(s)) => println!("index      ivf-flat {}, {} lists, read in {:.1} ms", l.name, index.nlist(), s * 1e3),
+        (Some(b), _) => println!(
+            "index      ivf-flat in memory, {} lists, built in {b:.2} s",
+            index.nlist()
+        ),
+        (_, Some(s)) => println!(
+            "index      ivf-flat {}, {} lists, read in {:.1} ms",
+            l.name,
+            index.nlist(),
+            s * 1e3
+        ),
         _ => {}
     }
     println!("route      cpu: the IVF-Flat search runs on the CPU");
-    println!("search     nprobe {nprobe}: {:.1} ms, {qps:.0} QPS", seconds * 1e3);
-    println!("recall@{}  {recall:.4} (exact answer in {:.1} ms)", a.k, truth_s * 1e3);
+    println!(
+        "search     nprobe {nprobe}: {:.1} ms, {qps:.0} QPS",
+        seconds * 1e3
+    );
+    println!(
+        "recall@{}  {recall:.4} (exact answer in {:.1} ms)",
+        a.k,
+        truth_s * 1e3
+    );
     Ok(())
 }

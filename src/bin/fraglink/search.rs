@@ -15,9 +15,9 @@ use fraglink::search::data::{
     check_ground_truth, memory_limit, read_dataset, read_ground_truth, recall_at_k,
     synthetic_bytes, try_synthetic, DataError, MemoryLimit,
 };
+use fraglink::search::ivf::MetricSpec;
 use fraglink::search::plan::plan;
 use fraglink::search::route::{Device, Searcher};
-use fraglink::search::ivf::MetricSpec;
 use fraglink::search::{search_reference, Bitset, DType, Filter, Metric, SearchParams, Vectors};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -115,7 +115,12 @@ pub(crate) const RESULT_BYTES_PER_SLOT: u64 = 12;
 
 /// `what` needs `bytes` beside `held` bytes already counted: an error naming
 /// `what` when the sum overflows or exceeds the memory limit.
-pub(crate) fn fits(what: &str, bytes: Option<u64>, held: u64, limit: MemoryLimit) -> Result<u64, String> {
+pub(crate) fn fits(
+    what: &str,
+    bytes: Option<u64>,
+    held: u64,
+    limit: MemoryLimit,
+) -> Result<u64, String> {
     match bytes.and_then(|b| b.checked_add(held)) {
         Some(total) if total <= limit.bytes => Ok(total),
         Some(total) => Err(format!(
@@ -127,7 +132,10 @@ pub(crate) fn fits(what: &str, bytes: Option<u64>, held: u64, limit: MemoryLimit
 
 /// The synthetic data set, its sizes checked (option by option) before anything
 /// is allocated.
-pub(crate) fn synthetic_data(a: &SearchArgs, limit: MemoryLimit) -> Result<(Vectors, Vectors, u64), String> {
+pub(crate) fn synthetic_data(
+    a: &SearchArgs,
+    limit: MemoryLimit,
+) -> Result<(Vectors, Vectors, u64), String> {
     if a.n == 0 || a.dim == 0 {
         return Err("--n and --dim must be at least 1".into());
     }
@@ -157,7 +165,10 @@ pub(crate) fn check_k(a: &SearchArgs, n: usize, base: &str) -> Result<(), String
 }
 
 /// The base and queries: files (checked) or synthetic, with the bytes held.
-pub(crate) fn load_data(a: &SearchArgs, limit: MemoryLimit) -> Result<(Vectors, Vectors, u64), String> {
+pub(crate) fn load_data(
+    a: &SearchArgs,
+    limit: MemoryLimit,
+) -> Result<(Vectors, Vectors, u64), String> {
     match (&a.base, &a.queries) {
         (Some(b), Some(q)) => {
             let (base, queries) = read_dataset(b, q).map_err(|e| e.to_string())?;

@@ -163,7 +163,12 @@ impl IvfIndex {
     /// The indexed vectors in dataset-id order, de-interleaved (the base the
     /// index was built from, bit for bit).
     pub fn reconstruct(&self) -> Vectors {
-        fn rows<T: Copy + Default>(lists: &[List<T>], n: usize, dim: usize, veclen: usize) -> Vec<T> {
+        fn rows<T: Copy + Default>(
+            lists: &[List<T>],
+            n: usize,
+            dim: usize,
+            veclen: usize,
+        ) -> Vec<T> {
             let mut out = vec![T::default(); n * dim];
             for l in lists {
                 for (r, &id) in l.ids.iter().enumerate() {
@@ -175,8 +180,12 @@ impl IvfIndex {
         }
         let (n, d, v) = (self.n, self.dim, self.veclen);
         match &self.lists {
-            ListStore::F32(l) => Vectors::F32(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim")),
-            ListStore::F16(l) => Vectors::F16(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim")),
+            ListStore::F32(l) => {
+                Vectors::F32(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim"))
+            }
+            ListStore::F16(l) => {
+                Vectors::F16(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim"))
+            }
             ListStore::I8(l) => Vectors::I8(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim")),
             ListStore::U8(l) => Vectors::U8(Matrix::new(rows(l, n, d, v), n, d).expect("n × dim")),
         }
