@@ -91,11 +91,13 @@ pub fn to_dim_major<T: Copy, W>(
 ) {
     debug_assert_eq!(group.len(), GROUP * dim);
     debug_assert_eq!(out.len(), GROUP * dim);
-    for (c, chunk) in group.chunks_exact(GROUP * veclen).enumerate() {
-        for (r, lane) in chunk.chunks_exact(veclen).enumerate() {
-            for (v, &x) in lane.iter().enumerate() {
-                out[(c * veclen + v) * GROUP + r] = widen(x);
-            }
+    // Output order (contiguous stores); the reads stride by veclen inside one
+    // 32·veclen chunk, which is in L1.
+    for (j, col) in out.chunks_exact_mut(GROUP).enumerate() {
+        let chunk = &group[(j / veclen) * GROUP * veclen..][..GROUP * veclen];
+        let v = j % veclen;
+        for (r, o) in col.iter_mut().enumerate() {
+            *o = widen(chunk[r * veclen + v]);
         }
     }
 }

@@ -42,6 +42,7 @@
 pub mod build;
 pub mod file;
 pub mod kmeans;
+mod lanes;
 pub mod layout;
 pub mod reference;
 pub mod scan;

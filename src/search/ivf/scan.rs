@@ -20,6 +20,7 @@ use rayon::prelude::*;
 
 use super::build::List;
 use super::kmeans::gather_f32;
+use super::lanes::{fold_f32, fold_i32, Fold};
 use super::layout::{to_dim_major, GROUP};
 use super::topk::TopK;
 use super::{IvfError, IvfIndex};
@@ -62,106 +63,53 @@ pub(crate) trait ScanElem: Element {
     fn widen(self) -> Self::W;
     /// `Σ v_j²` by the fold (in order).
     fn norm(v: &[Self::W]) -> Self::W;
-    /// The 32 distances of one query against one dimension-major group.
-    fn group(
-        metric: Metric,
-        q: &[Self::W],
-        qq: Self::W,
-        gx: &[Self::W],
-        xx: &[Self::W; GROUP],
-        out: &mut [f32; GROUP],
-    );
+    /// The 32 distances of one query against one dimension-major group
+    /// (`simd`: the AVX2 lanes, only where avx2 and fma were detected).
+    fn group(g: &GroupArgs<'_, Self::W>, out: &mut [f32; GROUP], simd: bool);
+    /// The group itself when it is already dimension-major lanes (f32, veclen 1).
+    fn as_lanes(group: &[Self], veclen: usize) -> Option<&[Self::W]>;
+}
+
+/// One query against one group.
+pub(crate) struct GroupArgs<'a, W> {
+    metric: Metric,
+    q: &'a [W],
+    qq: W,
+    gx: &'a [W],
+    xx: &'a [W; GROUP],
 }
 
 #[inline(always)]
-fn float_group(
-    metric: Metric,
-    q: &[f32],
-    qq: f32,
-    gx: &[f32],
-    xx: &[f32; GROUP],
-    out: &mut [f32; GROUP],
-) {
-    let mut acc = [0.0f32; GROUP];
-    match metric {
-        Metric::L2 => {
-            for (&qj, col) in q.iter().zip(gx.chunks_exact(GROUP)) {
-                for r in 0..GROUP {
-                    let d = qj - col[r];
-                    acc[r] = d.mul_add(d, acc[r]);
-                }
-            }
-            *out = acc;
-        }
-        Metric::InnerProduct | Metric::Cosine => {
-            for (&qj, col) in q.iter().zip(gx.chunks_exact(GROUP)) {
-                for r in 0..GROUP {
-                    acc[r] = qj.mul_add(col[r], acc[r]);
-                }
-            }
-            for r in 0..GROUP {
-                out[r] = if metric == Metric::Cosine {
-                    finalize_cosine(acc[r], qq, xx[r])
-                } else {
-                    -acc[r]
-                };
+fn float_group(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP], simd: bool) {
+    let fold = if g.metric == Metric::L2 { Fold::L2 } else { Fold::Dot };
+    fold_f32(fold, g.q, g.gx, out, simd);
+    match g.metric {
+        Metric::L2 => {}
+        Metric::InnerProduct => out.iter_mut().for_each(|a| *a = -*a),
+        Metric::Cosine => {
+            for (a, &x) in out.iter_mut().zip(g.xx) {
+                *a = finalize_cosine(*a, g.qq, x);
             }
         }
     }
 }
 
 #[inline(always)]
-fn float_norm(v: &[f32]) -> f32 {
-    v.iter().fold(0.0f32, |a, &x| x.mul_add(x, a))
-}
-
-#[inline(always)]
-fn int_group(
-    metric: Metric,
-    q: &[i32],
-    qq: i32,
-    gx: &[i32],
-    xx: &[i32; GROUP],
-    conv: impl Fn(i32) -> f32,
-    out: &mut [f32; GROUP],
-) {
+fn int_group(g: &GroupArgs<'_, i32>, conv: impl Fn(i32) -> f32, out: &mut [f32; GROUP], simd: bool) {
+    let fold = if g.metric == Metric::L2 { Fold::L2 } else { Fold::Dot };
     let mut acc = [0i32; GROUP];
-    match metric {
-        Metric::L2 => {
-            for (&qj, col) in q.iter().zip(gx.chunks_exact(GROUP)) {
-                for r in 0..GROUP {
-                    let d = qj - col[r];
-                    acc[r] = acc[r].wrapping_add(d * d);
-                }
-            }
-            for r in 0..GROUP {
-                out[r] = conv(acc[r]);
-            }
-        }
-        Metric::InnerProduct | Metric::Cosine => {
-            for (&qj, col) in q.iter().zip(gx.chunks_exact(GROUP)) {
-                for r in 0..GROUP {
-                    acc[r] = acc[r].wrapping_add(qj * col[r]);
-                }
-            }
-            for r in 0..GROUP {
-                out[r] = if metric == Metric::Cosine {
-                    finalize_cosine(conv(acc[r]), conv(qq), conv(xx[r]))
-                } else {
-                    -conv(acc[r])
-                };
-            }
-        }
+    fold_i32(fold, g.q, g.gx, &mut acc, simd);
+    for ((o, &a), &x) in out.iter_mut().zip(&acc).zip(g.xx) {
+        *o = match g.metric {
+            Metric::L2 => conv(a),
+            Metric::InnerProduct => -conv(a),
+            Metric::Cosine => finalize_cosine(conv(a), conv(g.qq), conv(x)),
+        };
     }
-}
-
-#[inline(always)]
-fn int_norm(v: &[i32]) -> i32 {
-    v.iter().fold(0i32, |a, &x| a.wrapping_add(x * x))
 }
 
 macro_rules! float_elem {
-    ($t:ty, $widen:expr) => {
+    ($t:ty, $widen:expr, $lanes:ident) => {
         impl ScanElem for $t {
             type W = f32;
             #[inline(always)]
@@ -170,24 +118,27 @@ macro_rules! float_elem {
             }
             #[inline(always)]
             fn norm(v: &[f32]) -> f32 {
-                float_norm(v)
+                v.iter().fold(0.0f32, |a, &x| x.mul_add(x, a))
             }
             #[inline(always)]
-            fn group(
-                metric: Metric,
-                q: &[f32],
-                qq: f32,
-                gx: &[f32],
-                xx: &[f32; GROUP],
-                out: &mut [f32; GROUP],
-            ) {
-                float_group(metric, q, qq, gx, xx, out)
+            fn group(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP], simd: bool) {
+                float_group(g, out, simd)
+            }
+            #[inline(always)]
+            fn as_lanes(group: &[$t], veclen: usize) -> Option<&[f32]> {
+                $lanes(group, veclen)
             }
         }
     };
 }
-float_elem!(f32, |v: f32| v);
-float_elem!(f16, |v: f16| v.to_f32());
+fn f32_lanes(g: &[f32], veclen: usize) -> Option<&[f32]> {
+    (veclen == 1).then_some(g)
+}
+fn f16_lanes(_: &[f16], _: usize) -> Option<&[f32]> {
+    None
+}
+float_elem!(f32, |v: f32| v, f32_lanes);
+float_elem!(f16, |v: f16| v.to_f32(), f16_lanes);
 
 macro_rules! int_elem {
     ($t:ty, $conv:expr) => {
@@ -199,18 +150,15 @@ macro_rules! int_elem {
             }
             #[inline(always)]
             fn norm(v: &[i32]) -> i32 {
-                int_norm(v)
+                v.iter().fold(0i32, |a, &x| a.wrapping_add(x.wrapping_mul(x)))
             }
             #[inline(always)]
-            fn group(
-                metric: Metric,
-                q: &[i32],
-                qq: i32,
-                gx: &[i32],
-                xx: &[i32; GROUP],
-                out: &mut [f32; GROUP],
-            ) {
-                int_group(metric, q, qq, gx, xx, $conv, out)
+            fn group(g: &GroupArgs<'_, i32>, out: &mut [f32; GROUP], simd: bool) {
+                int_group(g, $conv, out, simd)
+            }
+            #[inline(always)]
+            fn as_lanes(_: &[$t], _: usize) -> Option<&[i32]> {
+                None
             }
         }
     };
@@ -234,9 +182,9 @@ struct Block<'a, E: ScanElem> {
 }
 
 #[inline(always)]
-fn scan_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
+fn scan_block<E: ScanElem, const SIMD: bool>(b: &Block<'_, E>, tops: &mut [TopK]) {
     let dim = b.dim;
-    let mut gx = vec![E::W::default(); GROUP * dim];
+    let mut buf = vec![E::W::default(); GROUP * dim];
     let mut xx = [E::W::default(); GROUP];
     let mut out = [0.0f32; GROUP];
     let mut col = vec![E::W::default(); dim];
@@ -247,7 +195,13 @@ fn scan_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
         let list = &b.lists[l as usize];
         let len = list.ids.len();
         for (g, group) in list.data.chunks_exact(GROUP * dim).enumerate() {
-            to_dim_major(group, dim, b.veclen, E::widen, &mut gx);
+            let gx: &[E::W] = match E::as_lanes(group, b.veclen) {
+                Some(lanes) => lanes,
+                None => {
+                    to_dim_major(group, dim, b.veclen, E::widen, &mut buf);
+                    &buf
+                }
+            };
             if b.metric == Metric::Cosine {
                 for (r, x) in xx.iter_mut().enumerate() {
                     for (j, c) in col.iter_mut().enumerate() {
@@ -260,14 +214,14 @@ fn scan_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
             let ids = &list.ids[g * GROUP..g * GROUP + valid];
             for &(_, qi) in &b.pairs[start..end] {
                 let qi = qi as usize;
-                E::group(
-                    b.metric,
-                    &b.q[qi * dim..(qi + 1) * dim],
-                    b.qq[qi],
-                    &gx,
-                    &xx,
-                    &mut out,
-                );
+                let args = GroupArgs {
+                    metric: b.metric,
+                    q: &b.q[qi * dim..(qi + 1) * dim],
+                    qq: b.qq[qi],
+                    gx,
+                    xx: &xx,
+                };
+                E::group(&args, &mut out, SIMD);
                 let top = &mut tops[qi];
                 let bound = top.bound();
                 for (&d, &id) in out.iter().zip(ids) {
@@ -285,7 +239,7 @@ fn scan_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scan_block_avx2<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
-    scan_block(b, tops)
+    scan_block::<E, true>(b, tops)
 }
 
 fn run_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
@@ -294,7 +248,7 @@ fn run_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
         // SAFETY: the CPU supports avx2 and fma (checked above).
         return unsafe { scan_block_avx2(b, tops) };
     }
-    scan_block(b, tops)
+    scan_block::<E, false>(b, tops)
 }
 
 /// The probed lists of every query (`nq × nprobe`, row-major), by the exact
