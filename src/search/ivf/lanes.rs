@@ -139,7 +139,9 @@ mod tests {
         let dim = 37;
         let mut rng = crate::search::data::Rng::new(4);
         let q: Vec<f32> = (0..dim).map(|_| rng.normal() as f32).collect();
-        let gx: Vec<f32> = (0..dim * GROUP).map(|_| rng.normal() as f32 * 3.0).collect();
+        let gx: Vec<f32> = (0..dim * GROUP)
+            .map(|_| rng.normal() as f32 * 3.0)
+            .collect();
         let qi: Vec<i32> = q.iter().map(|v| (v * 40.0) as i32).collect();
         let gi: Vec<i32> = gx.iter().map(|v| (v * 40.0) as i32).collect();
         for fold in [Fold::L2, Fold::Dot] {
@@ -151,7 +153,9 @@ mod tests {
             let row: Vec<f32> = (0..dim).map(|j| gx[j * GROUP + 5]).collect();
             let want = match fold {
                 Fold::L2 => crate::search::distance(crate::search::Metric::L2, &q, &row),
-                Fold::Dot => -crate::search::distance(crate::search::Metric::InnerProduct, &q, &row),
+                Fold::Dot => {
+                    -crate::search::distance(crate::search::Metric::InnerProduct, &q, &row)
+                }
             };
             assert_eq!(a[5].to_bits(), want.to_bits());
             let (mut a, mut b) = ([0; GROUP], [0; GROUP]);

@@ -102,6 +102,54 @@ pub fn to_dim_major<T: Copy, W>(
     }
 }
 
+/// [`to_dim_major`] for f32 groups with veclen 4 (the default layout of f32
+/// data): 4×8 register transposes where AVX2 is available (`simd`, a
+/// constant after inlining; the caller must have detected avx2).
+#[inline(always)]
+pub fn f32x4_to_dim_major(group: &[f32], dim: usize, out: &mut [f32], simd: bool) {
+    assert!(group.len() == GROUP * dim && out.len() == GROUP * dim && dim % 4 == 0);
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: avx2 was detected by the caller; the assert above keeps
+        // every load and store inside the two slices.
+        unsafe { transpose_avx2(group, dim, out) };
+        return;
+    }
+    let _ = simd;
+    to_dim_major(group, dim, 4, |x| x, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_avx2(group: &[f32], dim: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    // After the unpacks and shuffles lanes hold rows 0 2 4 6 1 3 5 7; this
+    // permutation restores 0..8.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let (src, dst) = (group.as_ptr(), out.as_mut_ptr());
+    for c in 0..dim / 4 {
+        let chunk = src.add(c * GROUP * 4);
+        for b in 0..GROUP / 8 {
+            // Rows 8b .. 8b+8 of this chunk: two rows (4 elements each) per register.
+            let p = chunk.add(b * 32);
+            let (y0, y1) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
+            let (y2, y3) = (_mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24)));
+            let (t0, t1) = (_mm256_unpacklo_ps(y0, y1), _mm256_unpackhi_ps(y0, y1));
+            let (t2, t3) = (_mm256_unpacklo_ps(y2, y3), _mm256_unpackhi_ps(y2, y3));
+            let z = [
+                _mm256_shuffle_ps::<0x44>(t0, t2),
+                _mm256_shuffle_ps::<0xEE>(t0, t2),
+                _mm256_shuffle_ps::<0x44>(t1, t3),
+                _mm256_shuffle_ps::<0xEE>(t1, t3),
+            ];
+            for (v, zv) in z.iter().enumerate() {
+                let o = _mm256_permutevar8x32_ps(*zv, order);
+                _mm256_storeu_ps(dst.add((c * 4 + v) * GROUP + b * 8), o);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +183,17 @@ mod tests {
             assert!(unpack_row(&data, 50, dim, veclen).iter().all(|&v| v == 0));
             // The layout cuVS documents: chunk c of a group is 32 rows × veclen.
             assert_eq!(data[veclen], rows[1][0]);
+            if veclen == 4 {
+                let f: Vec<f32> = data.iter().map(|&v| v as f32).collect();
+                let (mut a, mut b) = (vec![0.0; GROUP * dim], vec![0.0; GROUP * dim]);
+                #[cfg(target_arch = "x86_64")]
+                let simd = is_x86_feature_detected!("avx2");
+                #[cfg(not(target_arch = "x86_64"))]
+                let simd = false;
+                f32x4_to_dim_major(&f[GROUP * dim..], dim, &mut a, simd);
+                to_dim_major(&f[GROUP * dim..], dim, 4, |x| x, &mut b);
+                assert_eq!(a, b);
+            }
             let mut dm = vec![0u64; GROUP * dim];
             to_dim_major(&data[GROUP * dim..], dim, veclen, u64::from, &mut dm);
             for r in 0..13 {

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use super::build::List;
 use super::kmeans::gather_f32;
 use super::lanes::{fold_f32, fold_i32, Fold};
-use super::layout::{to_dim_major, GROUP};
+use super::layout::{f32x4_to_dim_major, to_dim_major, GROUP};
 use super::topk::TopK;
 use super::{IvfError, IvfIndex};
 use crate::search::cpu::{ensure_threads, finalize_cosine, nan_to_inf, padded, Element};
@@ -68,6 +68,12 @@ pub(crate) trait ScanElem: Element {
     fn group(g: &GroupArgs<'_, Self::W>, out: &mut [f32; GROUP], simd: bool);
     /// The group itself when it is already dimension-major lanes (f32, veclen 1).
     fn as_lanes(group: &[Self], veclen: usize) -> Option<&[Self::W]>;
+    /// Writes the group dimension-major into `out`.
+    #[inline(always)]
+    fn lanes_into(group: &[Self], dim: usize, veclen: usize, out: &mut [Self::W], simd: bool) {
+        let _ = simd;
+        to_dim_major(group, dim, veclen, Self::widen, out)
+    }
 }
 
 /// One query against one group.
@@ -81,7 +87,11 @@ pub(crate) struct GroupArgs<'a, W> {
 
 #[inline(always)]
 fn float_group(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP], simd: bool) {
-    let fold = if g.metric == Metric::L2 { Fold::L2 } else { Fold::Dot };
+    let fold = if g.metric == Metric::L2 {
+        Fold::L2
+    } else {
+        Fold::Dot
+    };
     fold_f32(fold, g.q, g.gx, out, simd);
     match g.metric {
         Metric::L2 => {}
@@ -95,8 +105,17 @@ fn float_group(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP], simd: bool) {
 }
 
 #[inline(always)]
-fn int_group(g: &GroupArgs<'_, i32>, conv: impl Fn(i32) -> f32, out: &mut [f32; GROUP], simd: bool) {
-    let fold = if g.metric == Metric::L2 { Fold::L2 } else { Fold::Dot };
+fn int_group(
+    g: &GroupArgs<'_, i32>,
+    conv: impl Fn(i32) -> f32,
+    out: &mut [f32; GROUP],
+    simd: bool,
+) {
+    let fold = if g.metric == Metric::L2 {
+        Fold::L2
+    } else {
+        Fold::Dot
+    };
     let mut acc = [0i32; GROUP];
     fold_i32(fold, g.q, g.gx, &mut acc, simd);
     for ((o, &a), &x) in out.iter_mut().zip(&acc).zip(g.xx) {
@@ -109,7 +128,7 @@ fn int_group(g: &GroupArgs<'_, i32>, conv: impl Fn(i32) -> f32, out: &mut [f32; 
 }
 
 macro_rules! float_elem {
-    ($t:ty, $widen:expr, $lanes:ident) => {
+    ($t:ty, $widen:expr, $lanes:ident, $into:ident) => {
         impl ScanElem for $t {
             type W = f32;
             #[inline(always)]
@@ -128,6 +147,10 @@ macro_rules! float_elem {
             fn as_lanes(group: &[$t], veclen: usize) -> Option<&[f32]> {
                 $lanes(group, veclen)
             }
+            #[inline(always)]
+            fn lanes_into(group: &[$t], dim: usize, veclen: usize, out: &mut [f32], simd: bool) {
+                $into(group, dim, veclen, out, simd)
+            }
         }
     };
 }
@@ -137,8 +160,20 @@ fn f32_lanes(g: &[f32], veclen: usize) -> Option<&[f32]> {
 fn f16_lanes(_: &[f16], _: usize) -> Option<&[f32]> {
     None
 }
-float_elem!(f32, |v: f32| v, f32_lanes);
-float_elem!(f16, |v: f16| v.to_f32(), f16_lanes);
+#[inline(always)]
+fn f32_into(g: &[f32], dim: usize, veclen: usize, out: &mut [f32], simd: bool) {
+    if veclen == 4 {
+        f32x4_to_dim_major(g, dim, out, simd)
+    } else {
+        to_dim_major(g, dim, veclen, |x| x, out)
+    }
+}
+#[inline(always)]
+fn f16_into(g: &[f16], dim: usize, veclen: usize, out: &mut [f32], _: bool) {
+    to_dim_major(g, dim, veclen, f16::to_f32, out)
+}
+float_elem!(f32, |v: f32| v, f32_lanes, f32_into);
+float_elem!(f16, |v: f16| v.to_f32(), f16_lanes, f16_into);
 
 macro_rules! int_elem {
     ($t:ty, $conv:expr) => {
@@ -150,7 +185,8 @@ macro_rules! int_elem {
             }
             #[inline(always)]
             fn norm(v: &[i32]) -> i32 {
-                v.iter().fold(0i32, |a, &x| a.wrapping_add(x.wrapping_mul(x)))
+                v.iter()
+                    .fold(0i32, |a, &x| a.wrapping_add(x.wrapping_mul(x)))
             }
             #[inline(always)]
             fn group(g: &GroupArgs<'_, i32>, out: &mut [f32; GROUP], simd: bool) {
@@ -198,7 +234,7 @@ fn scan_block<E: ScanElem, const SIMD: bool>(b: &Block<'_, E>, tops: &mut [TopK]
             let gx: &[E::W] = match E::as_lanes(group, b.veclen) {
                 Some(lanes) => lanes,
                 None => {
-                    to_dim_major(group, dim, b.veclen, E::widen, &mut buf);
+                    E::lanes_into(group, dim, b.veclen, &mut buf, SIMD);
                     &buf
                 }
             };
@@ -271,11 +307,13 @@ pub fn probe_lists(
     Ok(coarse.ids)
 }
 
-/// Queries per block: enough blocks for every thread, at most 128 queries so
-/// a block's tops and widened queries stay small.
+/// Queries per block: two blocks per thread (balance), at most 1024 queries.
+/// Larger blocks let more queries share each prepared group (a block with
+/// `qb · nprobe / nlist` queries per list); 1024 keeps a block's widened
+/// queries and tops within a few MiB.
 fn block_size(nq: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
-    nq.div_ceil(4 * threads).clamp(1, 128)
+    nq.div_ceil(2 * threads).clamp(1, 1024)
 }
 
 fn search_typed<E: ScanElem>(
