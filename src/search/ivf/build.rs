@@ -65,7 +65,7 @@ pub struct IvfBuildParams {
     pub nlist: usize,
     pub metric: MetricSpec,
     pub seed: u64,
-    /// Lloyd iterations at most (default 20).
+    /// Lloyd iterations at most (default 10, as faiss).
     pub iterations: usize,
     /// k-means training rows per list at most (default 128).
     pub max_points_per_list: usize,
@@ -80,7 +80,7 @@ impl IvfBuildParams {
             nlist,
             metric,
             seed: 0,
-            iterations: 20,
+            iterations: 10,
             max_points_per_list: 128,
             veclen: None,
         }
