@@ -41,6 +41,7 @@
 
 pub mod build;
 pub mod file;
+pub mod gpu;
 pub mod kmeans;
 mod lanes;
 pub mod layout;

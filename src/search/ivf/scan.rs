@@ -26,7 +26,7 @@ use super::topk::TopK;
 use super::{IvfError, IvfIndex};
 use crate::search::cpu::{ensure_threads, finalize_cosine, nan_to_inf, padded, Element};
 use crate::search::{
-    search_cpu, Filter, Matrix, Metric, Neighbors, SearchError, SearchParams, Vectors,
+    search_cpu, DType, Filter, Matrix, Metric, Neighbors, SearchError, SearchParams, Vectors,
 };
 
 /// What to search for in an IVF index (the metric is the index's).
@@ -375,15 +375,27 @@ pub fn validate_ivf(
     queries: &Vectors,
     p: &IvfSearchParams,
 ) -> Result<(), IvfError> {
-    if queries.dtype() != index.dtype() {
+    check_queries(index.dtype(), index.dim, index.n, queries, p)
+}
+
+/// The checks of [`validate_ivf`] against an index of `n` rows of `dim`
+/// `dtype` elements (shared by the CPU and GPU paths).
+pub(crate) fn check_queries(
+    dtype: DType,
+    dim: usize,
+    n: usize,
+    queries: &Vectors,
+    p: &IvfSearchParams,
+) -> Result<(), IvfError> {
+    if queries.dtype() != dtype {
         return Err(IvfError::DTypeMismatch {
-            index: index.dtype(),
+            index: dtype,
             queries: queries.dtype(),
         });
     }
-    if queries.dim() != index.dim {
+    if queries.dim() != dim {
         return Err(SearchError::DimensionMismatch {
-            base: index.dim,
+            base: dim,
             queries: queries.dim(),
         }
         .into());
@@ -406,7 +418,7 @@ pub fn validate_ivf(
         .into());
     }
     if let Filter::Bitset(b) = &p.filter {
-        b.validate(index.n)?;
+        b.validate(n)?;
     }
     Ok(())
 }
