@@ -111,16 +111,6 @@ impl IvfGpuPlan {
             .add_fragment(self.metric)
             .add_fragment(self.filter)
     }
-
-    /// Alignment rules of the launch (the brute-force scan's contract with i64 ids).
-    fn contract(&self) -> ScanContract {
-        ScanContract {
-            elem_bytes: self.dtype.size() as u32,
-            veclen: self.veclen,
-            id_bytes: 8,
-            capacity: self.capacity,
-        }
-    }
 }
 
 /// Why a GPU IVF search could not run.
@@ -209,7 +199,38 @@ impl GpuIvfIndex {
     /// IVF-Flat search on the device; equal bit for bit to
     /// [`search_ivf`](super::search_ivf) on the same index.
     pub fn search(&self, queries: &Vectors, p: &IvfSearchParams) -> Result<Neighbors, IvfGpuError> {
+        let plan = ivf_plan(
+            self.dtype,
+            self.metric.metric,
+            p.filter.fragment_name(),
+            self.veclen,
+            p.k,
+        )
+        .map_err(dev_err)?;
+        self.search_with(&plan.planner(), plan.capacity, queries, p)
+    }
+
+    /// The search with a planner of the caller's: an `ivf_scan_<dtype>_v<veclen>_k<capacity>_<order>`
+    /// entry (the index's dtype and veclen, `capacity ≥ k`), a metric for the dtype
+    /// — a run-time source through [`Planner::add_source`] included — and a
+    /// `filter_<f>_i64` matching `p.filter`. The coarse step keeps the index's
+    /// metric. Example: examples/ivf_user_metric.rs.
+    pub fn search_with(
+        &self,
+        planner: &Planner,
+        capacity: u32,
+        queries: &Vectors,
+        p: &IvfSearchParams,
+    ) -> Result<Neighbors, IvfGpuError> {
         self.validate(queries, p)?;
+        if p.k > capacity as usize {
+            return Err(dev_err(PlanError::KTooLarge {
+                k: p.k,
+                max: capacity,
+                dtype: self.dtype,
+                idx: "i64",
+            }));
+        }
         let (nq, k, dim) = (queries.rows(), p.k, self.dim);
         let nprobe = p.nprobe.min(self.nlist);
         // Coarse step: the brute-force GPU scan over the centroids.
@@ -222,16 +243,7 @@ impl GpuIvfIndex {
             .search(&qf, &SearchParams::new(nprobe, self.metric.metric))
             .map_err(dev_err)?;
         let probes: Vec<u32> = coarse.neighbors.ids.iter().map(|&l| l as u32).collect();
-        let plan = ivf_plan(
-            self.dtype,
-            self.metric.metric,
-            p.filter.fragment_name(),
-            self.veclen,
-            k,
-        )
-        .map_err(dev_err)?;
-        let linked = plan
-            .planner()
+        let linked = planner
             .link_for(self.gpu.context().arch())
             .map_err(dev_err)?;
         let launcher = self.gpu.launcher(&linked).map_err(dev_err)?;
@@ -245,7 +257,12 @@ impl GpuIvfIndex {
         };
         let mut d_ids = pool.alloc::<i64>(nq * k).map_err(dev_err)?;
         let mut d_dists = pool.alloc::<f32>(nq * k).map_err(dev_err)?;
-        let contract = plan.contract();
+        let contract = ScanContract {
+            elem_bytes: self.dtype.size() as u32,
+            veclen: self.veclen as u32,
+            id_bytes: 8,
+            capacity,
+        };
         let (nq32, k32) = (u32_arg("n_queries", nq)?, u32_arg("k", k)?);
         let (nprobe32, dim32) = (u32_arg("nprobe", nprobe)?, u32_arg("dim", dim)?);
         let rows = self.data_rows();
@@ -300,6 +317,11 @@ impl GpuIvfIndex {
             ids,
             distances,
         })
+    }
+
+    /// The resident index's metric (the coarse step's).
+    pub fn metric(&self) -> MetricSpec {
+        self.metric
     }
 
     fn data_rows(&self) -> usize {
