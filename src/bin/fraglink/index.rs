@@ -49,6 +49,10 @@ pub struct IndexBuildArgs {
     /// k-means Lloyd iterations at most.
     #[arg(long, default_value_t = IvfBuildParams::new(1, MetricSpec::plain(fraglink::search::Metric::L2)).iterations)]
     pub iterations: usize,
+    /// Elements per lane of the interleaved lists [default: cuVS's rule, 16 bytes
+    /// when dim allows, else 1]; 1 lets the CPU scan read f32 groups in place.
+    #[arg(long)]
+    pub veclen: Option<usize>,
     /// The index file to write.
     #[arg(long)]
     pub out: PathBuf,
@@ -114,6 +118,7 @@ fn build(a: &IndexBuildArgs) -> Result<(), String> {
     )?;
     let mut p = IvfBuildParams::new(a.nlist, a.metric).with_seed(a.seed);
     p.iterations = a.iterations;
+    p.veclen = a.veclen;
     let (index, seconds) = timed_build(&base, &p)?;
     write_index(&a.out, &index).map_err(|e| e.to_string())?;
     let lens: Vec<usize> = (0..index.nlist()).map(|l| index.list_len(l)).collect();

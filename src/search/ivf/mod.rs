@@ -17,7 +17,9 @@
 //! 1. **Probed lists**: the `nprobe` smallest keys `(d_c, list)` where `d_c` is
 //!    the index metric's f32 in-order fold ([`distance`]) of `q` against the
 //!    f32 centroid, a NaN `d_c` counting as `+inf`; ties go to the smaller list.
-//!    This is exactly [`search_cpu`] with the centroids as the base.
+//!    This is exactly [`search_cpu`] with the centroids as the base (and the
+//!    GPU's brute-force scan over them); [`coarse`] computes it with the
+//!    scan's 32-lane folds.
 //! 2. **Rows scanned**: every row of every probed list allowed by the filter
 //!    (a bitset over the dataset ids). Padding rows of a 32-row group are never
 //!    candidates.
@@ -40,6 +42,7 @@
 //! [`distance`]: super::distance
 
 pub mod build;
+pub mod coarse;
 pub mod file;
 pub mod gpu;
 pub mod kmeans;
@@ -53,10 +56,11 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use build::{build_index, IvfBuildParams, IvfIndex, ListStore};
+pub use coarse::probe_lists;
 pub use file::{read_index, write_index, IndexFileError};
 pub use layout::{veclen_for, GROUP};
 pub use reference::search_ivf_reference;
-pub use scan::{probe_lists, search_ivf, IvfSearchParams};
+pub use scan::{search_ivf, IvfSearchParams};
 
 use super::{DType, Metric, SearchError};
 

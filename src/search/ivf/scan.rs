@@ -13,21 +13,17 @@
 //!    every distance is the reference's bit for bit; the per-query [`TopK`]
 //!    keeps the `k` smallest `(distance, id)` keys.
 
-use std::borrow::Cow;
-
 use half::f16;
 use rayon::prelude::*;
 
 use super::build::List;
-use super::kmeans::gather_f32;
+use super::coarse::probe_lists;
 use super::lanes::{fold_f32, fold_i32, Fold};
 use super::layout::{f32x4_to_dim_major, to_dim_major, GROUP};
 use super::topk::TopK;
 use super::{IvfError, IvfIndex};
 use crate::search::cpu::{ensure_threads, finalize_cosine, nan_to_inf, padded, Element};
-use crate::search::{
-    search_cpu, DType, Filter, Matrix, Metric, Neighbors, SearchError, SearchParams, Vectors,
-};
+use crate::search::{DType, Filter, Matrix, Metric, Neighbors, SearchError, Vectors};
 
 /// What to search for in an IVF index (the metric is the index's).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,15 +74,15 @@ pub(crate) trait ScanElem: Element {
 
 /// One query against one group.
 pub(crate) struct GroupArgs<'a, W> {
-    metric: Metric,
-    q: &'a [W],
-    qq: W,
-    gx: &'a [W],
-    xx: &'a [W; GROUP],
+    pub(crate) metric: Metric,
+    pub(crate) q: &'a [W],
+    pub(crate) qq: W,
+    pub(crate) gx: &'a [W],
+    pub(crate) xx: &'a [W; GROUP],
 }
 
 #[inline(always)]
-fn float_group(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP], simd: bool) {
+pub(crate) fn float_group(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP], simd: bool) {
     let fold = if g.metric == Metric::L2 {
         Fold::L2
     } else {
@@ -285,26 +281,6 @@ fn run_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
         return unsafe { scan_block_avx2(b, tops) };
     }
     scan_block::<E, false>(b, tops)
-}
-
-/// The probed lists of every query (`nq × nprobe`, row-major), by the exact
-/// coarse search.
-pub fn probe_lists(
-    index: &IvfIndex,
-    queries: &Vectors,
-    nprobe: usize,
-) -> Result<Vec<i64>, IvfError> {
-    let nprobe = nprobe.clamp(1, index.nlist());
-    let qf: Cow<'_, Vectors> = match queries {
-        Vectors::F32(_) => Cow::Borrowed(queries),
-        _ => {
-            let idx: Vec<usize> = (0..queries.rows()).collect();
-            Cow::Owned(Vectors::F32(gather_f32(queries, &idx)))
-        }
-    };
-    let cents = Vectors::F32(index.centroids.clone());
-    let coarse = search_cpu(&cents, &qf, &SearchParams::new(nprobe, index.metric.metric))?;
-    Ok(coarse.ids)
 }
 
 /// Queries per block: two blocks per thread (balance), at most 1024 queries.
