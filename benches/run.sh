@@ -11,6 +11,8 @@
 #   3. link: cold link through the planner vs raw nvJitLink, cache hits, and
 #      64 threads on 16 keys vs one global mutex;
 #   4. CPU search: `fraglink search --device cpu` vs faiss-cpu IndexFlat;
+#   6. CPU IVF-Flat: `fraglink index build` + `search --index` vs faiss-cpu
+#      IndexIVFFlat (recall, QPS at nprobe 1/4/16/64, build time; 1 and 2 threads);
 #   5. small costs: a cost-model decision, a warm planner lookup.
 # Needs Linux x86_64, Rust, python3 with venv/pip, a C++ host compiler (gcc) for
 # nvcc, and network access to PyPI (and crates.io for the first build).
@@ -31,6 +33,7 @@ BUILD129_REPS=${BENCH_BUILD129_REPS:-3} # cold builds, fraglink builder (CUDA 12
 REBUILD_REPS=${BENCH_REBUILD_REPS:-3}   # rebuilds per touched template
 CONTENTION_ROUNDS=${BENCH_CONTENTION_ROUNDS:-10}
 SEARCH_REPS=${BENCH_SEARCH_REPS:-5}
+IVF_REPS=${BENCH_IVF_REPS:-3}             # IVF-Flat build + searches per thread count
 # Before each section and each cold-build repetition, wait up to QUIET_WAIT
 # seconds for the CPUs to be at most QUIET_BUSY % busy (other work on a shared
 # machine); what was found is reported beside the results.
@@ -165,8 +168,14 @@ run "$PY" benches/scripts/search_bench.py run --fraglink "$FRAGLINK" --work "$WO
   --reps "$SEARCH_REPS" --out "$RES/search.json"
 load end
 
+log "6. CPU IVF-Flat: fraglink vs faiss-cpu IndexIVFFlat (200k x 128 f32 clustered, nlist 1024)"
+load ivf
+run "$PY" benches/scripts/ivf_bench.py run --fraglink "$FRAGLINK" --work "$WORK/ivf" \
+  --reps "$IVF_REPS" --out "$RES/ivf.json"
+load end
+
 log "writing BENCHMARKS.md"
 run "$PY" benches/scripts/report.py --results "$RES" --out BENCHMARKS.md --cu13 "$CU13" \
   --seconds "$(($(date +%s) - STARTED))" --jobs "$JOBS" \
-  --reps "build=$BUILD_REPS nvcc=$NVCC_REPS build129=$BUILD129_REPS rebuild=$REBUILD_REPS contention=$CONTENTION_ROUNDS search=$SEARCH_REPS"
+  --reps "build=$BUILD_REPS nvcc=$NVCC_REPS build129=$BUILD129_REPS rebuild=$REBUILD_REPS contention=$CONTENTION_ROUNDS search=$SEARCH_REPS ivf=$IVF_REPS"
 echo "BENCHMARKS.md written ($(($(date +%s) - STARTED)) s)" >&2
