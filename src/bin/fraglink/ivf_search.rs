@@ -19,9 +19,7 @@ use serde_json::json;
 
 use crate::index::{check_build, timed_build};
 use crate::link::fail;
-use crate::search::{
-    check_k, fits, load_data, parse_filter, spinner, SearchArgs, RESULT_BYTES_PER_SLOT,
-};
+use crate::search::{check_k, fits, fits_results, load_data, parse_filter, spinner, SearchArgs};
 
 pub fn run(a: &SearchArgs) -> ExitCode {
     match search(a) {
@@ -136,15 +134,7 @@ fn search(a: &SearchArgs) -> Result<(), String> {
         return Err("--nprobe 0: at least one list must be probed".into());
     }
     let nprobe = nprobe.min(index.nlist());
-    let results = (queries.rows() as u64)
-        .checked_mul(a.k as u64)
-        .and_then(|s| s.checked_mul(2 * RESULT_BYTES_PER_SLOT));
-    let what = format!(
-        "--k {} for {} queries (the results and the exact answer)",
-        a.k,
-        queries.rows()
-    );
-    let held = fits(&what, results, l.held, memory_limit())?;
+    let held = fits_results(a, queries.rows(), l.held, memory_limit())?;
     let filter = parse_filter(&a.filter, index.rows(), a.seed)?;
     let params = IvfSearchParams::new(a.k, nprobe).with_filter(filter.clone());
     let file_truth = match &a.groundtruth {

@@ -111,7 +111,7 @@ pub(crate) fn spinner(msg: &str, quiet: bool) -> ProgressBar {
 }
 
 /// Bytes of one result set (ids i64 + distances f32) of `nq` queries × `k`.
-pub(crate) const RESULT_BYTES_PER_SLOT: u64 = 12;
+const RESULT_BYTES_PER_SLOT: u64 = 12;
 
 /// `what` needs `bytes` beside `held` bytes already counted: an error naming
 /// `what` when the sum overflows or exceeds the memory limit.
@@ -128,6 +128,25 @@ pub(crate) fn fits(
         )),
         None => Err(format!("{what}: the size overflows 64 bits")),
     }
+}
+
+/// Two result sets of `nq` queries (the search's and the exact ground
+/// truth's) beside `held` bytes, checked before either is allocated; the
+/// bytes held with them.
+pub(crate) fn fits_results(
+    a: &SearchArgs,
+    nq: usize,
+    held: u64,
+    limit: MemoryLimit,
+) -> Result<u64, String> {
+    let results = (nq as u64)
+        .checked_mul(a.k as u64)
+        .and_then(|s| s.checked_mul(2 * RESULT_BYTES_PER_SLOT));
+    let what = format!(
+        "--k {} for {nq} queries (the results and the exact ground truth)",
+        a.k
+    );
+    fits(&what, results, held, limit)
 }
 
 /// The synthetic data set, its sizes checked (option by option) before anything
@@ -218,17 +237,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     pb.finish_and_clear();
-    // Two result sets (the search's and the exact ground truth's), checked
-    // before either is allocated.
-    let results = (queries.rows() as u64)
-        .checked_mul(a.k as u64)
-        .and_then(|s| s.checked_mul(2 * RESULT_BYTES_PER_SLOT));
-    let what = format!(
-        "--k {} for {} queries (the results and the exact ground truth)",
-        a.k,
-        queries.rows()
-    );
-    if let Err(e) = fits(&what, results, data_bytes, limit) {
+    if let Err(e) = fits_results(a, queries.rows(), data_bytes, limit) {
         return fail(e);
     }
     // Ground truth from a file: read and checked against this search (rows,

@@ -39,6 +39,24 @@ macro_rules! with_lists {
 }
 pub(crate) use with_lists;
 
+/// Runs `$body` with `$lists` and `$q` bound to the typed lists of a
+/// [`ListStore`] and the typed matrix of queries of the same dtype (the
+/// caller has checked that they agree).
+macro_rules! with_lists_and_queries {
+    ($store:expr, $queries:expr, $lists:ident, $q:ident => $body:expr) => {{
+        use $crate::search::ivf::ListStore as S;
+        use $crate::search::Vectors as V;
+        match ($store, $queries) {
+            (S::F32($lists), V::F32($q)) => $body,
+            (S::F16($lists), V::F16($q)) => $body,
+            (S::I8($lists), V::I8($q)) => $body,
+            (S::U8($lists), V::U8($q)) => $body,
+            _ => unreachable!("the caller checked that the dtypes agree"),
+        }
+    }};
+}
+pub(crate) use with_lists_and_queries;
+
 impl ListStore {
     pub fn dtype(&self) -> DType {
         match self {
@@ -67,7 +85,8 @@ pub struct IvfBuildParams {
     pub seed: u64,
     /// Lloyd iterations at most (default 10, as faiss).
     pub iterations: usize,
-    /// k-means training rows per list at most (default 128).
+    /// k-means training rows per list at most (default 64; faiss samples up to
+    /// 256 and warns below 39).
     pub max_points_per_list: usize,
     /// Elements per lane of the interleaved layout; `None`: cuVS's rule
     /// ([`veclen_for`]).
@@ -81,7 +100,7 @@ impl IvfBuildParams {
             metric,
             seed: 0,
             iterations: 10,
-            max_points_per_list: 128,
+            max_points_per_list: 64,
             veclen: None,
         }
     }

@@ -7,10 +7,10 @@ use std::cmp::Ordering;
 
 use rayon::prelude::*;
 
-use super::build::List;
+use super::build::{with_lists_and_queries, List};
 use super::layout::unpack_row;
 use super::scan::{validate_ivf, IvfSearchParams};
-use super::{IvfError, IvfIndex, ListStore};
+use super::{IvfError, IvfIndex};
 use crate::search::cpu::{ensure_threads, key_cmp, nan_to_inf, padded};
 use crate::search::{distance, Element, Matrix, Neighbors, Vectors};
 
@@ -74,11 +74,7 @@ pub fn search_ivf_reference(
 ) -> Result<Neighbors, IvfError> {
     validate_ivf(index, queries, p)?;
     ensure_threads();
-    Ok(match (&index.lists, queries) {
-        (ListStore::F32(l), Vectors::F32(q)) => reference_typed(index, l, q, queries, p),
-        (ListStore::F16(l), Vectors::F16(q)) => reference_typed(index, l, q, queries, p),
-        (ListStore::I8(l), Vectors::I8(q)) => reference_typed(index, l, q, queries, p),
-        (ListStore::U8(l), Vectors::U8(q)) => reference_typed(index, l, q, queries, p),
-        _ => unreachable!("validate_ivf checked the dtypes"),
-    })
+    Ok(with_lists_and_queries!(&index.lists, queries, l, q => {
+        reference_typed(index, l, q, queries, p)
+    }))
 }

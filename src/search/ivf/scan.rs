@@ -16,7 +16,7 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::build::List;
+use super::build::{with_lists_and_queries, List};
 use super::coarse::probe_lists;
 use super::lanes::{fold_f32, fold_i32, Fold};
 use super::layout::{f32x4_to_dim_major, to_dim_major, GROUP};
@@ -411,17 +411,9 @@ pub fn search_ivf(
     ensure_threads();
     let nprobe = p.nprobe.min(index.nlist());
     let probes = probe_lists(index, queries, nprobe)?;
-    let mut res = match (&index.lists, queries) {
-        (super::ListStore::F32(l), Vectors::F32(q)) => {
-            search_typed(index, l, q, &probes, nprobe, p)
-        }
-        (super::ListStore::F16(l), Vectors::F16(q)) => {
-            search_typed(index, l, q, &probes, nprobe, p)
-        }
-        (super::ListStore::I8(l), Vectors::I8(q)) => search_typed(index, l, q, &probes, nprobe, p),
-        (super::ListStore::U8(l), Vectors::U8(q)) => search_typed(index, l, q, &probes, nprobe, p),
-        _ => unreachable!("validate_ivf checked the dtypes"),
-    };
+    let mut res = with_lists_and_queries!(&index.lists, queries, l, q => {
+        search_typed(index, l, q, &probes, nprobe, p)
+    });
     let post = index.metric.post;
     res.distances.iter_mut().for_each(|d| *d = post.apply(*d));
     Ok(res)
