@@ -13,7 +13,7 @@ use fraglink::link::LinkRuntime;
 use fraglink::search::cpu::init_cpu_threads;
 use fraglink::search::data::{
     check_ground_truth, memory_limit, read_dataset, read_ground_truth, recall_at_k,
-    synthetic_bytes, try_synthetic, DataError, MemoryLimit,
+    synthetic_bytes, try_synthetic_of, DataError, MemoryLimit, Synthetic,
 };
 use fraglink::search::ivf::MetricSpec;
 use fraglink::search::plan::plan;
@@ -44,6 +44,10 @@ pub struct SearchArgs {
     /// Synthetic data: queries.
     #[arg(long, default_value_t = 200)]
     pub nq: usize,
+    /// Synthetic data: clustered (Gaussian blobs) or gaussian (one blob, no
+    /// structure for an index to find) [default: clustered].
+    #[arg(long)]
+    pub data: Option<Synthetic>,
     /// Synthetic data: seed.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -168,7 +172,9 @@ pub(crate) fn synthetic_data(
         a.n, a.dim, a.nq, dtype
     );
     let bytes = fits(&what, synthetic_bytes(a.n, a.dim, a.nq, dtype), 0, limit)?;
-    let (b, q) = try_synthetic(a.n, a.dim, a.nq, dtype, a.seed).map_err(|e| e.to_string())?;
+    let kind = a.data.unwrap_or(Synthetic::Clustered);
+    let (b, q) =
+        try_synthetic_of(kind, a.n, a.dim, a.nq, dtype, a.seed).map_err(|e| e.to_string())?;
     Ok((b, q, bytes))
 }
 
@@ -190,6 +196,11 @@ pub(crate) fn load_data(
 ) -> Result<(Vectors, Vectors, u64), String> {
     match (&a.base, &a.queries) {
         (Some(b), Some(q)) => {
+            if a.data.is_some() {
+                return Err(
+                    "--data applies to synthetic data, not to --base/--queries files".into(),
+                );
+            }
             let (base, queries) = read_dataset(b, q).map_err(|e| e.to_string())?;
             for (v, path) in [(&base, b), (&queries, q)] {
                 if v.rows() == 0 {
