@@ -7,7 +7,7 @@
 // same ones the brute-force scan links (abi.cuh): there is one definition of l2,
 // inner_product and cosine.
 //
-// Data: the lists in cuVS's interleaved layout (src/search/ivf/layout.rs), all lists
+// Data: the lists in cuVS's interleaved layout (ivf_layout.cuh, src/search/ivf/layout.rs), all lists
 // back to back in `data`; list l starts at row list_offsets[l] (a multiple of 32) and
 // holds list_sizes[l] rows; `ids` holds each stored row's dataset id at the same row
 // index. Group g of a list is 32 rows; element j of its row r is at
@@ -29,6 +29,7 @@
 // still go to the smaller id, NaN still ranks last, and padding is -inf.
 #pragma once
 
+#include "ivf_layout.cuh"
 #include "scan.cuh"
 
 namespace fraglink {
@@ -43,7 +44,8 @@ __device__ FRAGLINK_INLINE float group_distance(const T* __restrict__ q, const T
   M::init(&st);
   for (uint32_t j = 0; j < dim; j += VL) {
     const scan::vec<T, VL> qv = scan::load_vec<T, VL>(q + j);
-    const scan::vec<T, VL> xv = scan::load_vec<T, VL>(group + static_cast<uint64_t>(j) * 32 + lane * VL);
+    // j is a multiple of VL: the chunk's first element, a VL-aligned vector.
+    const scan::vec<T, VL> xv = scan::load_vec<T, VL>(group + interleaved_offset(lane, j, dim, VL));
 #pragma unroll
     for (int e = 0; e < VL; ++e) {
       M::accumulate(&st, qv.v[e], xv.v[e]);
@@ -114,7 +116,7 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ data, const int64_t* _
         if (r < size) {
           id = ids[start + r];
           if (scan::idx_abi<int64_t>::allows(filter_bits, static_cast<uint32_t>(q), id)) {
-            const T* group = data + (start + (r & ~31u)) * dim;
+            const T* group = data + interleaved_offset(start + (r & ~31u), 0, dim, VL);
             const float d = group_distance<T, VL>(qrow, group, lane, dim);
             key = d != d ? inf : (ASC ? d : -d);  // NaN ranks last either way
             candidate = scan::key_less(key, id, s_dist[k - 1], s_id[k - 1]);
