@@ -206,11 +206,11 @@ struct Block<'a, E: ScanElem> {
     veclen: usize,
     lists: &'a [List<E>],
     filter: &'a Filter,
-    /// Widened queries of the block (`nb × dim`) and their norms.
-    q: Vec<E::W>,
-    qq: Vec<E::W>,
-    /// (list, query in block), sorted.
-    pairs: Vec<(u32, u32)>,
+    /// Widened queries of the pass (`nb × dim`) and their norms.
+    q: &'a [E::W],
+    qq: &'a [E::W],
+    /// (list, query in pass), sorted: this task's share.
+    pairs: &'a [(u32, u32)],
 }
 
 #[inline(always)]
@@ -283,15 +283,47 @@ fn run_block<E: ScanElem>(b: &Block<'_, E>, tops: &mut [TopK]) {
     scan_block::<E, false>(b, tops)
 }
 
-/// Queries per block: two blocks per thread (balance), at most 1024 queries.
-/// Larger blocks let more queries share each prepared group (a block with
-/// `qb · nprobe / nlist` queries per list); 1024 keeps a block's widened
-/// queries and tops within a few MiB.
-fn block_size(nq: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    nq.div_ceil(2 * threads).clamp(1, 1024)
+/// Queries per pass: each task keeps a top-k per query of the pass, so a
+/// pass bounds that memory (tasks × 16384 × k keys).
+const PASS_QUERIES: usize = 16_384;
+
+/// Cuts the sorted pairs into about `parts` ranges of similar work (rows to
+/// scan), each boundary moved to the next list boundary so that every list's
+/// groups are prepared by one task only.
+fn split_by_work(
+    pairs: &[(u32, u32)],
+    work: impl Fn(u32) -> usize,
+    parts: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let total: usize = pairs.iter().map(|p| work(p.0)).sum();
+    let (mut out, mut start, mut acc, mut i) = (Vec::new(), 0, 0usize, 0);
+    for t in 1..=parts.max(1) {
+        let target = total / parts.max(1) * t + total % parts.max(1) * t / parts.max(1);
+        while i < pairs.len() && acc < target {
+            acc += work(pairs[i].0);
+            i += 1;
+        }
+        while i > 0 && i < pairs.len() && pairs[i].0 == pairs[i - 1].0 {
+            acc += work(pairs[i].0);
+            i += 1;
+        }
+        if i > start {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    if start < pairs.len() {
+        out.push(start..pairs.len());
+    }
+    out
 }
 
+/// The scan, parallel over lists: the (list, query) pairs of a pass are sorted
+/// by list and cut into tasks of similar work, so every 32-row group is
+/// prepared once per pass and shared by all the queries probing its list
+/// (`nq · nprobe / nlist` on average, however many threads run); each task
+/// keeps partial top-k's that are merged per query at the end (exact: the keys
+/// are totally ordered, so the merge is order-independent).
 fn search_typed<E: ScanElem>(
     index: &IvfIndex,
     lists: &[List<E>],
@@ -302,46 +334,58 @@ fn search_typed<E: ScanElem>(
 ) -> Neighbors {
     let (nq, k, dim) = (queries.rows(), p.k, index.dim);
     let mut res = padded(nq, k);
-    let qb = block_size(nq);
-    res.ids
-        .par_chunks_mut(qb * k)
-        .zip(res.distances.par_chunks_mut(qb * k))
-        .enumerate()
-        .for_each(|(bi, (ids, dists))| {
-            let q0 = bi * qb;
-            let nb = ids.len() / k;
-            let mut q = Vec::with_capacity(nb * dim);
-            let mut qq = Vec::with_capacity(nb);
-            for i in 0..nb {
-                let start = q.len();
-                q.extend(queries.row(q0 + i).iter().map(|&e| e.widen()));
-                qq.push(E::norm(&q[start..]));
-            }
-            let mut pairs: Vec<(u32, u32)> = (0..nb)
-                .flat_map(|i| {
-                    probes[(q0 + i) * nprobe..(q0 + i + 1) * nprobe]
-                        .iter()
-                        .filter(|&&l| l >= 0)
-                        .map(move |&l| (l as u32, i as u32))
-                })
-                .collect();
-            pairs.sort_unstable();
-            let block = Block {
-                metric: index.metric.metric,
-                dim,
-                veclen: index.veclen,
-                lists,
-                filter: &p.filter,
-                q,
-                qq,
-                pairs,
-            };
-            let mut tops: Vec<TopK> = (0..nb).map(|_| TopK::new(k)).collect();
-            run_block(&block, &mut tops);
-            for (i, top) in tops.into_iter().enumerate() {
-                top.write(&mut ids[i * k..(i + 1) * k], &mut dists[i * k..(i + 1) * k]);
+    let tasks = 4 * rayon::current_num_threads().max(1);
+    for q0 in (0..nq).step_by(PASS_QUERIES) {
+        let nb = (nq - q0).min(PASS_QUERIES);
+        let mut q = vec![E::W::default(); nb * dim];
+        q.par_chunks_mut(dim).enumerate().for_each(|(i, row)| {
+            for (o, &e) in row.iter_mut().zip(queries.row(q0 + i)) {
+                *o = e.widen();
             }
         });
+        let qq: Vec<E::W> = q.par_chunks(dim).map(E::norm).collect();
+        let mut pairs: Vec<(u32, u32)> = (0..nb)
+            .flat_map(|i| {
+                probes[(q0 + i) * nprobe..(q0 + i + 1) * nprobe]
+                    .iter()
+                    .filter(|&&l| l >= 0)
+                    .map(move |&l| (l as u32, i as u32))
+            })
+            .collect();
+        pairs.par_sort_unstable();
+        let ranges = split_by_work(&pairs, |l| lists[l as usize].ids.len() + 1, tasks);
+        let partial: Vec<Vec<TopK>> = ranges
+            .into_par_iter()
+            .map(|r| {
+                let block = Block {
+                    metric: index.metric.metric,
+                    dim,
+                    veclen: index.veclen,
+                    lists,
+                    filter: &p.filter,
+                    q: &q,
+                    qq: &qq,
+                    pairs: &pairs[r],
+                };
+                let mut tops: Vec<TopK> = (0..nb).map(|_| TopK::new(k)).collect();
+                run_block(&block, &mut tops);
+                tops
+            })
+            .collect();
+        res.ids[q0 * k..(q0 + nb) * k]
+            .par_chunks_mut(k)
+            .zip(res.distances[q0 * k..(q0 + nb) * k].par_chunks_mut(k))
+            .enumerate()
+            .for_each(|(i, (ids, dists))| {
+                let mut top = TopK::new(k);
+                for part in &partial {
+                    for &(d, id) in part[i].keys() {
+                        top.offer(d, id);
+                    }
+                }
+                top.write(ids, dists);
+            });
+    }
     res
 }
 
@@ -417,4 +461,29 @@ pub fn search_ivf(
     let post = index.metric.post;
     res.distances.iter_mut().for_each(|d| *d = post.apply(*d));
     Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_by_work;
+
+    #[test]
+    fn work_ranges_cover_the_pairs_and_never_split_a_list() {
+        let pairs: Vec<(u32, u32)> = [0, 0, 1, 2, 2, 2, 2, 5, 6, 6, 9]
+            .iter()
+            .enumerate()
+            .map(|(q, &l)| (l, q as u32))
+            .collect();
+        for parts in [1, 2, 3, 4, 20] {
+            let r = split_by_work(&pairs, |l| l as usize + 1, parts);
+            assert_eq!(r.first().unwrap().start, 0);
+            assert_eq!(r.last().unwrap().end, pairs.len());
+            for w in r.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert_ne!(pairs[w[0].end - 1].0, pairs[w[1].start].0, "{parts}: {r:?}");
+            }
+            assert!(r.len() <= parts);
+        }
+        assert!(split_by_work(&[], |_| 1, 4).is_empty());
+    }
 }

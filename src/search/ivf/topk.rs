@@ -19,11 +19,18 @@ fn less(a: (f32, i64), b: (f32, i64)) -> bool {
 }
 
 impl TopK {
+    /// Allocates nothing until the first key (a scan task holds one per query
+    /// of its pass, most of them never offered a key).
     pub(crate) fn new(k: usize) -> Self {
         TopK {
             k,
-            heap: Vec::with_capacity(k),
+            heap: Vec::new(),
         }
+    }
+
+    /// The kept keys, in heap order.
+    pub(crate) fn keys(&self) -> &[(f32, i64)] {
+        &self.heap
     }
 
     /// The distance a row must not exceed to have a chance (`+inf` until full):
