@@ -4,8 +4,8 @@
 
 use fraglink::search::data::{recall_at_k, synthetic};
 use fraglink::search::ivf::{
-    build_index, read_index, search_ivf, search_ivf_reference, write_index, IndexFileError,
-    IvfBuildParams, IvfIndex, IvfSearchParams, MetricSpec,
+    build_index, read_index, search_ivf, search_ivf_reference, veclen_for, write_index,
+    IndexFileError, IvfBuildParams, IvfIndex, IvfSearchParams, MetricSpec,
 };
 use fraglink::search::{
     search_reference, Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors,
@@ -34,13 +34,18 @@ const SPECS: [&str; 4] = ["l2", "l2sqrt", "ip", "cosine"];
 #[test]
 fn fast_search_equals_the_scalar_definition() {
     for dtype in DType::ALL {
-        // dim 20: veclen 4 (f32), 1 (f16, 20 % 8 ≠ 0), 4 (i8/u8, 20 % 16 ≠ 0 → 1).
-        for dim in [20, 32] {
+        // Both layouts of every dtype: the default (1 for f32) and cuVS's rule
+        // (f32: 4, read through the AVX2 transposes; f16: 8 at dim 32; i8/u8: 16
+        // at dim 32; 1 where 20 is not a multiple).
+        for (dim, cuvs) in [(20, false), (32, false), (20, true), (32, true)] {
             let (base, queries) = synthetic(1500, dim, 40, dtype, 11 + dim as u64);
             for spec in SPECS {
                 let spec: MetricSpec = spec.parse().unwrap();
-                let index = build(&base, 24, spec, 5);
-                for (k, nprobe) in [(1, 1), (10, 3), (37, 7), (2000, 2)] {
+                let mut bp = IvfBuildParams::new(24, spec).with_seed(5);
+                bp.iterations = 6;
+                bp.veclen = cuvs.then(|| veclen_for(dtype, dim));
+                let index = build_index(&base, &bp).unwrap();
+                for (k, nprobe) in [(1, 1), (10, 3), (37, 7), (2000, 2), (5, 12)] {
                     let p = IvfSearchParams::new(k, nprobe);
                     let fast = search_ivf(&index, &queries, &p).unwrap();
                     let slow = search_ivf_reference(&index, &queries, &p).unwrap();

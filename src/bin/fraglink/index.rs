@@ -49,8 +49,9 @@ pub struct IndexBuildArgs {
     /// k-means Lloyd iterations at most.
     #[arg(long, default_value_t = IvfBuildParams::new(1, MetricSpec::plain(fraglink::search::Metric::L2)).iterations)]
     pub iterations: usize,
-    /// Elements per lane of the interleaved lists [default: cuVS's rule, 16 bytes
-    /// when dim allows, else 1]; 1 lets the CPU scan read f32 groups in place.
+    /// Elements per lane of the interleaved lists [default: 1 for f32 (the CPU
+    /// scan reads such groups in place), else cuVS's rule: 16 bytes when dim
+    /// allows, else 1].
     #[arg(long)]
     pub veclen: Option<usize>,
     /// The index file to write.

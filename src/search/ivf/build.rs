@@ -5,7 +5,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::kmeans::{self, KMeansParams};
-use super::layout::{check_veclen, pack, padded_rows, unpack_row, veclen_for};
+use super::layout::{check_veclen, default_veclen, pack, padded_rows, unpack_row};
 use super::{IvfError, MetricSpec};
 use crate::search::{DType, Matrix, SearchError, Vectors};
 
@@ -88,8 +88,8 @@ pub struct IvfBuildParams {
     /// k-means training rows per list at most (default 64; faiss samples up to
     /// 256 and warns below 39).
     pub max_points_per_list: usize,
-    /// Elements per lane of the interleaved layout; `None`: cuVS's rule
-    /// ([`veclen_for`]).
+    /// Elements per lane of the interleaved layout; `None`:
+    /// [`default_veclen`] (1 for f32, else cuVS's rule).
     pub veclen: Option<usize>,
 }
 
@@ -271,7 +271,7 @@ pub fn build_index(base: &Vectors, p: &IvfBuildParams) -> Result<IvfIndex, IvfEr
     if let Some(max) = dtype.max_dim().filter(|&m| dim > m) {
         return Err(SearchError::DimTooLarge { dtype, dim, max }.into());
     }
-    let veclen = p.veclen.unwrap_or_else(|| veclen_for(dtype, dim));
+    let veclen = p.veclen.unwrap_or_else(|| default_veclen(dtype, dim));
     check_veclen(veclen, dim)?;
     let kp = KMeansParams {
         nlist: p.nlist,

@@ -223,6 +223,18 @@ impl GpuIvfIndex {
         p: &IvfSearchParams,
     ) -> Result<Neighbors, IvfGpuError> {
         self.validate(queries, p)?;
+        // The entry must read the layout the lists were stored in.
+        let entry_veclen = planner
+            .static_fragments()
+            .first()
+            .and_then(|f| f.param("veclen"))
+            .and_then(|v| v.parse::<usize>().ok());
+        if let Some(v) = entry_veclen.filter(|&v| v != self.veclen) {
+            return Err(IvfGpuError::Ivf(IvfError::VeclenMismatch {
+                entry: v,
+                index: self.veclen,
+            }));
+        }
         if p.k > capacity as usize {
             return Err(dev_err(PlanError::KTooLarge {
                 k: p.k,

@@ -58,7 +58,7 @@ use std::str::FromStr;
 pub use build::{build_index, IvfBuildParams, IvfIndex, ListStore};
 pub use coarse::probe_lists;
 pub use file::{read_index, write_index, IndexFileError};
-pub use layout::{veclen_for, GROUP};
+pub use layout::{default_veclen, veclen_for, GROUP};
 pub use reference::search_ivf_reference;
 pub use scan::{search_ivf, IvfSearchParams};
 
@@ -154,6 +154,8 @@ pub enum IvfError {
     EmptyBase { rows: usize, dim: usize },
     #[error("veclen {veclen} does not divide dim {dim} (or is not 1, 2, 4, 8 or 16)")]
     BadVeclen { veclen: usize, dim: usize },
+    #[error("the scan entry reads veclen {entry} lists, the index stores veclen {index}")]
+    VeclenMismatch { entry: usize, index: usize },
     #[error("nprobe must be at least 1 (got {nprobe})")]
     NprobeZero { nprobe: usize },
     #[error("the index holds {index} vectors but the queries are {queries}")]
