@@ -36,9 +36,9 @@ pub fn veclen_for(dtype: DType, dim: usize) -> usize {
 /// The veclen an index gets when none is asked for: 1 for f32, cuVS's rule
 /// ([`veclen_for`]) for the other types. An f32 group with veclen 1 is
 /// already the dimension-major block the CPU scan folds, so the scan reads
-/// it in place instead of transposing it for every pass (measured: 1.3× the
-/// QPS at nprobe 1, 1.15× at nprobe 4, equal at 16; 200k × 128, nlist 1024,
-/// BENCHMARKS.md); on the GPU a warp still reads each dimension of a group
+/// it in place instead of transposing it for every pass (an interleaved A/B
+/// here, one thread, 200k × 128, nlist 1024: 1.3× the QPS at nprobe 1, 1.15×
+/// at nprobe 4, equal at 16); on the GPU a warp still reads each dimension of a group
 /// as one coalesced 128-byte transaction, with 4-byte instead of 16-byte
 /// loads. The narrower types are widened on the CPU anyway, so they keep
 /// cuVS's 16-byte lanes.
