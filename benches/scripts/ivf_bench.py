@@ -158,7 +158,7 @@ def main():
     r.add_argument("--nprobes", default="1,4,16,64")
     r.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     r.add_argument("--centres", type=int, default=1000)
-    r.add_argument("--sigma", type=float, default=0.5)
+    r.add_argument("--sigma", type=float, default=1.0)
     r.add_argument("--seed", type=int, default=42)
     f = sub.add_parser("faiss")
     f.add_argument("--base", required=True)

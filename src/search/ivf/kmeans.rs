@@ -2,8 +2,9 @@
 //!
 //! - **Training set**: at most `max_points_per_list · nlist` rows, a seeded
 //!   uniform sample without replacement (faiss samples the same way, with 256
-//!   per centroid by default; fewer points per list buy build time and cost
-//!   little recall on the data measured in BENCHMARKS.md).
+//!   per centroid by default, which is also fraglink's default; fewer points
+//!   per list buy build time and cost recall, see
+//!   [`IvfBuildParams::max_points_per_list`](super::IvfBuildParams)).
 //! - **Seeding**: k-means++ (D² sampling, squared l2) on a seeded sub-sample of
 //!   at most [`PP_POINTS_PER_LIST`] `· nlist` training rows: full k-means++ is
 //!   `nlist` sequential passes over the data, which would cost more than all
