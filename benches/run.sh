@@ -13,6 +13,8 @@
 #   4. CPU search: `fraglink search --device cpu` vs faiss-cpu IndexFlat (f32)
 #      and its nearest equivalents (f16, i8, u8), each timed run checked for
 #      other work on the CPUs (see BENCH_SEARCH_BUSY);
+#   6. CPU IVF-Flat: `fraglink index build` + `search --index` vs faiss-cpu
+#      IndexIVFFlat (recall, QPS at nprobe 1/4/16/64, build time; 1 and 2 threads);
 #   5. small costs: a cost-model decision, a warm planner lookup.
 # Needs Linux x86_64, Rust, python3 with venv/pip, a C++ host compiler (gcc) for
 # nvcc, and network access to PyPI (and crates.io for the first build).
@@ -33,6 +35,7 @@ BUILD129_REPS=${BENCH_BUILD129_REPS:-3} # cold builds, fraglink builder (CUDA 12
 REBUILD_REPS=${BENCH_REBUILD_REPS:-3}   # rebuilds per touched template
 CONTENTION_ROUNDS=${BENCH_CONTENTION_ROUNDS:-10}
 SEARCH_REPS=${BENCH_SEARCH_REPS:-5}
+IVF_REPS=${BENCH_IVF_REPS:-3}             # IVF-Flat build + searches per thread count
 # Before each section and each cold-build repetition, wait up to QUIET_WAIT
 # seconds for the CPUs to be at most QUIET_BUSY % busy (other work on a shared
 # machine); what was found is reported beside the results.
@@ -47,7 +50,7 @@ REFUSE_BUSY=${BENCH_REFUSE_BUSY:-0}
 # Sections to measure (default all): build, size, link, search, small. With a
 # subset, BENCHMARKS.md keeps the other sections from its previous run and
 # says so (e.g. BENCH_ONLY=search,small after a change to the CPU search).
-ONLY=${BENCH_ONLY:-build,size,link,search,small}
+ONLY=${BENCH_ONLY:-build,size,link,search,small,ivf}
 want() { case ",$ONLY," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 # Variables that would change what is measured.
@@ -199,10 +202,18 @@ run "$PY" benches/scripts/search_bench.py run --fraglink "$FRAGLINK" --work "$WO
 fi
 load end
 
+if want ivf; then
+log "6. CPU IVF-Flat: fraglink vs faiss-cpu IndexIVFFlat (200k x 128 f32 clustered, nlist 1024)"
+load ivf
+run "$PY" benches/scripts/ivf_bench.py run --fraglink "$FRAGLINK" --work "$WORK/ivf" \
+  --reps "$IVF_REPS" --out "$RES/ivf.json"
+load end
+fi
+
 log "writing BENCHMARKS.md"
 run "$PY" benches/scripts/report.py --results "$RES" --out BENCHMARKS.md --cu13 "$CU13" \
   --seconds "$(($(date +%s) - STARTED))" --jobs "$JOBS" \
-  --reps "build=$BUILD_REPS nvcc=$NVCC_REPS build129=$BUILD129_REPS rebuild=$REBUILD_REPS contention=$CONTENTION_ROUNDS search=$SEARCH_REPS" \
+  --reps "build=$BUILD_REPS nvcc=$NVCC_REPS build129=$BUILD129_REPS rebuild=$REBUILD_REPS contention=$CONTENTION_ROUNDS search=$SEARCH_REPS ivf=$IVF_REPS" \
   --only "$ONLY"
 echo "BENCHMARKS.md written ($(($(date +%s) - STARTED)) s)" >&2
 BUSY_CASES=

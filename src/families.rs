@@ -5,7 +5,10 @@
 use crate::link::prelink::PlanFamily;
 
 /// Every shipped family.
-pub const PLAN_FAMILIES: &[PlanFamily] = &[crate::search::plan::SCAN_FAMILY];
+pub const PLAN_FAMILIES: &[PlanFamily] = &[
+    crate::search::plan::SCAN_FAMILY,
+    crate::search::ivf::gpu::IVF_SCAN_FAMILY,
+];
 
 /// The family called `name`.
 pub fn find(name: &str) -> Option<&'static PlanFamily> {

@@ -40,6 +40,9 @@ const DRIVER: &str = r#"
 #include "metric.cuh"
 #include "filter.cuh"
 #endif
+#ifdef FRAGLINK_IVF
+#include "ivf_layout.cuh"
+#endif
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -96,7 +99,25 @@ bool read_value<uint8_t>(uint8_t* out) {
   return true;
 }
 
+#if defined(FRAGLINK_IVF)
+// IVF mode: x becomes row `dim % 32` of an interleaved 32-row group (veclen: the
+// largest power of two up to 16 dividing dim, as the index picks) and is folded
+// out of it by ivf_layout.cuh; the other rows hold q, which must not leak in.
+template <template <typename, typename> class M, typename T, typename Acc>
+float fold(const std::vector<T>& q, const std::vector<T>& x) {
+  const uint32_t dim = static_cast<uint32_t>(q.size());
+  uint32_t veclen = 16;
+  while (veclen > 1 && dim % veclen != 0) veclen >>= 1;
+  const uint32_t row = dim % 32;
+  std::vector<T> group;
+  for (uint32_t r = 0; r < 32; ++r) group.insert(group.end(), q.begin(), q.end());
+  for (uint32_t j = 0; j < dim; ++j) group[::fraglink::ivf::interleaved_offset(row, j, dim, veclen)] = x[j];
+  return ::fraglink::ivf::interleaved_fold<M<T, Acc>>(q.data(), group.data(), row, dim, veclen);
+}
+#endif
+
 #ifndef FRAGLINK_VIA_ABI
+#ifndef FRAGLINK_IVF
 template <template <typename, typename> class M, typename T, typename Acc>
 float fold(const std::vector<T>& q, const std::vector<T>& x) {
   typename M<T, Acc>::state s;
@@ -106,6 +127,7 @@ float fold(const std::vector<T>& q, const std::vector<T>& x) {
   }
   return M<T, Acc>::finalize(s);
 }
+#endif
 
 template <typename T, typename Acc>
 void evaluate(const std::vector<T>& q, const std::vector<T>& x) {
@@ -508,8 +530,20 @@ fn describe(p: &Pair) -> String {
 
 #[test]
 fn headers_match_the_rust_reference() {
+    check_header_mode(&[]);
+}
+
+/// The IVF layout header (fragments/ivf_layout.cuh): a row folded out of an
+/// interleaved group through the metric headers equals the Rust reference,
+/// every metric × dtype, every veclen the dims imply.
+#[test]
+fn interleaved_rows_fold_to_the_rust_reference() {
+    check_header_mode(&["FRAGLINK_IVF"]);
+}
+
+fn check_header_mode(defines: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = compile(dir.path(), "driver_headers", &[], &[]);
+    let exe = compile(dir.path(), "driver_headers", defines, &[]);
     let cases = cases();
     let fl = filters();
     let mut input = String::new();

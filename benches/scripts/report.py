@@ -2,7 +2,7 @@
 """Writes BENCHMARKS.md from the JSON results benches/run.sh collected.
 
     report.py --results DIR --out BENCHMARKS.md --cu13 DIR --seconds S --jobs N --reps "k=v ..." \
-        [--only build,size,link,search,small]
+        [--only build,size,link,search,small,ivf]
 
 With --only (run.sh's BENCH_ONLY), only those sections are regenerated: the
 other sections, their summary rows and their machine are kept from the
@@ -449,6 +449,68 @@ def section_search(res, lines, headline):
     ]
 
 
+def section_ivf(res, lines, headline):
+    """IVF-Flat on the CPU against faiss IndexIVFFlat (benches/scripts/ivf_bench.py);
+    skipped when the run has no ivf.json."""
+    path = os.path.join(res, "ivf.json")
+    if not os.path.exists(path):
+        return
+    s = load_json(path)
+    c0 = s["cases"][0]
+    lines += [
+        "## 6. IVF-Flat on the CPU",
+        "",
+        f"`fraglink index build --kind ivf-flat` + `fraglink search --index` against faiss-cpu "
+        f"{c0['faiss_version']} `IndexIVFFlat` (`IndexFlatL2` quantizer, default training: "
+        f"{c0['faiss_niter']} k-means iterations) on identical files: {s['n']:,} × {s['dim']} f32 base, "
+        f"{s['nq']:,} queries, k = {s['k']}, nlist = {s['nlist']}, l2 ({s['data']}, seed {s['seed']}). "
+        "Build: faiss `train` + `add` against fraglink's `build_seconds` (k-means, assignment, "
+        "interleaved lists; not the file write). Search: faiss `index.search` alone against fraglink's "
+        "JSON `search_ms` (coarse step + list scan; not the index file read), each search of fraglink in "
+        "a fresh process, the sides alternating per repetition, "
+        f"{s['reps']} repetitions. Recall@{s['k']} of both sides against the same float64 exact "
+        "neighbours. With more than one thread faiss also runs with `OMP_WAIT_POLICY=PASSIVE` and its "
+        "better variant per figure is compared.",
+        "",
+        "| threads | nprobe | recall faiss / fraglink | QPS faiss (median) | QPS fraglink (median) | fraglink ÷ faiss |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for c in s["cases"]:
+        for r in c["nprobe"]:
+            variant = "" if r.get("faiss_variant", "default") == "default" else f" ({r['faiss_variant']})"
+            lines.append(
+                f"| {c['threads']} | {r['nprobe']} | {r['faiss_recall']['median']:.4f} / "
+                f"{r['fraglink_recall']['median']:.4f} | {r['faiss_qps']['median']:,.0f}{variant} | "
+                f"{r['fraglink_qps']['median']:,.0f} | {ratio(r['fraglink_qps']['median'], r['faiss_qps']['median'])} |")
+            headline.append((f"IVF-Flat QPS, {threads(c['threads'])}, nprobe {r['nprobe']}",
+                             f"fraglink {r['fraglink_qps']['median']:,.0f} vs faiss {r['faiss_qps']['median']:,.0f}",
+                             f"fraglink / faiss = {ratio(r['fraglink_qps']['median'], r['faiss_qps']['median'])}"))
+    lines += [
+        "",
+        "| threads | build faiss s min / median / max | build fraglink s min / median / max | fraglink ÷ faiss |",
+        "| --- | --- | --- | ---: |",
+    ]
+    for c in s["cases"]:
+        variant = "" if c.get("faiss_build_variant", "default") == "default" else f" ({c['faiss_build_variant']})"
+        lines.append(
+            f"| {c['threads']} | {mmm(c['faiss_build_s'])}{variant} | {mmm(c['fraglink_build_s'])} | "
+            f"{ratio(c['fraglink_build_s']['median'], c['faiss_build_s']['median'])} |")
+        headline.append((f"IVF-Flat build, {threads(c['threads'])}",
+                         f"fraglink {c['fraglink_build_s']['median']:.2f} s vs faiss {c['faiss_build_s']['median']:.2f} s",
+                         f"fraglink / faiss = {ratio(c['fraglink_build_s']['median'], c['faiss_build_s']['median'])}"))
+    lines += [
+        "",
+        "Commands (per repetition, `RAYON_NUM_THREADS=T` / `OMP_NUM_THREADS=T`): "
+        f"`fraglink index build --kind ivf-flat --nlist {s['nlist']} --base base.fvecs --metric l2 --seed S "
+        "--out fraglink.ivf --json`, then per nprobe `fraglink search --index fraglink.ivf --queries "
+        f"queries.fvecs --nprobe P --k {s['k']} --groundtruth truth.ivecs --json`; faiss: "
+        "`python benches/scripts/ivf_bench.py faiss ...` (same files). The whole comparison: "
+        "`target/bench-env/bin/python benches/scripts/ivf_bench.py run --fraglink target/release/fraglink "
+        "--work DIR --reps 3 --out ivf.json`.",
+        "",
+    ]
+
+
 def section_small(res, lines, headline):
     c = load_json(os.path.join(res, "criterion.json"))
     lines += [
@@ -484,11 +546,12 @@ def section_small(res, lines, headline):
 # --------------------------------------------------------------------------- partial runs
 
 # The sections, in document order, with the heading numbers they carry.
-SECTIONS = {"build": "1", "size": "2", "link": "3", "search": "4", "small": "5"}
+SECTIONS = {"build": "1", "size": "2", "link": "3", "search": "4", "small": "5", "ivf": "6"}
 
 # Summary rows by the section that makes them (first words of the figure).
 ROW_PREFIXES = [("Fragment build", "build"), ("Rebuild", "build"), ("Binary size", "size"),
                 ("Cold link", "link"), ("Cache hits", "link"), ("Contention", "link"),
+                ("First call", "link"), ("IVF-Flat", "ivf"),
                 ("CPU search", "search"), ("Cost-model", "small"), ("Warm planner", "small")]
 
 
@@ -592,7 +655,8 @@ def main():
               "size": lambda: section_size(res, body, headline),
               "link": lambda: section_link(res, body, headline),
               "search": lambda: section_search(res, body, headline),
-              "small": lambda: section_small(res, body, headline)}
+              "small": lambda: section_small(res, body, headline),
+              "ivf": lambda: section_ivf(res, body, headline)}
     for name in SECTIONS:
         if name in only:
             makers[name]()

@@ -3,7 +3,7 @@
 
 use super::Family;
 
-/// The metric, filter and scan families, with paths relative to the crate root.
+/// The metric, filter, scan and IVF-Flat scan families, with paths relative to the crate root.
 pub fn vector_search() -> Vec<Family> {
     vec![
         Family::new("metric", "MetricFragment")
@@ -24,6 +24,14 @@ pub fn vector_search() -> Vec<Family> {
             .name_format("scan_{{ dtype }}_{{ idx }}_v{{ veclen }}_k{{ capacity }}")
             .tag("dtype", "DataType")
             .tag("idx", "IndexType")
+            .constant("veclen", "u32")
+            .constant("capacity", "u32"),
+        Family::new("ivf_scan", "IvfScanFragment")
+            .matrix("matrices/ivf_scan.json")
+            .template("templates/ivf_scan.cu.j2")
+            .name_format("ivf_scan_{{ dtype }}_v{{ veclen }}_k{{ capacity }}_{{ order }}")
+            .tag("dtype", "DataType")
+            .tag("order", "SortOrder")
             .constant("veclen", "u32")
             .constant("capacity", "u32"),
     ]

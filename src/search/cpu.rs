@@ -125,7 +125,7 @@ pub fn distance<T: Element>(metric: Metric, q: &[T], x: &[T]) -> f32 {
 }
 
 #[inline(always)]
-fn finalize_cosine(a: f32, qq: f32, xx: f32) -> f32 {
+pub(crate) fn finalize_cosine(a: f32, qq: f32, xx: f32) -> f32 {
     if qq == 0.0 || xx == 0.0 {
         1.0
     } else {
@@ -272,7 +272,7 @@ impl Element for u8 {
 }
 
 #[inline(always)]
-fn nan_to_inf(d: f32) -> f32 {
+pub(crate) fn nan_to_inf(d: f32) -> f32 {
     if d.is_nan() {
         f32::INFINITY
     } else {
@@ -282,14 +282,14 @@ fn nan_to_inf(d: f32) -> f32 {
 
 /// The result order: by distance (IEEE, so -0 == +0; never NaN here), then id.
 #[inline(always)]
-fn key_cmp(da: f32, ia: usize, db: f32, ib: usize) -> Ordering {
+pub(crate) fn key_cmp(da: f32, ia: usize, db: f32, ib: usize) -> Ordering {
     match da.partial_cmp(&db) {
         Some(Ordering::Equal) | None => ia.cmp(&ib),
         Some(o) => o,
     }
 }
 
-fn padded(nq: usize, k: usize) -> Neighbors {
+pub(crate) fn padded(nq: usize, k: usize) -> Neighbors {
     Neighbors {
         nq,
         k,
@@ -419,7 +419,7 @@ pub fn init_cpu_threads() -> Result<CpuThreads, ThreadsVarError> {
 
 /// Sizes rayon's global pool before a search uses it (not inside a pool the
 /// caller chose).
-fn ensure_threads() {
+pub(crate) fn ensure_threads() {
     if rayon::current_thread_index().is_none() {
         let _ = init_cpu_threads();
     }

@@ -137,6 +137,43 @@ pub fn try_synthetic(
     dtype: DType,
     seed: u64,
 ) -> Result<(Vectors, Vectors), DataError> {
+    try_synthetic_of(Synthetic::Clustered, n, dim, nq, dtype, seed)
+}
+
+/// The shape of synthetic data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synthetic {
+    /// Gaussian blobs ([`synthetic`]): what approximate search needs for a
+    /// meaningful recall.
+    Clustered,
+    /// One Gaussian blob (σ = 0.5) around the origin: no structure for an
+    /// index to find. Quantized as [`synthetic`] quantizes.
+    Gaussian,
+}
+
+impl std::str::FromStr for Synthetic {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "clustered" => Ok(Synthetic::Clustered),
+            "gaussian" => Ok(Synthetic::Gaussian),
+            other => Err(format!(
+                "unknown data `{other}` (expected clustered or gaussian)"
+            )),
+        }
+    }
+}
+
+/// [`try_synthetic`] for either [`Synthetic`] shape (same checks, same seed
+/// discipline; `Clustered` is exactly [`try_synthetic`]).
+pub fn try_synthetic_of(
+    kind: Synthetic,
+    n: usize,
+    dim: usize,
+    nq: usize,
+    dtype: DType,
+    seed: u64,
+) -> Result<(Vectors, Vectors), DataError> {
     let too_large = |bytes: Option<u64>, limit: MemoryLimit| DataError::SyntheticTooLarge {
         n,
         dim,
@@ -152,14 +189,23 @@ pub fn try_synthetic(
     }
     let what = || format!("synthetic data (n = {n}, dim = {dim}, nq = {nq}, {dtype})");
     let mut rng = Rng::new(seed);
-    let n_centers = (n / 64).clamp(1, 256);
+    let (n_centers, sigma) = match kind {
+        Synthetic::Clustered => ((n / 64).clamp(1, 256), 0.15),
+        Synthetic::Gaussian => (1, 0.5),
+    };
     // Cannot overflow: synthetic_bytes checked these products.
     let mut centers: Vec<f64> = try_vec(n_centers * dim, what)?;
-    centers.extend((0..n_centers * dim).map(|_| rng.uniform(-1.0, 1.0)));
+    match kind {
+        Synthetic::Clustered => {
+            centers.extend((0..n_centers * dim).map(|_| rng.uniform(-1.0, 1.0)))
+        }
+        Synthetic::Gaussian => centers.resize(dim, 0.0),
+    }
     fn draw<T>(
         count: usize,
         dim: usize,
         centers: &[f64],
+        sigma: f64,
         rng: &mut Rng,
         conv: impl Fn(f64) -> T,
         what: impl Fn() -> String,
@@ -169,7 +215,7 @@ pub fn try_synthetic(
         for _ in 0..count {
             let c = rng.below(n_centers as u64) as usize;
             for j in 0..dim {
-                out.push(conv(centers[c * dim + j] + 0.15 * rng.normal()));
+                out.push(conv(centers[c * dim + j] + sigma * rng.normal()));
             }
         }
         Ok(Matrix::new(out, count, dim).expect("count × dim elements"))
@@ -178,8 +224,8 @@ pub fn try_synthetic(
     // f64 values first, without holding them.
     macro_rules! both {
         ($variant:ident, $conv:expr) => {{
-            let base = draw(n, dim, &centers, &mut rng, $conv, what)?;
-            let queries = draw(nq, dim, &centers, &mut rng, $conv, what)?;
+            let base = draw(n, dim, &centers, sigma, &mut rng, $conv, what)?;
+            let queries = draw(nq, dim, &centers, sigma, &mut rng, $conv, what)?;
             (Vectors::$variant(base), Vectors::$variant(queries))
         }};
     }
@@ -524,7 +570,7 @@ fn decode_vecs<T>(
 
 /// The file's bytes, after checking that it and a decoded copy of the same
 /// size fit in the [`memory_limit`].
-fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
+pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
     use std::io::Read;
     let mut f = fs::File::open(path).map_err(io_err(path))?;
     let len = f.metadata().map_err(io_err(path))?.len();

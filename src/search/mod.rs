@@ -24,6 +24,7 @@ pub mod cpu;
 pub mod data;
 pub mod gpu;
 pub mod index;
+pub mod ivf;
 mod ops;
 pub mod plan;
 pub mod route;

@@ -3,6 +3,8 @@
 mod catalog;
 mod doctor;
 mod expand;
+mod index;
+mod ivf_search;
 mod link;
 mod prelink;
 mod search;
@@ -38,6 +40,9 @@ enum Command {
     Cache(link::CacheCommand),
     /// Where this binary finds its CUDA libraries and headers, the driver, the GPUs, the caches.
     Doctor(doctor::DoctorArgs),
+    /// Build an index file for approximate search (IVF-Flat).
+    #[command(subcommand)]
+    Index(index::IndexCommand),
     /// Exact k-NN search end to end (the GPU plan, routing, QPS, recall).
     Search(search::SearchArgs),
 }
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
         Command::Prelink(a) => prelink::run(a),
         Command::Cache(c) => link::run_cache(c),
         Command::Search(a) => search::run(a),
+        Command::Index(c) => index::run(c),
         Command::Doctor(a) => doctor::run(a),
     }
 }

@@ -13,8 +13,9 @@ use fraglink::link::LinkRuntime;
 use fraglink::search::cpu::init_cpu_threads;
 use fraglink::search::data::{
     check_ground_truth, memory_limit, read_dataset, read_ground_truth, recall_at_k,
-    synthetic_bytes, try_synthetic, DataError, MemoryLimit,
+    synthetic_bytes, try_synthetic_of, DataError, MemoryLimit, Synthetic,
 };
+use fraglink::search::ivf::MetricSpec;
 use fraglink::search::plan::plan;
 use fraglink::search::route::{Device, Searcher};
 use fraglink::search::{search_reference, Bitset, DType, Filter, Metric, SearchParams, Vectors};
@@ -28,8 +29,8 @@ pub struct SearchArgs {
     /// Base vectors (.fvecs, .bvecs or .npy); synthetic data when absent.
     #[arg(long, requires = "queries")]
     pub base: Option<PathBuf>,
-    /// Query vectors, same format and dim as --base.
-    #[arg(long, requires = "base")]
+    /// Query vectors, same format and dim as --base (or as the --index).
+    #[arg(long)]
     pub queries: Option<PathBuf>,
     /// Ground-truth neighbour ids (.ivecs or .npy); computed exactly when absent.
     #[arg(long)]
@@ -43,18 +44,36 @@ pub struct SearchArgs {
     /// Synthetic data: queries.
     #[arg(long, default_value_t = 200)]
     pub nq: usize,
+    /// Synthetic data: clustered (Gaussian blobs) or gaussian (one blob, no
+    /// structure for an index to find) [default: clustered].
+    #[arg(long)]
+    pub data: Option<Synthetic>,
     /// Synthetic data: seed.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Neighbours per query.
     #[arg(long, default_value_t = 10)]
     pub k: usize,
-    /// l2, ip (inner product) or cosine.
-    #[arg(long, default_value = "l2")]
-    pub metric: Metric,
-    /// f32, f16, i8 or u8 (synthetic data; files carry their own).
-    #[arg(long, default_value = "f32")]
-    pub dtype: DType,
+    /// l2, l2sqrt (the square root of l2, applied to the selected distances),
+    /// ip (inner product) or cosine [default: l2; an --index's own metric].
+    #[arg(long)]
+    pub metric: Option<MetricSpec>,
+    /// f32, f16, i8 or u8 [default: f32] (synthetic data; files and an
+    /// --index carry their own, and a different --dtype is an error).
+    #[arg(long)]
+    pub dtype: Option<DType>,
+    /// Search an IVF-Flat index file (`fraglink index build`) with --queries.
+    #[arg(long, conflicts_with_all = ["base", "ivf_flat", "nlist"])]
+    pub index: Option<PathBuf>,
+    /// Build an IVF-Flat index in memory (from --base or synthetic data) and search it.
+    #[arg(long, requires = "nlist")]
+    pub ivf_flat: bool,
+    /// Inverted lists of the --ivf-flat index.
+    #[arg(long, requires = "ivf_flat")]
+    pub nlist: Option<usize>,
+    /// Lists probed per query (IVF only) [default: 16, at most nlist].
+    #[arg(long)]
+    pub nprobe: Option<usize>,
     /// none, or bitset:FRACTION (that fraction of rows allowed, seeded).
     #[arg(long, default_value = "none")]
     pub filter: String,
@@ -69,7 +88,7 @@ pub struct SearchArgs {
     pub json: bool,
 }
 
-fn parse_filter(spec: &str, n: usize, seed: u64) -> Result<Filter, String> {
+pub(crate) fn parse_filter(spec: &str, n: usize, seed: u64) -> Result<Filter, String> {
     if spec == "none" {
         return Ok(Filter::None);
     }
@@ -84,7 +103,7 @@ fn parse_filter(spec: &str, n: usize, seed: u64) -> Result<Filter, String> {
     Ok(Filter::Bitset(Bitset::random(n, f, seed ^ 0x5eed)))
 }
 
-fn spinner(msg: &str, quiet: bool) -> ProgressBar {
+pub(crate) fn spinner(msg: &str, quiet: bool) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
     }
@@ -100,7 +119,12 @@ const RESULT_BYTES_PER_SLOT: u64 = 12;
 
 /// `what` needs `bytes` beside `held` bytes already counted: an error naming
 /// `what` when the sum overflows or exceeds the memory limit.
-fn fits(what: &str, bytes: Option<u64>, held: u64, limit: MemoryLimit) -> Result<u64, String> {
+pub(crate) fn fits(
+    what: &str,
+    bytes: Option<u64>,
+    held: u64,
+    limit: MemoryLimit,
+) -> Result<u64, String> {
     match bytes.and_then(|b| b.checked_add(held)) {
         Some(total) if total <= limit.bytes => Ok(total),
         Some(total) => Err(format!(
@@ -110,9 +134,31 @@ fn fits(what: &str, bytes: Option<u64>, held: u64, limit: MemoryLimit) -> Result
     }
 }
 
+/// Two result sets of `nq` queries (the search's and the exact ground
+/// truth's) beside `held` bytes, checked before either is allocated; the
+/// bytes held with them.
+pub(crate) fn fits_results(
+    a: &SearchArgs,
+    nq: usize,
+    held: u64,
+    limit: MemoryLimit,
+) -> Result<u64, String> {
+    let results = (nq as u64)
+        .checked_mul(a.k as u64)
+        .and_then(|s| s.checked_mul(2 * RESULT_BYTES_PER_SLOT));
+    let what = format!(
+        "--k {} for {nq} queries (the results and the exact ground truth)",
+        a.k
+    );
+    fits(&what, results, held, limit)
+}
+
 /// The synthetic data set, its sizes checked (option by option) before anything
 /// is allocated.
-fn synthetic_data(a: &SearchArgs, limit: MemoryLimit) -> Result<(Vectors, Vectors, u64), String> {
+pub(crate) fn synthetic_data(
+    a: &SearchArgs,
+    limit: MemoryLimit,
+) -> Result<(Vectors, Vectors, u64), String> {
     if a.n == 0 || a.dim == 0 {
         return Err("--n and --dim must be at least 1".into());
     }
@@ -120,17 +166,20 @@ fn synthetic_data(a: &SearchArgs, limit: MemoryLimit) -> Result<(Vectors, Vector
         return Err("--nq 0: there must be at least one query".into());
     }
     check_k(a, a.n, "--n")?;
+    let dtype = a.dtype.unwrap_or(DType::F32);
     let what = format!(
         "--n {} --dim {} --nq {} (synthetic {} data)",
-        a.n, a.dim, a.nq, a.dtype
+        a.n, a.dim, a.nq, dtype
     );
-    let bytes = fits(&what, synthetic_bytes(a.n, a.dim, a.nq, a.dtype), 0, limit)?;
-    let (b, q) = try_synthetic(a.n, a.dim, a.nq, a.dtype, a.seed).map_err(|e| e.to_string())?;
+    let bytes = fits(&what, synthetic_bytes(a.n, a.dim, a.nq, dtype), 0, limit)?;
+    let kind = a.data.unwrap_or(Synthetic::Clustered);
+    let (b, q) =
+        try_synthetic_of(kind, a.n, a.dim, a.nq, dtype, a.seed).map_err(|e| e.to_string())?;
     Ok((b, q, bytes))
 }
 
 /// k ≤ n: asking for more neighbours than the base has rows is an error.
-fn check_k(a: &SearchArgs, n: usize, base: &str) -> Result<(), String> {
+pub(crate) fn check_k(a: &SearchArgs, n: usize, base: &str) -> Result<(), String> {
     if a.k > n {
         return Err(format!(
             "--k {} exceeds the number of base rows, {n} ({base}): k must be at most n",
@@ -140,51 +189,66 @@ fn check_k(a: &SearchArgs, n: usize, base: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The base and queries: files (checked) or synthetic, with the bytes held.
+pub(crate) fn load_data(
+    a: &SearchArgs,
+    limit: MemoryLimit,
+) -> Result<(Vectors, Vectors, u64), String> {
+    match (&a.base, &a.queries) {
+        (Some(b), Some(q)) => {
+            if a.data.is_some() {
+                return Err(
+                    "--data applies to synthetic data, not to --base/--queries files".into(),
+                );
+            }
+            let (base, queries) = read_dataset(b, q).map_err(|e| e.to_string())?;
+            for (v, path) in [(&base, b), (&queries, q)] {
+                if v.rows() == 0 {
+                    return Err(DataError::Empty { path: path.clone() }.to_string());
+                }
+                if v.dim() == 0 {
+                    return Err(format!("{}: vectors of dimension 0", path.display()));
+                }
+            }
+            if let Some(d) = a.dtype.filter(|&d| d != base.dtype()) {
+                return Err(format!(
+                    "--dtype {d} conflicts with --base {}, which holds {} vectors",
+                    b.display(),
+                    base.dtype()
+                ));
+            }
+            check_k(a, base.rows(), &format!("--base {}", b.display()))?;
+            // Held already, so no overflow; saturating all the same.
+            let bytes = (base.rows() as u64)
+                .saturating_add(queries.rows() as u64)
+                .saturating_mul(base.dim() as u64)
+                .saturating_mul(base.dtype().size() as u64);
+            Ok((base, queries, bytes))
+        }
+        (None, Some(_)) => Err("--queries needs --base (or --index)".into()),
+        (Some(_), None) => Err("--base needs --queries".into()),
+        (None, None) => synthetic_data(a, limit),
+    }
+}
+
 pub fn run(a: &SearchArgs) -> ExitCode {
+    if a.index.is_some() || a.ivf_flat {
+        return crate::ivf_search::run(a);
+    }
+    if a.nprobe.is_some() {
+        return fail("--nprobe applies to IVF searches only (--index or --ivf-flat)");
+    }
+    let spec = a.metric.unwrap_or(MetricSpec::plain(Metric::L2));
     let quiet = a.json;
     let limit = memory_limit();
     // Data.
     let pb = spinner("loading data", quiet);
-    let (base, queries, data_bytes) = match (&a.base, &a.queries) {
-        (Some(b), Some(q)) => match read_dataset(b, q) {
-            Ok((base, queries)) => {
-                for (v, path) in [(&base, b), (&queries, q)] {
-                    if v.rows() == 0 {
-                        return fail(DataError::Empty { path: path.clone() });
-                    }
-                    if v.dim() == 0 {
-                        return fail(format!("{}: vectors of dimension 0", path.display()));
-                    }
-                }
-                if let Err(e) = check_k(a, base.rows(), &format!("--base {}", b.display())) {
-                    return fail(e);
-                }
-                // Held already, so no overflow; saturating all the same.
-                let bytes = (base.rows() as u64)
-                    .saturating_add(queries.rows() as u64)
-                    .saturating_mul(base.dim() as u64)
-                    .saturating_mul(base.dtype().size() as u64);
-                (base, queries, bytes)
-            }
-            Err(e) => return fail(e),
-        },
-        _ => match synthetic_data(a, limit) {
-            Ok(v) => v,
-            Err(e) => return fail(e),
-        },
+    let (base, queries, data_bytes) = match load_data(a, limit) {
+        Ok(v) => v,
+        Err(e) => return fail(e),
     };
     pb.finish_and_clear();
-    // Two result sets (the search's and the exact ground truth's), checked
-    // before either is allocated.
-    let results = (queries.rows() as u64)
-        .checked_mul(a.k as u64)
-        .and_then(|s| s.checked_mul(2 * RESULT_BYTES_PER_SLOT));
-    let what = format!(
-        "--k {} for {} queries (the results and the exact ground truth)",
-        a.k,
-        queries.rows()
-    );
-    if let Err(e) = fits(&what, results, data_bytes, limit) {
+    if let Err(e) = fits_results(a, queries.rows(), data_bytes, limit) {
         return fail(e);
     }
     // Ground truth from a file: read and checked against this search (rows,
@@ -204,7 +268,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         Ok(f) => f,
         Err(e) => return fail(e),
     };
-    let params = SearchParams::new(a.k, a.metric).with_filter(filter);
+    let params = SearchParams::new(a.k, spec.metric).with_filter(filter);
 
     // The CPU path's threads (RAYON_NUM_THREADS, clamped), before anything
     // starts rayon's pool (the router's cost model is the first).
@@ -238,7 +302,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     };
     let gpu_plan = plan(
         base.dtype(),
-        a.metric,
+        spec.metric,
         params.filter.fragment_name(),
         base.rows(),
         base.dim(),
@@ -269,10 +333,14 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     // apart), then every query batch runs against the resident copy.
     let pb = spinner("searching", quiet);
     let index = searcher.index(&base);
-    let routed = match index.search(&queries, &params) {
+    let mut routed = match index.search(&queries, &params) {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
+    // l2sqrt: the post-process maps the selected distances (never the selection).
+    for d in routed.neighbors.distances.iter_mut() {
+        *d = spec.post.apply(*d);
+    }
     pb.finish_and_clear();
     let qps = queries.rows() as f64 / routed.seconds.max(1e-9);
     // Null when nothing was uploaded (the CPU route).
@@ -312,7 +380,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
             "n": base.rows(),
             "nq": queries.rows(),
             "dim": base.dim(),
-            "metric": a.metric.to_string(),
+            "metric": spec.to_string(),
             "dtype": base.dtype().to_string(),
             "filter": filter_desc,
         });
@@ -326,7 +394,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         base.dtype(),
         queries.rows(),
         a.k,
-        a.metric,
+        spec,
         filter_desc
     );
     println!(

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""CPU IVF-Flat: `fraglink index build` + `fraglink search --index` against faiss-cpu
+IndexIVFFlat (IndexFlat quantizer) on identical .fvecs files, same nlist and nprobe.
+
+Run with the bench venv's python (numpy + faiss-cpu). Per repetition and thread
+count the sides alternate: faiss builds (train + add, timed) and searches every
+nprobe in one process (index.search alone timed); fraglink builds into a file
+(its JSON `build_seconds`) and searches every nprobe in fresh processes (its
+JSON `search_ms`, the search alone: coarse step + list scan, not the file read).
+Recall@k of both sides is against the same float64 exact neighbours.
+
+    ivf_bench.py run --fraglink target/release/fraglink --work DIR --reps 3 --out F.json
+    ivf_bench.py faiss --base B --queries Q --nlist N --nprobes 1,4 --k K --threads T --truth G
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from search_bench import exact_ids, read_fvecs, recall, summary, thread_env, write_fvecs, write_ivecs  # noqa: E402
+
+
+def clustered(rng, n, nq, dim, centres, sigma):
+    """Gaussian blobs (sigma) around `centres` points uniform in [-1, 1]^dim;
+    queries from the same blobs."""
+    c = rng.uniform(-1.0, 1.0, (centres, dim)).astype(np.float32)
+    def draw(m):
+        return (c[rng.integers(0, centres, m)] + sigma * rng.standard_normal((m, dim), dtype=np.float32))
+    return draw(n).astype(np.float32), draw(nq).astype(np.float32)
+
+
+def read_ivecs(path):
+    raw = np.fromfile(path, dtype=np.int32)
+    k = raw[0]
+    return raw.reshape(-1, k + 1)[:, 1:].copy()
+
+
+def faiss_main(a):
+    import faiss
+    faiss.omp_set_num_threads(a.threads)
+    base, queries = read_fvecs(a.base), read_fvecs(a.queries)
+    truth = read_ivecs(a.truth)
+    d = base.shape[1]
+    quantizer = faiss.IndexFlatL2(d)
+    index = faiss.IndexIVFFlat(quantizer, d, a.nlist, faiss.METRIC_L2)
+    t = time.perf_counter()
+    index.train(base)
+    index.add(base)
+    build = time.perf_counter() - t
+    out = {"build_seconds": build, "faiss": faiss.__version__, "threads": faiss.omp_get_max_threads(),
+           "niter": index.cp.niter, "searches": []}
+    for p in a.nprobes.split(","):
+        index.nprobe = int(p)
+        t = time.perf_counter()
+        _, ids = index.search(queries, a.k)
+        s = time.perf_counter() - t
+        out["searches"].append({"nprobe": int(p), "search_ms": s * 1e3, "qps": queries.shape[0] / s,
+                                "recall": recall(ids, truth, a.k)})
+    print(json.dumps(out))
+
+
+def run_main(a):
+    os.makedirs(a.work, exist_ok=True)
+    base_p, q_p = os.path.join(a.work, "base.fvecs"), os.path.join(a.work, "queries.fvecs")
+    truth_p, index_p = os.path.join(a.work, "truth.ivecs"), os.path.join(a.work, "fraglink.ivf")
+    rng = np.random.default_rng(a.seed)
+    base, queries = clustered(rng, a.n, a.nq, a.dim, a.centres, a.sigma)
+    write_fvecs(base_p, base)
+    write_fvecs(q_p, queries)
+    write_ivecs(truth_p, exact_ids(base, queries, "l2", a.k))
+    nprobes = [int(p) for p in a.nprobes.split(",")]
+    me = os.path.abspath(__file__)
+    results = {"n": a.n, "dim": a.dim, "nq": a.nq, "k": a.k, "nlist": a.nlist, "seed": a.seed,
+               "reps": a.reps, "cores": os.cpu_count(),
+               "data": f"{a.centres} Gaussian blobs (sigma {a.sigma}) around centres uniform in [-1,1]^dim, "
+                       "numpy default_rng(seed); queries from the same blobs",
+               "cases": []}
+    for threads in a.threads:
+        env = thread_env(threads)
+        # As search_bench.py: with more than one thread faiss also runs with passive
+        # OpenMP waiting (its spinning threads otherwise compete on a small machine);
+        # per figure its better variant is compared.
+        variants = [("default", env)]
+        if threads > 1:
+            variants.append(("OMP_WAIT_POLICY=PASSIVE", dict(env, OMP_WAIT_POLICY="PASSIVE")))
+        faiss_by = {name: [] for name, _ in variants}
+        ours_build, ours = [], {p: [] for p in nprobes}
+        for rep in range(a.reps):
+            fa = [sys.executable, me, "faiss", "--base", base_p, "--queries", q_p, "--nlist", str(a.nlist),
+                  "--nprobes", a.nprobes, "--k", str(a.k), "--threads", str(threads), "--truth", truth_p]
+            for name, venv in variants:
+                faiss_by[name].append(json.loads(subprocess.run(fa, env=venv, check=True, capture_output=True,
+                                                                text=True).stdout))
+            build = [a.fraglink, "index", "build", "--kind", "ivf-flat", "--nlist", str(a.nlist), "--base", base_p,
+                     "--metric", "l2", "--seed", str(a.seed + rep), "--out", index_p, "--json"]
+            ours_build.append(json.loads(subprocess.run(build, env=env, check=True, capture_output=True,
+                                                        text=True).stdout))
+            for p in nprobes:
+                cmd = [a.fraglink, "search", "--index", index_p, "--queries", q_p, "--nprobe", str(p),
+                       "--k", str(a.k), "--groundtruth", truth_p, "--json"]
+                ours[p].append(json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
+                                                         text=True).stdout))
+            print(f"  ivf {threads} thread(s) rep {rep + 1}/{a.reps}: build faiss "
+                  + ", ".join(f"{n} {r[-1]['build_seconds']:.2f} s" for n, r in faiss_by.items())
+                  + f"; fraglink {ours_build[-1]['build_seconds']:.2f} s", file=sys.stderr)
+        builds = {n: summary([r["build_seconds"] for r in runs]) for n, runs in faiss_by.items()}
+        best_build = min(builds, key=lambda n: builds[n]["median"])
+        first = faiss_by["default"][0]
+        case = {"threads": threads,
+                "faiss_build_s": builds[best_build], "faiss_build_variant": best_build,
+                "faiss_build_variants": builds,
+                "fraglink_build_s": summary([r["build_seconds"] for r in ours_build]),
+                "faiss_version": first["faiss"], "faiss_niter": first["niter"],
+                "nprobe": []}
+        for i, p in enumerate(nprobes):
+            qps = {n: summary([r["searches"][i]["qps"] for r in runs]) for n, runs in faiss_by.items()}
+            best = max(qps, key=lambda n: qps[n]["median"])
+            fs = [r["searches"][i] for r in faiss_by[best]]
+            case["nprobe"].append({
+                "nprobe": p,
+                "faiss_variant": best,
+                "faiss_qps": qps[best],
+                "fraglink_qps": summary([r["qps"] for r in ours[p]]),
+                "faiss_recall": summary([s["recall"] for s in fs]),
+                "fraglink_recall": summary([r["recall"] for r in ours[p]]),
+            })
+        results["cases"].append(case)
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=1)
+    for c in results["cases"]:
+        print(f"threads {c['threads']}: build faiss {c['faiss_build_s']['median']:.2f} s, "
+              f"fraglink {c['fraglink_build_s']['median']:.2f} s")
+        for r in c["nprobe"]:
+            print(f"  nprobe {r['nprobe']:3d}: QPS faiss {r['faiss_qps']['median']:9.0f} fraglink "
+                  f"{r['fraglink_qps']['median']:9.0f} ({r['fraglink_qps']['median'] / r['faiss_qps']['median']:.2f}x)"
+                  f"  recall faiss {r['faiss_recall']['median']:.4f} fraglink {r['fraglink_recall']['median']:.4f}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--fraglink", required=True)
+    r.add_argument("--work", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--reps", type=int, default=3)
+    r.add_argument("--n", type=int, default=200_000)
+    r.add_argument("--dim", type=int, default=128)
+    r.add_argument("--nq", type=int, default=2000)
+    r.add_argument("--k", type=int, default=10)
+    r.add_argument("--nlist", type=int, default=1024)
+    r.add_argument("--nprobes", default="1,4,16,64")
+    r.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    r.add_argument("--centres", type=int, default=1000)
+    r.add_argument("--sigma", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=42)
+    f = sub.add_parser("faiss")
+    f.add_argument("--base", required=True)
+    f.add_argument("--queries", required=True)
+    f.add_argument("--nlist", type=int, required=True)
+    f.add_argument("--nprobes", required=True)
+    f.add_argument("--k", type=int, required=True)
+    f.add_argument("--threads", type=int, required=True)
+    f.add_argument("--truth", required=True)
+    a = p.parse_args()
+    (run_main if a.cmd == "run" else faiss_main)(a)
+
+
+if __name__ == "__main__":
+    main()

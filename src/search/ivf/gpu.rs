@@ -1,0 +1,428 @@
+//! The GPU path of IVF-Flat, through the planner and the launcher.
+//!
+//! - **Plan** ([`ivf_plan`]): from the catalog, the `ivf_scan` fragment of the
+//!   index's dtype and veclen with the smallest capacity holding `k`, plus the
+//!   same `metric_<m>_<dtype>` and `filter_<f>_i64` fragments the brute-force
+//!   scan links (fragments/README.md, "The IVF-Flat scan").
+//! - **Coarse step**: the brute-force GPU scan over the resident centroids
+//!   with `k = nprobe` ([`GpuIndex`]) — bit for bit the CPU's [`search_cpu`]
+//!   over the centroids, so both paths probe the same lists.
+//! - **Scan**: the lists, uploaded once ([`GpuIvfIndex::upload`]) back to back
+//!   in the interleaved layout with their ids, offsets and sizes; one launch
+//!   per search. Results equal [`search_ivf`](super::search_ivf) bit for bit
+//!   (tests/ivf_gpu.rs, `#[ignore]`d without a GPU).
+//!
+//! [`search_cpu`]: crate::search::search_cpu
+
+use crate::fragment::FragmentInfo;
+use crate::fragments;
+use crate::gpu::launch::ScanContract;
+use crate::gpu::{GpuBuffer, KernelArgs, LaunchConfig};
+use crate::link::Planner;
+use crate::search::gpu::{upload_vectors, DeviceVectors, GpuSearchError, GpuSearcher};
+use crate::search::index::GpuIndex;
+use crate::search::plan::PlanError;
+use crate::search::{DType, Filter, Metric, Neighbors, SearchParams, Vectors};
+
+use super::build::List;
+use super::kmeans::gather_f32;
+use super::scan::{check_queries, IvfSearchParams};
+use super::{IvfError, IvfIndex, ListStore, MetricSpec};
+
+/// Threads per block of the IVF scan (FRAGLINK_SCAN_BLOCK).
+const BLOCK: u32 = 128;
+
+/// The fragments of one IVF-Flat scan.
+#[derive(Debug, Clone)]
+pub struct IvfGpuPlan {
+    pub scan: &'static FragmentInfo,
+    pub metric: &'static FragmentInfo,
+    pub filter: &'static FragmentInfo,
+    pub dtype: DType,
+    pub veclen: u32,
+    pub capacity: u32,
+}
+
+fn param_u32(f: &FragmentInfo, key: &str) -> Option<u32> {
+    f.param(key)?.parse().ok()
+}
+
+fn named(name: String) -> Result<&'static FragmentInfo, PlanError> {
+    fragments::catalog()
+        .iter()
+        .copied()
+        .find(|f| f.name == name)
+        .ok_or(PlanError::Missing(name))
+}
+
+/// The IVF scan for `dtype` lists of `veclen`, the smallest capacity holding
+/// `k`, ascending order (every built-in metric: smaller is closer).
+pub fn ivf_plan(
+    dtype: DType,
+    metric: Metric,
+    filter: &str,
+    veclen: usize,
+    k: usize,
+) -> Result<IvfGpuPlan, PlanError> {
+    let scans: Vec<&'static FragmentInfo> = fragments::catalog()
+        .iter()
+        .copied()
+        .filter(|f| {
+            f.family == "ivf_scan"
+                && f.param("dtype") == Some(dtype.name())
+                && f.param("order") == Some("asc")
+                && param_u32(f, "veclen") == Some(veclen as u32)
+        })
+        .collect();
+    let max = scans.iter().filter_map(|f| param_u32(f, "capacity")).max();
+    let Some(max) = max else {
+        return Err(PlanError::NoScan { dtype, idx: "i64" });
+    };
+    let scan = scans
+        .iter()
+        .copied()
+        .filter(|f| param_u32(f, "capacity").is_some_and(|c| c as usize >= k))
+        .min_by_key(|f| param_u32(f, "capacity"))
+        .ok_or(PlanError::KTooLarge {
+            k,
+            max,
+            dtype,
+            idx: "i64",
+        })?;
+    Ok(IvfGpuPlan {
+        scan,
+        metric: named(format!(
+            "metric_{}_{}",
+            metric.fragment_name(),
+            dtype.name()
+        ))?,
+        filter: named(format!("filter_{filter}_i64"))?,
+        dtype,
+        veclen: veclen as u32,
+        capacity: param_u32(scan, "capacity").unwrap_or(0),
+    })
+}
+
+impl IvfGpuPlan {
+    /// The planner linking this scan; its entry is the scan fragment.
+    pub fn planner(&self) -> Planner {
+        Planner::new(self.scan.name)
+            .add_fragment(self.scan)
+            .add_fragment(self.metric)
+            .add_fragment(self.filter)
+    }
+}
+
+/// Every plan [`ivf_plan`] can produce: each ascending `ivf_scan` variant
+/// of the catalog (any veclen is some index's layout, any capacity some
+/// `k`'s bucket) with each built-in metric of its dtype and each filter.
+/// Descending variants serve only run-time user metrics, whose sources a
+/// prelink cannot know.
+pub fn all_ivf_plans() -> Vec<IvfGpuPlan> {
+    let mut out = Vec::new();
+    for scan in fragments::catalog().iter().copied() {
+        if scan.family != "ivf_scan" || scan.param("order") != Some("asc") {
+            continue;
+        }
+        let (Some(dtype), Some(veclen), Some(capacity)) = (
+            scan.param("dtype").and_then(|d| d.parse::<DType>().ok()),
+            param_u32(scan, "veclen"),
+            param_u32(scan, "capacity"),
+        ) else {
+            continue;
+        };
+        for metric in Metric::ALL {
+            for filter in crate::search::plan::FILTERS {
+                let name = format!("metric_{}_{}", metric.fragment_name(), dtype.name());
+                if let (Ok(metric), Ok(filter)) =
+                    (named(name), named(format!("filter_{filter}_i64")))
+                {
+                    out.push(IvfGpuPlan {
+                        scan,
+                        metric,
+                        filter,
+                        dtype,
+                        veclen,
+                        capacity,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The IVF-Flat scan family, for prelinking (`fraglink prelink --family ivf_scan`).
+pub const IVF_SCAN_FAMILY: crate::link::prelink::PlanFamily = crate::link::prelink::PlanFamily::new(
+    "ivf_scan",
+    "IVF-Flat list scans: scan variant x metric x filter, as `fraglink search --index` plans them",
+    || all_ivf_plans().iter().map(IvfGpuPlan::planner).collect(),
+);
+
+/// Why a GPU IVF search could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum IvfGpuError {
+    #[error(transparent)]
+    Ivf(#[from] IvfError),
+    #[error(transparent)]
+    Gpu(#[from] GpuSearchError),
+    #[error("{what} = {value} exceeds the IVF scan kernel's 32-bit argument")]
+    TooLarge { what: &'static str, value: usize },
+}
+
+fn u32_arg(what: &'static str, value: usize) -> Result<u32, IvfGpuError> {
+    u32::try_from(value).map_err(|_| IvfGpuError::TooLarge { what, value })
+}
+
+fn dev_err<E: Into<GpuSearchError>>(e: E) -> IvfGpuError {
+    IvfGpuError::Gpu(e.into())
+}
+
+/// An IVF-Flat index resident on the device.
+pub struct GpuIvfIndex {
+    gpu: GpuSearcher,
+    metric: MetricSpec,
+    dtype: DType,
+    dim: usize,
+    n: usize,
+    nlist: usize,
+    veclen: usize,
+    centroids: GpuIndex,
+    data: DeviceVectors,
+    ids: GpuBuffer<i64>,
+    offsets: GpuBuffer<u64>,
+    sizes: GpuBuffer<u32>,
+}
+
+impl GpuIvfIndex {
+    /// Uploads the centroids and the lists (back to back, each a whole number
+    /// of 32-row groups; padding rows carry id -1 and are never read as rows).
+    pub fn upload(gpu: &GpuSearcher, index: &IvfIndex) -> Result<Self, IvfGpuError> {
+        let dim = index.dim();
+        let mut offsets = Vec::with_capacity(index.nlist());
+        let mut sizes = Vec::with_capacity(index.nlist());
+        let mut ids = Vec::new();
+        let mut at = 0usize;
+        for l in 0..index.nlist() {
+            let list = index.lists().ids(l);
+            offsets.push(at as u64);
+            sizes.push(u32_arg("list size", list.len())?);
+            ids.extend_from_slice(list);
+            let padded = super::layout::padded_rows(list.len());
+            ids.resize(ids.len() + padded - list.len(), -1);
+            at += padded;
+        }
+        fn concat<T: Copy>(ls: &[List<T>]) -> Vec<T> {
+            ls.iter().flat_map(|l| l.data.iter().copied()).collect()
+        }
+        // Rows of 32-row groups, not dataset rows: only the shape is borrowed.
+        let shaped = |e| IvfGpuError::Ivf(IvfError::Search(e));
+        let all = match index.lists() {
+            ListStore::F32(ls) => Vectors::f32(concat(ls), dim),
+            ListStore::F16(ls) => Vectors::f16(concat(ls), dim),
+            ListStore::I8(ls) => Vectors::i8(concat(ls), dim),
+            ListStore::U8(ls) => Vectors::u8(concat(ls), dim),
+        }
+        .map_err(shaped)?;
+        let t = gpu.transfer();
+        let cents = Vectors::F32(index.centroids().clone());
+        Ok(GpuIvfIndex {
+            gpu: gpu.clone(),
+            metric: index.metric(),
+            dtype: index.dtype(),
+            dim,
+            n: index.rows(),
+            nlist: index.nlist(),
+            veclen: index.veclen(),
+            centroids: GpuIndex::upload(gpu, &cents).map_err(dev_err)?,
+            data: upload_vectors(t, gpu.pool(), &all).map_err(dev_err)?,
+            ids: t.upload_new(gpu.pool(), &ids).map_err(dev_err)?,
+            offsets: t.upload_new(gpu.pool(), &offsets).map_err(dev_err)?,
+            sizes: t.upload_new(gpu.pool(), &sizes).map_err(dev_err)?,
+        })
+    }
+
+    /// IVF-Flat search on the device; equal bit for bit to
+    /// [`search_ivf`](super::search_ivf) on the same index.
+    pub fn search(&self, queries: &Vectors, p: &IvfSearchParams) -> Result<Neighbors, IvfGpuError> {
+        let plan = ivf_plan(
+            self.dtype,
+            self.metric.metric,
+            p.filter.fragment_name(),
+            self.veclen,
+            p.k,
+        )
+        .map_err(dev_err)?;
+        self.search_with(&plan.planner(), plan.capacity, queries, p)
+    }
+
+    /// The search with a planner of the caller's: an `ivf_scan_<dtype>_v<veclen>_k<capacity>_<order>`
+    /// entry (the index's dtype and veclen, `capacity ≥ k`), a metric for the dtype
+    /// — a run-time source through [`Planner::add_source`] included — and a
+    /// `filter_<f>_i64` matching `p.filter`. The coarse step keeps the index's
+    /// metric. Example: examples/ivf_user_metric.rs.
+    pub fn search_with(
+        &self,
+        planner: &Planner,
+        capacity: u32,
+        queries: &Vectors,
+        p: &IvfSearchParams,
+    ) -> Result<Neighbors, IvfGpuError> {
+        self.validate(queries, p)?;
+        // The entry must read the layout the lists were stored in.
+        let entry_veclen = planner
+            .static_fragments()
+            .first()
+            .and_then(|f| f.param("veclen"))
+            .and_then(|v| v.parse::<usize>().ok());
+        if let Some(v) = entry_veclen.filter(|&v| v != self.veclen) {
+            return Err(IvfGpuError::Ivf(IvfError::VeclenMismatch {
+                entry: v,
+                index: self.veclen,
+            }));
+        }
+        if p.k > capacity as usize {
+            return Err(dev_err(PlanError::KTooLarge {
+                k: p.k,
+                max: capacity,
+                dtype: self.dtype,
+                idx: "i64",
+            }));
+        }
+        let (nq, k, dim) = (queries.rows(), p.k, self.dim);
+        let nprobe = p.nprobe.min(self.nlist);
+        // Coarse step: the brute-force GPU scan over the centroids.
+        let qf = match queries {
+            Vectors::F32(_) => queries.clone(),
+            _ => Vectors::F32(gather_f32(queries, &(0..nq).collect::<Vec<_>>())),
+        };
+        let coarse = self
+            .centroids
+            .search(&qf, &SearchParams::new(nprobe, self.metric.metric))
+            .map_err(dev_err)?;
+        let probes: Vec<u32> = coarse.neighbors.ids.iter().map(|&l| l as u32).collect();
+        let linked = planner
+            .link_for(self.gpu.context().arch())
+            .map_err(dev_err)?;
+        let launcher = self.gpu.launcher(&linked).map_err(dev_err)?;
+        let t = self.gpu.transfer();
+        let pool = self.gpu.pool();
+        let d_queries = upload_vectors(t, pool, queries).map_err(dev_err)?;
+        let d_probes = t.upload_new(pool, &probes).map_err(dev_err)?;
+        let d_bits = match &p.filter {
+            Filter::Bitset(b) => Some(t.upload_new(pool, &b.words).map_err(dev_err)?),
+            Filter::None => None,
+        };
+        let mut d_ids = pool.alloc::<i64>(nq * k).map_err(dev_err)?;
+        let mut d_dists = pool.alloc::<f32>(nq * k).map_err(dev_err)?;
+        let contract = ScanContract {
+            elem_bytes: self.dtype.size() as u32,
+            veclen: self.veclen as u32,
+            id_bytes: 8,
+            capacity,
+        };
+        let (nq32, k32) = (u32_arg("n_queries", nq)?, u32_arg("k", k)?);
+        let (nprobe32, dim32) = (u32_arg("nprobe", nprobe)?, u32_arg("dim", dim)?);
+        let rows = self.data_rows();
+        let mut args = KernelArgs::new();
+        self.data
+            .push_rows(&mut args, &contract, "data", 0..rows * dim)
+            .map_err(IvfGpuError::Gpu)?;
+        args.input(&self.ids)
+            .map_err(dev_err)?
+            .require_alignment(8, "ids");
+        args.input(&self.offsets)
+            .map_err(dev_err)?
+            .require_alignment(8, "list_offsets");
+        args.input(&self.sizes)
+            .map_err(dev_err)?
+            .require_alignment(4, "list_sizes");
+        args.input(&d_probes)
+            .map_err(dev_err)?
+            .require_alignment(4, "probes");
+        args.value(nprobe32);
+        d_queries
+            .push_rows(&mut args, &contract, "queries", 0..nq * dim)
+            .map_err(IvfGpuError::Gpu)?;
+        match &d_bits {
+            Some(b) => args
+                .input(b)
+                .map_err(dev_err)?
+                .require_alignment(4, "filter_bits"),
+            None => args.null_ptr(),
+        };
+        args.value(dim32).value(nq32).value(k32);
+        args.output(d_ids.subview_mut(0, nq * k).map_err(dev_err)?)
+            .map_err(dev_err)?
+            .require_alignment(8, "out_ids");
+        args.output(d_dists.subview_mut(0, nq * k).map_err(dev_err)?)
+            .map_err(dev_err)?
+            .require_alignment(4, "out_dists");
+        let cfg = LaunchConfig::new((nq32.clamp(1, i32::MAX as u32), 1, 1), (BLOCK, 1, 1));
+        // SAFETY: arguments in the order and types of templates/ivf_scan.cu.j2;
+        // counts fit the kernel's 32-bit parameters (checked above); probes are
+        // list numbers < nlist (the coarse scan's ids over nlist ≥ nprobe rows);
+        // sizes and alignments are checked by the launcher.
+        unsafe { launcher.launch(&cfg, &mut args).map_err(dev_err)? };
+        let ids = t.download_vec(&d_ids).map_err(dev_err)?;
+        let mut distances = t.download_vec(&d_dists).map_err(dev_err)?;
+        distances
+            .iter_mut()
+            .for_each(|d| *d = self.metric.post.apply(*d));
+        Ok(Neighbors {
+            nq,
+            k,
+            ids,
+            distances,
+        })
+    }
+
+    /// The resident index's metric (the coarse step's).
+    pub fn metric(&self) -> MetricSpec {
+        self.metric
+    }
+
+    fn data_rows(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn validate(&self, queries: &Vectors, p: &IvfSearchParams) -> Result<(), IvfError> {
+        check_queries(self.dtype, self.dim, self.n, queries, p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The enumerator and the planner rules agree both ways.
+    #[test]
+    fn all_ivf_plans_are_exactly_the_reachable_plans() {
+        let names = |p: &IvfGpuPlan| format!("{} {} {}", p.scan.name, p.metric.name, p.filter.name);
+        let all = all_ivf_plans();
+        let enumerated: std::collections::HashSet<String> = all.iter().map(names).collect();
+        assert_eq!(enumerated.len(), all.len(), "no duplicates");
+        let mut reached = std::collections::HashSet::new();
+        for dtype in DType::ALL {
+            for metric in Metric::ALL {
+                for filter in crate::search::plan::FILTERS {
+                    for veclen in [1, 2, 4, 8, 16] {
+                        for k in [1, 10, 32, 33, 64, 65, 100, 128, 129, 256] {
+                            if let Ok(p) = ivf_plan(dtype, metric, filter, veclen, k) {
+                                let n = names(&p);
+                                assert!(enumerated.contains(&n), "{n} not enumerated");
+                                reached.insert(n);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let unreached: Vec<_> = enumerated.difference(&reached).collect();
+        assert!(
+            unreached.is_empty(),
+            "enumerated, never planned: {unreached:?}"
+        );
+        assert!(crate::families::find("ivf_scan").is_some());
+    }
+}

@@ -1,0 +1,88 @@
+//! IVF-Flat on the GPU: the plan for every dtype links (no GPU needed), and
+//! with a GPU (`cargo test -- --ignored`, or the GPU archive) the device
+//! results equal the CPU path's bit for bit: the same probed lists, the same
+//! rows, the same fold, the same tie rule and NaN handling.
+
+use fraglink::build::Arch;
+use fraglink::gpu::GpuContext;
+use fraglink::link::LinkRuntime;
+use fraglink::search::data::synthetic;
+use fraglink::search::gpu::GpuSearcher;
+use fraglink::search::ivf::gpu::{ivf_plan, GpuIvfIndex};
+use fraglink::search::ivf::{
+    build_index, search_ivf, veclen_for, IvfBuildParams, IvfSearchParams, MetricSpec,
+};
+use fraglink::search::plan::PlanError;
+use fraglink::search::{Bitset, DType, Filter, Metric, Vectors};
+
+#[test]
+fn every_dtype_metric_and_k_has_a_plan_that_links() {
+    let rt = LinkRuntime::memory_only().unwrap();
+    for dtype in DType::ALL {
+        for metric in Metric::ALL {
+            for veclen in [1, veclen_for(dtype, 128)] {
+                for k in [1, 10, 33, 100, 256] {
+                    let p = ivf_plan(dtype, metric, "bitset", veclen, k).unwrap();
+                    // The smallest capacity bucket holding k.
+                    let want = [32, 64, 128, 256].into_iter().find(|&c| c >= k).unwrap();
+                    assert_eq!(p.capacity as usize, want, "{dtype} {metric} k {k}");
+                    let l = rt.link(&p.planner(), Arch::sm(90)).unwrap();
+                    assert_eq!(l.kernel.metadata.spill_stores, 0);
+                }
+            }
+        }
+    }
+    assert!(matches!(
+        ivf_plan(DType::F32, Metric::L2, "none", 4, 257),
+        Err(PlanError::KTooLarge { max: 256, .. })
+    ));
+    assert!(ivf_plan(DType::F32, Metric::L2, "none", 2, 10).is_err());
+}
+
+fn nan_rows(v: Vectors) -> Vectors {
+    match v {
+        Vectors::F32(m) => {
+            let dim = m.dim();
+            let mut d = m.into_data();
+            d[5 * dim + 1] = f32::NAN;
+            d[77 * dim] = f32::INFINITY;
+            Vectors::f32(d, dim).unwrap()
+        }
+        other => other,
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_ivf_equals_cpu_ivf_bit_for_bit() {
+    let gpu = GpuSearcher::new(GpuContext::default().unwrap()).unwrap();
+    for dtype in DType::ALL {
+        for dim in [32, 20] {
+            let (base, queries) = synthetic(6000, dim, 57, dtype, 9);
+            let base = nan_rows(base);
+            for spec in ["l2", "l2sqrt", "ip", "cosine"] {
+                let spec: MetricSpec = spec.parse().unwrap();
+                let mut bp = IvfBuildParams::new(40, spec).with_seed(2);
+                bp.iterations = 5;
+                for veclen in [None, Some(1)] {
+                    bp.veclen = veclen;
+                    let index = build_index(&base, &bp).unwrap();
+                    let dev = GpuIvfIndex::upload(&gpu, &index).unwrap();
+                    for (k, nprobe) in [(1, 1), (10, 4), (100, 40), (256, 7)] {
+                        for f in [Filter::None, Filter::Bitset(Bitset::random(6000, 0.3, 4))] {
+                            let p = IvfSearchParams::new(k, nprobe).with_filter(f);
+                            let want = search_ivf(&index, &queries, &p).unwrap();
+                            let got = dev.search(&queries, &p).unwrap();
+                            assert!(
+                                got.bitwise_eq(&want),
+                                "{dtype} dim {dim} {spec} veclen {veclen:?} k {k} nprobe {nprobe}: \
+                                 first difference at {:?}",
+                                got.first_difference(&want)
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
