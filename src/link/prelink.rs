@@ -57,6 +57,43 @@ impl PlanFamily {
     pub fn plans(&self) -> Vec<Planner> {
         (self.enumerate)()
     }
+
+    /// Checks the enumerator against the family's planner rules: `reached`
+    /// are the plans those rules produce over a sweep of inputs. Every
+    /// reached plan must be enumerated, every enumerated plan reached, and
+    /// none enumerated twice (plans compare by entries and fragments). Each
+    /// family's tests call this, so an enumerator cannot drift from its
+    /// rules.
+    pub fn check_against(&self, reached: impl IntoIterator<Item = Planner>) -> Result<(), String> {
+        let id = |p: &Planner| {
+            format!(
+                "{} [{}]",
+                p.entries().join(" "),
+                p.fragment_names().join(" ")
+            )
+        };
+        let plans = self.plans();
+        let enumerated: std::collections::HashSet<String> = plans.iter().map(id).collect();
+        if enumerated.len() != plans.len() {
+            return Err(format!("`{}` enumerates a plan twice", self.name));
+        }
+        let mut unreached = enumerated.clone();
+        for p in reached {
+            let id = id(&p);
+            if !enumerated.contains(&id) {
+                return Err(format!("`{}` does not enumerate {id}", self.name));
+            }
+            unreached.remove(&id);
+        }
+        match unreached.iter().next() {
+            None => Ok(()),
+            Some(id) => Err(format!(
+                "`{}` enumerates {id} (and {} more) that its rules never plan",
+                self.name,
+                unreached.len() - 1
+            )),
+        }
+    }
 }
 
 impl std::fmt::Debug for PlanFamily {
@@ -204,6 +241,33 @@ mod tests {
             .unwrap()
             .add_named("filter_none_u32")
             .unwrap()
+    }
+
+    #[test]
+    fn check_against_finds_drift_both_ways() {
+        fn two() -> Vec<Planner> {
+            vec![plan("scan_f32_u32_v4_k32"), plan("scan_f32_u32_v1_k128")]
+        }
+        fn twice() -> Vec<Planner> {
+            vec![plan("scan_f32_u32_v4_k32"), plan("scan_f32_u32_v4_k32")]
+        }
+        let fam = PlanFamily::new("t", "test", two);
+        assert!(fam.check_against(two()).is_ok());
+        let e = fam
+            .check_against([plan("scan_f32_u32_v4_k32")])
+            .unwrap_err();
+        assert!(e.contains("never plan"), "{e}");
+        let e = fam
+            .check_against(two().into_iter().chain([plan("scan_f32_u32_v4_k128")]))
+            .unwrap_err();
+        assert!(
+            e.contains("does not enumerate") && e.contains("v4_k128"),
+            "{e}"
+        );
+        let e = PlanFamily::new("t", "test", twice)
+            .check_against(twice())
+            .unwrap_err();
+        assert!(e.contains("twice"), "{e}");
     }
 
     /// Needs nvJitLink (found as for every link test), no GPU.
