@@ -11,14 +11,17 @@
 //!    lane folding its row in dimension order with exactly the operations of
 //!    [`distance`](crate::search::distance) (f32 `mul_add` / wrapping i32), so
 //!    every distance is the reference's bit for bit; the per-query [`TopK`]
-//!    keeps the `k` smallest `(distance, id)` keys.
+//!    keeps the `k` smallest `(distance, id)` keys. The queries of a list are
+//!    folded two at a time ([`fold_f32_pair`] for the floats): twice the
+//!    independent fma chains and one load of each group column for both, which
+//!    matters most at small `nprobe`, where a list has only a few queries.
 
 use half::f16;
 use rayon::prelude::*;
 
 use super::build::{with_lists_and_queries, List};
 use super::coarse::probe_lists;
-use super::lanes::{fold_f32, fold_i32, Fold};
+use super::lanes::{fold_f32, fold_f32_pair, fold_i32, Fold};
 use super::layout::{f32x4_to_dim_major, to_dim_major, GROUP};
 use super::topk::TopK;
 use super::{IvfError, IvfIndex};
@@ -62,6 +65,14 @@ pub(crate) trait ScanElem: Element {
     /// The 32 distances of one query against one dimension-major group
     /// (`simd`: the AVX2 lanes, only where avx2 and fma were detected).
     fn group(g: &GroupArgs<'_, Self::W>, out: &mut [f32; GROUP], simd: bool);
+    /// [`ScanElem::group`] for two queries against the same group (the
+    /// floats fold both at once: [`fold_f32_pair`]).
+    #[inline(always)]
+    fn group_pair(g: [&GroupArgs<'_, Self::W>; 2], out: [&mut [f32; GROUP]; 2], simd: bool) {
+        let [o0, o1] = out;
+        Self::group(g[0], o0, simd);
+        Self::group(g[1], o1, simd);
+    }
     /// The group itself when it is already dimension-major lanes (f32, veclen 1).
     fn as_lanes(group: &[Self], veclen: usize) -> Option<&[Self::W]>;
     /// Writes the group dimension-major into `out`.
@@ -89,6 +100,31 @@ pub(crate) fn float_group(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP], simd: 
         Fold::Dot
     };
     fold_f32(fold, g.q, g.gx, out, simd);
+    finish_float(g, out);
+}
+
+/// [`float_group`] for two queries against the same group
+/// ([`fold_f32_pair`]): the same bits as two calls.
+#[inline(always)]
+pub(crate) fn float_group_pair(
+    g: [&GroupArgs<'_, f32>; 2],
+    out: [&mut [f32; GROUP]; 2],
+    simd: bool,
+) {
+    let fold = if g[0].metric == Metric::L2 {
+        Fold::L2
+    } else {
+        Fold::Dot
+    };
+    let [o0, o1] = out;
+    fold_f32_pair(fold, [g[0].q, g[1].q], g[0].gx, [&mut *o0, &mut *o1], simd);
+    finish_float(g[0], o0);
+    finish_float(g[1], o1);
+}
+
+/// The metric's finalisation of folded f32 lanes.
+#[inline(always)]
+fn finish_float(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP]) {
     match g.metric {
         Metric::L2 => {}
         Metric::InnerProduct => out.iter_mut().for_each(|a| *a = -*a),
@@ -138,6 +174,10 @@ macro_rules! float_elem {
             #[inline(always)]
             fn group(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP], simd: bool) {
                 float_group(g, out, simd)
+            }
+            #[inline(always)]
+            fn group_pair(g: [&GroupArgs<'_, f32>; 2], out: [&mut [f32; GROUP]; 2], simd: bool) {
+                float_group_pair(g, out, simd)
             }
             #[inline(always)]
             fn as_lanes(group: &[$t], veclen: usize) -> Option<&[f32]> {
@@ -218,7 +258,7 @@ fn scan_block<E: ScanElem, const SIMD: bool>(b: &Block<'_, E>, tops: &mut [TopK]
     let dim = b.dim;
     let mut buf = vec![E::W::default(); GROUP * dim];
     let mut xx = [E::W::default(); GROUP];
-    let mut out = [0.0f32; GROUP];
+    let (mut out, mut out2) = ([0.0f32; GROUP], [0.0f32; GROUP]);
     let mut col = vec![E::W::default(); dim];
     let mut start = 0;
     while start < b.pairs.len() {
@@ -244,27 +284,42 @@ fn scan_block<E: ScanElem, const SIMD: bool>(b: &Block<'_, E>, tops: &mut [TopK]
             }
             let valid = (len - g * GROUP).min(GROUP);
             let ids = &list.ids[g * GROUP..g * GROUP + valid];
-            for &(_, qi) in &b.pairs[start..end] {
+            let args = |qi: u32| {
                 let qi = qi as usize;
-                let args = GroupArgs {
+                GroupArgs {
                     metric: b.metric,
                     q: &b.q[qi * dim..(qi + 1) * dim],
                     qq: b.qq[qi],
                     gx,
                     xx: &xx,
-                };
-                E::group(&args, &mut out, SIMD);
-                let top = &mut tops[qi];
-                let bound = top.bound();
-                for (&d, &id) in out.iter().zip(ids) {
-                    let d = nan_to_inf(d);
-                    if d <= bound && b.filter.allows(id as usize) {
-                        top.offer(d, id);
-                    }
                 }
+            };
+            // Queries two at a time (the pair fold), an odd one alone.
+            let mut two = b.pairs[start..end].chunks_exact(2);
+            for p in &mut two {
+                let (qa, qb) = (p[0].1, p[1].1);
+                E::group_pair([&args(qa), &args(qb)], [&mut out, &mut out2], SIMD);
+                offer_group(&mut tops[qa as usize], &out, ids, b.filter);
+                offer_group(&mut tops[qb as usize], &out2, ids, b.filter);
+            }
+            for &(_, qi) in two.remainder() {
+                E::group(&args(qi), &mut out, SIMD);
+                offer_group(&mut tops[qi as usize], &out, ids, b.filter);
             }
         }
         start = end;
+    }
+}
+
+/// Offers one query the valid rows of a scanned group.
+#[inline(always)]
+fn offer_group(top: &mut TopK, out: &[f32; GROUP], ids: &[i64], filter: &Filter) {
+    let bound = top.bound();
+    for (&d, &id) in out.iter().zip(ids) {
+        let d = nan_to_inf(d);
+        if d <= bound && filter.allows(id as usize) {
+            top.offer(d, id);
+        }
     }
 }
 

@@ -8,6 +8,9 @@
 use crate::search::cpu::key_cmp;
 use std::cmp::Ordering;
 
+/// Most keys reserved up front (see [`TopK::offer`]).
+const RESERVE_MAX: usize = 64;
+
 pub(crate) struct TopK {
     k: usize,
     heap: Vec<(f32, i64)>,
@@ -48,6 +51,13 @@ impl TopK {
     pub(crate) fn offer(&mut self, d: f32, id: i64) {
         let key = (d, id);
         if self.heap.len() < self.k {
+            if self.heap.capacity() == 0 {
+                // One allocation for the usual k rather than the 4 → 8 → 16
+                // growth of pushes (at small nprobe a scan task touches each
+                // query's heap for a single list, so these allocations showed
+                // in profiles); capped so a huge k grows as needed instead.
+                self.heap.reserve_exact(self.k.min(RESERVE_MAX));
+            }
             self.heap.push(key);
             self.sift_up(self.heap.len() - 1);
         } else if less(key, self.heap[0]) {
