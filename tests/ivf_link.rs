@@ -3,62 +3,15 @@
 //! sm_80 and sm_90, with zero spills, a kernel entry and the shared memory its
 //! capacity implies. Real nvJitLink, no GPU needed.
 
+mod support;
+
 use fraglink::build::Arch;
-use fraglink::fragments;
 use fraglink::link::metadata::check_cubin;
 use fraglink::link::{LinkRuntime, Planner, RuntimeConfig};
+use support::scan_links::{family_plans, link_all_checked};
 
 fn plans(metric: &str, filter: &str) -> Vec<Planner> {
-    fragments::catalog()
-        .iter()
-        .filter(|f| f.family == "ivf_scan")
-        .map(|s| {
-            let dtype = s.param("dtype").unwrap();
-            Planner::new(s.name)
-                .add_named(s.name)
-                .unwrap()
-                .add_named(&format!("metric_{metric}_{dtype}"))
-                .unwrap()
-                .add_named(&format!("filter_{filter}_i64"))
-                .unwrap()
-        })
-        .collect()
-}
-
-fn link_all(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
-    std::thread::scope(|s| {
-        for chunk in plans.chunks(plans.len().div_ceil(4)) {
-            s.spawn(move || {
-                for p in chunk {
-                    let l = rt
-                        .link(p, arch)
-                        .unwrap_or_else(|e| panic!("{} for {arch}: {e}", p.entry()));
-                    let info = check_cubin(&l.kernel.cubin, p.entry()).unwrap();
-                    assert!(info.entry_is_kernel, "{}", p.entry());
-                    let m = &l.kernel.metadata;
-                    assert_eq!(
-                        (m.spill_stores, m.spill_loads, m.stack_bytes),
-                        (0, 0, 0),
-                        "{} {arch}: {m:?}",
-                        p.entry()
-                    );
-                    // 128 threads per block, as the brute-force scan.
-                    assert!(
-                        m.registers >= 1 && m.registers <= 64,
-                        "{} {arch}: {m:?}",
-                        p.entry()
-                    );
-                    let cap: u32 = p.static_fragments()[0]
-                        .param("capacity")
-                        .unwrap()
-                        .parse()
-                        .unwrap();
-                    let slots = (cap + 128).next_power_of_two();
-                    assert_eq!(m.shared_bytes, Some(slots * (4 + 8)), "{}", p.entry());
-                }
-            });
-        }
-    });
+    family_plans("ivf_scan", metric, filter)
 }
 
 #[test]
@@ -72,7 +25,7 @@ fn every_ivf_scan_variant_links_spill_free_for_sm75_and_sm90() {
     // 4 dtypes × 2 veclens × 4 capacities × 2 orders.
     assert_eq!(all.len(), 64);
     for arch in [Arch::sm(75), Arch::sm(90)] {
-        link_all(&rt, &all, arch);
+        link_all_checked(&rt, &all, arch);
     }
 }
 
@@ -94,7 +47,7 @@ fn every_metric_and_filter_links_with_the_ivf_scan_for_sm80() {
         }
     }
     assert_eq!(all.len(), 3 * 2 * 4 * 2);
-    link_all(&rt, &all, Arch::sm(80));
+    link_all_checked(&rt, &all, Arch::sm(80));
 }
 
 /// A run-time user metric (examples/ivf_user_metric.rs) links in place of the

@@ -1,14 +1,15 @@
 //! The runtime linker on real fragments, real nvJitLink, real cubins.
 
+mod support;
+
 use std::sync::{Arc, Barrier};
 
 use fraglink::build::Arch;
-use fraglink::fragments::{
-    self, FilterFragment, MetricFragment, NoneFilter, ScanFragment, F32, L2, U32,
-};
+use fraglink::fragments::{FilterFragment, MetricFragment, NoneFilter, ScanFragment, F32, L2, U32};
 use fraglink::link::disk::DiskCacheConfig;
 use fraglink::link::metadata::check_cubin;
 use fraglink::link::{LinkError, LinkRuntime, Planner, RuntimeConfig, Source};
+use support::scan_links::{family_plans, link_all_checked};
 
 fn runtime(disk: Option<&std::path::Path>) -> LinkRuntime {
     LinkRuntime::new(RuntimeConfig {
@@ -21,66 +22,7 @@ fn runtime(disk: Option<&std::path::Path>) -> LinkRuntime {
 /// The scan fragment of every (dtype, idx, veclen, capacity) with a metric
 /// and a filter that fit it.
 fn scan_plans(metric: &str, filter: &str) -> Vec<Planner> {
-    fragments::catalog()
-        .iter()
-        .filter(|f| f.family == "scan")
-        .map(|s| {
-            let dtype = s.param("dtype").unwrap();
-            let idx = s.param("idx").unwrap();
-            Planner::new(s.name)
-                .add_named(s.name)
-                .unwrap()
-                .add_named(&format!("metric_{metric}_{dtype}"))
-                .unwrap()
-                .add_named(&format!("filter_{filter}_{idx}"))
-                .unwrap()
-        })
-        .collect()
-}
-
-fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
-    std::thread::scope(|s| {
-        for chunk in plans.chunks(plans.len().div_ceil(4)) {
-            s.spawn(move || {
-                for p in chunk {
-                    let l = rt
-                        .link(p, arch)
-                        .unwrap_or_else(|e| panic!("{} for {arch}: {e}", p.entry()));
-                    let info = check_cubin(&l.kernel.cubin, p.entry()).unwrap();
-                    assert_eq!(info.machine, 190);
-                    assert!(info.entry_is_kernel, "{}", p.entry());
-                    let m = &l.kernel.metadata;
-                    assert_eq!(
-                        (m.spill_stores, m.spill_loads, m.stack_bytes),
-                        (0, 0, 0),
-                        "{} {arch}: {m:?}",
-                        p.entry()
-                    );
-                    // The launcher uses 128 threads per block (fragments/README.md).
-                    assert!(m.registers >= 1 && m.registers * 128 <= 65536, "{m:?}");
-                    assert!(
-                        m.registers <= 64,
-                        "{} {arch}: {} registers",
-                        p.entry(),
-                        m.registers
-                    );
-                    let cap: u32 = p.static_fragments()[0]
-                        .param("capacity")
-                        .unwrap()
-                        .parse()
-                        .unwrap();
-                    let idx_bytes = if p.entry().contains("_i64_") { 8 } else { 4 };
-                    let slots = (cap + 128).next_power_of_two();
-                    assert_eq!(
-                        m.shared_bytes,
-                        Some(slots * (4 + idx_bytes)),
-                        "{}",
-                        p.entry()
-                    );
-                }
-            });
-        }
-    });
+    family_plans("scan", metric, filter)
 }
 
 #[test]

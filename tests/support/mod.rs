@@ -13,6 +13,8 @@
 // Each test file uses only some of these functions.
 #![allow(dead_code)]
 
+pub mod scan_links;
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 

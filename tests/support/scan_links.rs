@@ -1,0 +1,79 @@
+//! Linking whole scan families and checking every cubin (the brute-force
+//! `scan` family and IVF-Flat's `ivf_scan` share the launch contract: 128
+//! threads per block, a shared-memory top-k of `capacity + 128` slots rounded
+//! up to a power of two, each a distance and an id).
+
+use fraglink::build::Arch;
+use fraglink::fragments;
+use fraglink::link::metadata::check_cubin;
+use fraglink::link::{LinkRuntime, Planner};
+
+/// The id type of a scan fragment: its `idx` parameter (IVF scans have none:
+/// their ids are i64).
+fn idx_of(scan: &fraglink::fragment::FragmentInfo) -> &'static str {
+    scan.param("idx").unwrap_or("i64")
+}
+
+/// One plan per fragment of `family`, with `metric_<metric>_<dtype>` and
+/// `filter_<filter>_<idx>` fitting it.
+pub fn family_plans(family: &str, metric: &str, filter: &str) -> Vec<Planner> {
+    fragments::catalog()
+        .iter()
+        .filter(|f| f.family == family)
+        .map(|s| {
+            let dtype = s.param("dtype").unwrap();
+            Planner::new(s.name)
+                .add_named(s.name)
+                .unwrap()
+                .add_named(&format!("metric_{metric}_{dtype}"))
+                .unwrap()
+                .add_named(&format!("filter_{filter}_{}", idx_of(s)))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Links `plans` for `arch` on 4 threads and checks each cubin: a CUDA ELF
+/// with the entry as a kernel, no spills and no stack, 1 to 64 registers
+/// (128 threads per block), and the shared memory the capacity implies.
+pub fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
+    std::thread::scope(|s| {
+        for chunk in plans.chunks(plans.len().div_ceil(4)) {
+            s.spawn(move || {
+                for p in chunk {
+                    let l = rt
+                        .link(p, arch)
+                        .unwrap_or_else(|e| panic!("{} for {arch}: {e}", p.entry()));
+                    let info = check_cubin(&l.kernel.cubin, p.entry()).unwrap();
+                    assert_eq!(info.machine, 190);
+                    assert!(info.entry_is_kernel, "{}", p.entry());
+                    let m = &l.kernel.metadata;
+                    assert_eq!(
+                        (m.spill_stores, m.spill_loads, m.stack_bytes),
+                        (0, 0, 0),
+                        "{} {arch}: {m:?}",
+                        p.entry()
+                    );
+                    // The launcher uses 128 threads per block (fragments/README.md).
+                    assert!(m.registers >= 1 && m.registers * 128 <= 65536, "{m:?}");
+                    assert!(
+                        m.registers <= 64,
+                        "{} {arch}: {} registers",
+                        p.entry(),
+                        m.registers
+                    );
+                    let scan = p.static_fragments()[0];
+                    let cap: u32 = scan.param("capacity").unwrap().parse().unwrap();
+                    let idx_bytes = if idx_of(scan) == "i64" { 8 } else { 4 };
+                    let slots = (cap + 128).next_power_of_two();
+                    assert_eq!(
+                        m.shared_bytes,
+                        Some(slots * (4 + idx_bytes)),
+                        "{}",
+                        p.entry()
+                    );
+                }
+            });
+        }
+    });
+}
