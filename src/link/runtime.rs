@@ -684,7 +684,19 @@ impl LinkRuntime {
         let entries: Vec<&str> = plan.entries().iter().map(String::as_str).collect();
         let key = LinkKey::new(&entries, &pairs, &args, self.linker.version());
         plan.memo().remember(self.id, arch, key);
-        let fragments = || inputs.iter().map(|i| i.name.to_string()).collect();
+        // A checked kernel of this request, from the disk or a fresh link:
+        // entry, arch and fragments always come from the request.
+        let assemble =
+            |kernels: Vec<KernelMetadata>, info_log: String, cubin: Vec<u8>| LinkedKernel {
+                key: Some(key),
+                entry: entry.to_string(),
+                arch: arch.to_string(),
+                fragments: inputs.iter().map(|i| i.name.to_string()).collect(),
+                metadata: kernels[0].clone(),
+                kernels,
+                info_log,
+                cubin,
+            };
 
         let produce = || -> Result<(LinkedKernel, Source), LinkError> {
             // Only on a miss: a hit's key (fragments, entries, arch) passed
@@ -705,16 +717,8 @@ impl LinkRuntime {
                         });
                     match checked {
                         Ok((p, kernels)) => {
-                            let kernel = LinkedKernel {
-                                key: Some(key),
-                                entry: entry.to_string(),
-                                arch: arch.to_string(),
-                                fragments: fragments(),
-                                metadata: kernels[0].clone(),
-                                kernels,
-                                info_log: p.info_log.to_string(),
-                                cubin: p.cubin.to_vec(),
-                            };
+                            let kernel =
+                                assemble(kernels, p.info_log.to_string(), p.cubin.to_vec());
                             return Ok((kernel, Source::Disk));
                         }
                         // Refused: counted, removed, and replaced by the
@@ -766,17 +770,7 @@ impl LinkRuntime {
                 };
                 let _ = disk.put(&hex, &payload.encode());
             }
-            let kernel = LinkedKernel {
-                key: Some(key),
-                entry: entry.to_string(),
-                arch: arch.to_string(),
-                fragments: fragments(),
-                metadata: kernels[0].clone(),
-                kernels,
-                info_log: out.info_log,
-                cubin: out.cubin,
-            };
-            Ok((kernel, Source::Linked))
+            Ok((assemble(kernels, out.info_log, out.cubin), Source::Linked))
         };
         let (kernel, source) = self
             .memory
