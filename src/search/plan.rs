@@ -42,10 +42,7 @@ pub struct ScanPlan {
 impl ScanPlan {
     /// The planner linking this scan; its entry is the scan fragment.
     pub fn planner(&self) -> Planner {
-        Planner::new(self.scan.name)
-            .add_fragment(self.scan)
-            .add_fragment(self.metric)
-            .add_fragment(self.filter)
+        scan_planner(self.scan, self.metric, self.filter)
     }
 
     /// What the chosen scan variant requires of its launch (checked by
@@ -134,20 +131,46 @@ pub fn plan(
 /// The filters `plan` accepts (`filter_<this>_<idx>` fragments).
 pub const FILTERS: [&str; 2] = ["none", "bitset"];
 
-/// Every scan plan [`plan`] can produce: each scan variant of the catalog
-/// (any veclen is chosen for some `dim`, any capacity for some `k`, u32 or
-/// i64 ids for some row count) with each metric of its dtype and each
-/// filter of its id type. Follows the catalog, like `plan` itself.
-pub fn all_plans() -> Vec<ScanPlan> {
+/// The planner of a scan with its metric and filter: one link, whose entry
+/// is the scan fragment (brute-force and IVF scans alike).
+pub(crate) fn scan_planner(
+    scan: &'static FragmentInfo,
+    metric: &'static FragmentInfo,
+    filter: &'static FragmentInfo,
+) -> Planner {
+    Planner::new(scan.name)
+        .add_fragment(scan)
+        .add_fragment(metric)
+        .add_fragment(filter)
+}
+
+/// One scan variant with one metric and one filter that fit it.
+pub(crate) struct ScanTriple {
+    pub scan: &'static FragmentInfo,
+    pub metric: &'static FragmentInfo,
+    pub filter: &'static FragmentInfo,
+    pub dtype: DType,
+    pub veclen: u32,
+    pub capacity: u32,
+}
+
+/// Every scan fragment of `family` that `keep` accepts, with each built-in
+/// metric of its dtype and each filter of `FILTERS` for ids of `idx_of(scan)`
+/// (variants without a dtype, veclen or capacity, or without those fragments
+/// in the catalog, are skipped). The enumerators of the scan families.
+pub(crate) fn scan_triples(
+    family: &str,
+    keep: impl Fn(&FragmentInfo) -> bool,
+    idx_of: impl Fn(&FragmentInfo) -> Option<&'static str>,
+) -> Vec<ScanTriple> {
     let mut out = Vec::new();
     for scan in fragments::catalog().iter().copied() {
-        if scan.family != "scan" {
+        if scan.family != family || !keep(scan) {
             continue;
         }
         let (Some(dtype), Some(idx), Some(veclen), Some(capacity)) = (
             scan.param("dtype").and_then(|d| d.parse::<DType>().ok()),
-            scan.param("idx")
-                .and_then(|i| ["u32", "i64"].into_iter().find(|&x| x == i)),
+            idx_of(scan),
             param_u32(scan, "veclen"),
             param_u32(scan, "capacity"),
         ) else {
@@ -162,20 +185,42 @@ pub fn all_plans() -> Vec<ScanPlan> {
                 ));
                 let filter = fragments::find(&format!("filter_{filter}_{idx}"));
                 if let (Some(metric), Some(filter)) = (metric, filter) {
-                    out.push(ScanPlan {
+                    out.push(ScanTriple {
                         scan,
                         metric,
                         filter,
                         dtype,
                         veclen,
                         capacity,
-                        idx,
                     });
                 }
             }
         }
     }
     out
+}
+
+/// Every scan plan [`plan`] can produce: each scan variant of the catalog
+/// (any veclen is chosen for some `dim`, any capacity for some `k`, u32 or
+/// i64 ids for some row count) with each metric of its dtype and each
+/// filter of its id type. Follows the catalog, like `plan` itself.
+pub fn all_plans() -> Vec<ScanPlan> {
+    let idx = |s: &FragmentInfo| {
+        s.param("idx")
+            .and_then(|i| ["u32", "i64"].into_iter().find(|&x| x == i))
+    };
+    scan_triples("scan", |_| true, idx)
+        .into_iter()
+        .map(|t| ScanPlan {
+            idx: idx(t.scan).expect("kept only with an idx"),
+            scan: t.scan,
+            metric: t.metric,
+            filter: t.filter,
+            dtype: t.dtype,
+            veclen: t.veclen,
+            capacity: t.capacity,
+        })
+        .collect()
 }
 
 /// The exact k-NN scan family, for prelinking (`fraglink prelink --family scan`).

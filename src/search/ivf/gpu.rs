@@ -106,10 +106,7 @@ pub fn ivf_plan(
 impl IvfGpuPlan {
     /// The planner linking this scan; its entry is the scan fragment.
     pub fn planner(&self) -> Planner {
-        Planner::new(self.scan.name)
-            .add_fragment(self.scan)
-            .add_fragment(self.metric)
-            .add_fragment(self.filter)
+        crate::search::plan::scan_planner(self.scan, self.metric, self.filter)
     }
 }
 
@@ -119,37 +116,21 @@ impl IvfGpuPlan {
 /// Descending variants serve only run-time user metrics, whose sources a
 /// prelink cannot know.
 pub fn all_ivf_plans() -> Vec<IvfGpuPlan> {
-    let mut out = Vec::new();
-    for scan in fragments::catalog().iter().copied() {
-        if scan.family != "ivf_scan" || scan.param("order") != Some("asc") {
-            continue;
-        }
-        let (Some(dtype), Some(veclen), Some(capacity)) = (
-            scan.param("dtype").and_then(|d| d.parse::<DType>().ok()),
-            param_u32(scan, "veclen"),
-            param_u32(scan, "capacity"),
-        ) else {
-            continue;
-        };
-        for metric in Metric::ALL {
-            for filter in crate::search::plan::FILTERS {
-                let name = format!("metric_{}_{}", metric.fragment_name(), dtype.name());
-                if let (Ok(metric), Ok(filter)) =
-                    (named(name), named(format!("filter_{filter}_i64")))
-                {
-                    out.push(IvfGpuPlan {
-                        scan,
-                        metric,
-                        filter,
-                        dtype,
-                        veclen,
-                        capacity,
-                    });
-                }
-            }
-        }
-    }
-    out
+    crate::search::plan::scan_triples(
+        "ivf_scan",
+        |s| s.param("order") == Some("asc"),
+        |_| Some("i64"),
+    )
+    .into_iter()
+    .map(|t| IvfGpuPlan {
+        scan: t.scan,
+        metric: t.metric,
+        filter: t.filter,
+        dtype: t.dtype,
+        veclen: t.veclen,
+        capacity: t.capacity,
+    })
+    .collect()
 }
 
 /// The IVF-Flat scan family, for prelinking (`fraglink prelink --family ivf_scan`).
