@@ -13,7 +13,7 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use fraglink::build::matrix::{self, load_file, Entry, MatrixFile, MatrixFileError};
+use fraglink::build::matrix::{self, load_file, Entry, MatrixFile, MatrixFileError, Warning};
 use serde_json::Value;
 
 #[derive(clap::Args, Debug)]
@@ -73,32 +73,39 @@ pub fn run(args: &ExpandArgs) -> ExitCode {
     }
 }
 
+/// Generates the entries into `write`, stopping at the first write error,
+/// which is returned; otherwise the matrix's warnings.
+fn write_each(
+    matrix: &MatrixFile,
+    mut write: impl FnMut(Entry) -> io::Result<()>,
+) -> Result<Vec<Warning>, Failure> {
+    let mut failed = None;
+    let warnings = matrix.for_each_entry(|entry| match write(entry) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(err) => {
+            failed = Some(err);
+            ControlFlow::Break(())
+        }
+    })?;
+    match failed {
+        Some(err) => Err(err.into()),
+        None => Ok(warnings),
+    }
+}
+
 /// Streams `{"entries":[...],"warnings":[...]}` on one line, floats written
 /// as Python's `json` writes them.
 fn write_json(matrix: &MatrixFile) -> Result<(), Failure> {
     let mut out = io::BufWriter::new(io::stdout().lock());
     out.write_all(b"{\"entries\":[")?;
     let mut first = true;
-    let mut failed = None;
-    let warnings = matrix.for_each_entry(|entry| {
-        let written = (|| {
-            if !first {
-                out.write_all(b",")?;
-            }
-            first = false;
-            matrix::to_writer_py(&mut out, &entry).map_err(io::Error::from)
-        })();
-        match written {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(err) => {
-                failed = Some(err);
-                ControlFlow::Break(())
-            }
+    let warnings = write_each(matrix, |entry| {
+        if !first {
+            out.write_all(b",")?;
         }
+        first = false;
+        matrix::to_writer_py(&mut out, &entry).map_err(io::Error::from)
     })?;
-    if let Some(err) = failed {
-        return Err(err.into());
-    }
     out.write_all(b"],\"warnings\":")?;
     matrix::to_writer_py(&mut out, &warnings).map_err(io::Error::from)?;
     out.write_all(b"}\n")?;
@@ -120,17 +127,7 @@ fn write_table(matrix: &MatrixFile) -> Result<(), Failure> {
     let mut out = io::BufWriter::new(io::stdout().lock());
     let mut line = String::new();
     table.write_header(&mut out, &mut line)?;
-    let mut failed = None;
-    matrix.for_each_entry(|entry| match table.write_row(&mut out, &mut line, &entry) {
-        Ok(()) => ControlFlow::Continue(()),
-        Err(err) => {
-            failed = Some(err);
-            ControlFlow::Break(())
-        }
-    })?;
-    if let Some(err) = failed {
-        return Err(err.into());
-    }
+    write_each(matrix, |entry| table.write_row(&mut out, &mut line, &entry))?;
     table.write_footer(&mut out)?;
     out.flush()?;
     Ok(())
