@@ -1219,7 +1219,14 @@ impl<T: FloatElem> FloatTask<'_, T> {
                 e: c_cos + abs,
             },
         };
-        let mut packed = fused::PackedQueries::new(kernel, dim, qbuf, &qa, &qb);
+        // `qbuf` is empty where the queries are f32 rows already (the caller's choice).
+        let rows: Vec<&[f32]> = match T::as_f32(q.data()) {
+            Some(all) if qbuf.is_empty() => {
+                qr.iter().map(|&i| &all[i * dim..(i + 1) * dim]).collect()
+            }
+            _ => qbuf.chunks_exact(dim).collect(),
+        };
+        let mut packed = fused::PackedQueries::new(kernel, dim, &rows, &qa, &qb);
         let mut exact = |i: usize, id: usize| T::distance(metric, q.row(qr[i]), b.row(id));
         let mut r0 = sr.start;
         while r0 < sr.end {
@@ -1321,8 +1328,11 @@ fn float_search<T: FloatElem>(
             let qr = &normal_q[qblocks[qbi].clone()];
             let sr = shards[si].clone();
             let nqb = qr.len();
-            let mut qbuf = vec![0.0f32; nqb * dim];
-            for (i, &qi) in qr.iter().enumerate() {
+            // The fused kernels pack f32 queries straight from their rows;
+            // the GEMM and the other types read a widened copy.
+            let widened = kernel == CpuKernel::Gemm || T::as_f32(q.data()).is_none();
+            let mut qbuf = vec![0.0f32; if widened { nqb * dim } else { 0 }];
+            for (i, &qi) in qr.iter().enumerate().filter(|_| widened) {
                 T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
             }
             let mut tops: Vec<TopK> = (0..nqb).map(|_| TopK::new(k)).collect();
