@@ -286,9 +286,9 @@ mod tests {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let mut got = old.clone();
             let counts = pool.install(|| update(&x, &assign, &mut got));
-            for c in 0..nlist {
+            for (c, &count) in counts.iter().enumerate() {
                 let members: Vec<usize> = (0..n).filter(|&i| assign[i] == c as u32).collect();
-                assert_eq!(counts[c], members.len());
+                assert_eq!(count, members.len());
                 for j in 0..dim {
                     let want = if members.is_empty() {
                         old.row(c)[j]
