@@ -470,6 +470,29 @@ pub fn search_cpu(
     search_cpu_with(base, queries, params, kernel)
 }
 
+/// The nearest row of `base` to every query (its index), by the same
+/// definition as [`search_cpu`] with `k = 1` (ties to the smaller row), for
+/// callers that need no distance (k-means assignment): a query whose
+/// candidates prune to one row skips that row's exact distance.
+pub(crate) fn nearest_rows(
+    base: &Matrix<f32>,
+    queries: &Matrix<f32>,
+    metric: Metric,
+) -> Result<Vec<usize>, SearchError> {
+    // validate()'s checks, for two f32 matrices with k = 1 and no filter.
+    if base.dim() != queries.dim() {
+        return Err(SearchError::DimensionMismatch {
+            base: base.dim(),
+            queries: queries.dim(),
+        });
+    }
+    let p = SearchParams::new(1, metric);
+    ensure_threads();
+    let kernel = CpuKernel::for_queries(queries.rows()).usable();
+    let found = float_search(base, queries, &p, kernel, true);
+    Ok(found.ids.iter().map(|&i| i as usize).collect())
+}
+
 /// [`search_cpu`] with the float dot products computed by `kernel` (replaced by
 /// the fastest one this CPU has if it cannot run it: [`CpuKernel::usable`]).
 /// Every kernel gives the same results, bit for bit. Integer types take the
@@ -485,15 +508,15 @@ pub fn search_cpu_with(
     ensure_threads();
     let kernel = kernel.usable();
     Ok(match (base, queries) {
-        (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params, kernel),
-        (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params, kernel),
+        (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params, kernel, false),
+        (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params, kernel, false),
         (Vectors::I8(b), Vectors::I8(q)) => match kernel {
             CpuKernel::Gemm => int_search(b, q, params),
-            _ => float_search(b, q, params, kernel),
+            _ => float_search(b, q, params, kernel, false),
         },
         (Vectors::U8(b), Vectors::U8(q)) => match kernel {
             CpuKernel::Gemm => int_search(b, q, params),
-            _ => float_search(b, q, params, kernel),
+            _ => float_search(b, q, params, kernel, false),
         },
         _ => unreachable!("validate() checked the dtypes"),
     })
@@ -599,21 +622,39 @@ impl TopK {
     }
 }
 
-/// Merges the candidates of one query (all shards, plus special rows as exact
-/// candidates), re-ranks exactly and writes the k best.
+/// Buffers of [`finish_query`], reused across the queries a thread merges.
+#[derive(Default)]
+struct FinishScratch {
+    /// The query's candidates (the caller fills it).
+    pool: Vec<Cand>,
+    his: Vec<f32>,
+}
+
+/// Merges the candidates of one query (`scratch.pool`: all shards, plus
+/// special rows as exact candidates), re-ranks exactly and writes the k best
+/// (`ids_only`: see [`float_search`]).
 fn finish_query(
-    mut pool: Vec<Cand>,
+    scratch: &mut FinishScratch,
     k: usize,
+    ids_only: bool,
     exact: &mut dyn FnMut(usize) -> f32,
     ids: &mut [i64],
     dists: &mut [f32],
 ) {
+    let FinishScratch { pool, his } = scratch;
     if pool.len() > k {
-        let mut his: Vec<f32> = pool.iter().map(|c| c.hi).collect();
+        his.clear();
+        his.extend(pool.iter().map(|c| c.hi));
         let (_, u, _) =
             his.select_nth_unstable_by(k - 1, |a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
         let u = *u;
         pool.retain(|c| c.lo <= u);
+    }
+    if ids_only && pool.len() == 1 {
+        // The only row that can be among the k best: it is the first.
+        ids[0] = pool[0].id as i64;
+        dists[0] = pool[0].hi;
+        return;
     }
     for c in pool.iter_mut().filter(|c| !c.exact) {
         let d = nan_to_inf(exact(c.id));
@@ -1249,11 +1290,16 @@ impl<T: FloatElem> FloatTask<'_, T> {
     }
 }
 
+/// `ids_only`: the caller reads `ids` alone, so a query whose candidates
+/// were pruned to a single row takes it without computing its exact distance
+/// (its `distances` entry is then that row's upper bound, not the reference
+/// distance). Which rows are returned never changes.
 fn float_search<T: FloatElem>(
     b: &Matrix<T>,
     q: &Matrix<T>,
     p: &SearchParams,
     kernel: CpuKernel,
+    ids_only: bool,
 ) -> Neighbors {
     let (nq, dim, k, metric) = (q.rows(), b.dim(), p.k, p.metric);
     if nq == 0 {
@@ -1349,14 +1395,15 @@ fn float_search<T: FloatElem>(
         .par_chunks_mut(k)
         .zip(out.distances.par_chunks_mut(k))
         .enumerate()
-        .for_each(|(qi, (ids, dists))| {
+        .for_each_init(FinishScratch::default, |scratch, (qi, (ids, dists))| {
             let qrow = q.row(qi);
             if q_info[qi].is_none() {
                 reference_query(metric, qrow, b, &rows, ids, dists);
                 return;
             }
             let (bi, i) = block_of(&qblocks, &normal_q, qi);
-            let mut pool: Vec<Cand> = Vec::new();
+            let pool = &mut scratch.pool;
+            pool.clear();
             for s in 0..n_shards {
                 pool.extend_from_slice(&results[bi * n_shards + s][i]);
             }
@@ -1370,7 +1417,7 @@ fn float_search<T: FloatElem>(
                 });
             }
             let mut exact = |id: usize| T::distance(metric, qrow, b.row(id));
-            finish_query(pool, k, &mut exact, ids, dists);
+            finish_query(scratch, k, ids_only, &mut exact, ids, dists);
         });
     out
 }
@@ -1502,16 +1549,18 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
         .par_chunks_mut(k)
         .zip(out.distances.par_chunks_mut(k))
         .enumerate()
-        .for_each(|(qi, (ids, dists))| {
+        .for_each_init(FinishScratch::default, |scratch, (qi, (ids, dists))| {
             let bi = qblocks.partition_point(|r| r.end <= qi);
             let i = qi - qblocks[bi].start;
-            let mut pool: Vec<Cand> = Vec::new();
+            scratch.pool.clear();
             for s in 0..n_shards {
-                pool.extend_from_slice(&results[bi * n_shards + s][i]);
+                scratch
+                    .pool
+                    .extend_from_slice(&results[bi * n_shards + s][i]);
             }
             let mut never =
                 |_: usize| -> f32 { unreachable!("exact candidates are never recomputed") };
-            finish_query(pool, k, &mut never, ids, dists);
+            finish_query(scratch, k, false, &mut never, ids, dists);
         });
     out
 }
@@ -1656,6 +1705,44 @@ mod tests {
             let r = search_cpu(&b, &q, &p).unwrap();
             assert_eq!(r.ids_of(0), &[0, 1, 2, 3, 4]);
         }
+    }
+
+    #[test]
+    fn nearest_rows_are_search_cpus_first_ids() {
+        use crate::search::data::synthetic;
+        // Near-duplicate rows (ties and near-ties), a zero row and a NaN row
+        // (special for cosine / every metric), zero and huge queries.
+        let (base, queries) = synthetic(3000, 24, 300, DType::F32, 11);
+        let (Vectors::F32(mut b), Vectors::F32(mut q)) = (base, queries) else {
+            unreachable!()
+        };
+        let dim = b.dim();
+        let row7 = b.row(7).to_vec();
+        for r in [8, 9, 2999] {
+            b.data[r * dim..(r + 1) * dim].copy_from_slice(&row7);
+        }
+        b.data[10 * dim] = f32::from_bits(row7[0].to_bits() + 1);
+        b.data[20 * dim..21 * dim].fill(0.0);
+        b.data[30 * dim + 3] = f32::NAN;
+        q.data[..dim].fill(0.0);
+        q.data[dim..2 * dim].copy_from_slice(&row7);
+        q.data[2 * dim] = 1e30;
+        for metric in Metric::ALL {
+            let want = search_cpu(
+                &Vectors::F32(b.clone()),
+                &Vectors::F32(q.clone()),
+                &SearchParams::new(1, metric),
+            )
+            .unwrap();
+            let got = nearest_rows(&b, &q, metric).unwrap();
+            let want: Vec<usize> = want.ids.iter().map(|&i| i as usize).collect();
+            assert_eq!(got, want, "{metric}");
+        }
+        let other = Matrix::new(vec![0.0; 5], 1, 5).unwrap();
+        assert!(matches!(
+            nearest_rows(&b, &other, Metric::L2),
+            Err(SearchError::DimensionMismatch { .. })
+        ));
     }
 
     #[test]

@@ -26,6 +26,7 @@ use std::borrow::Cow;
 use rayon::prelude::*;
 
 use super::IvfError;
+use crate::search::cpu::nearest_rows;
 use crate::search::data::Rng;
 use crate::search::{search_cpu, Matrix, Metric, SearchParams, Vectors};
 
@@ -130,8 +131,16 @@ fn kmeans_pp(x: &Matrix<f32>, nlist: usize, rng: &mut Rng) -> Matrix<f32> {
     Matrix::new(centers, nlist, dim).expect("nlist centres")
 }
 
-/// Nearest centroid of every row of `x` (exact, by `metric`).
+/// Nearest centroid of every row of `x` (exact, by `metric`: the row
+/// [`search_cpu`] with `k = 1` returns; f32 rows skip the distances no one
+/// reads, [`nearest_rows`]).
 pub fn assign(centroids: &Matrix<f32>, x: &Vectors, metric: Metric) -> Result<Vec<u32>, IvfError> {
+    if let Vectors::F32(m) = x {
+        return Ok(nearest_rows(centroids, m, metric)?
+            .into_iter()
+            .map(|i| i as u32)
+            .collect());
+    }
     let cents = Vectors::F32(centroids.clone());
     let res = search_cpu(&cents, x, &SearchParams::new(1, metric))?;
     // k = 1 ≤ nlist rows: no padding, every id is a centroid.
@@ -283,7 +292,10 @@ mod tests {
         assert_eq!(parts, 8);
         let mut by_threads = Vec::new();
         for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
             let mut got = old.clone();
             let counts = pool.install(|| update(&x, &assign, &mut got));
             for (c, &count) in counts.iter().enumerate() {
@@ -301,7 +313,11 @@ mod tests {
                         });
                         (s * (1.0 / members.len() as f64)) as f32
                     };
-                    assert_eq!(got.row(c)[j].to_bits(), want.to_bits(), "cluster {c} dim {j}");
+                    assert_eq!(
+                        got.row(c)[j].to_bits(),
+                        want.to_bits(),
+                        "cluster {c} dim {j}"
+                    );
                 }
             }
             by_threads.push(got);
