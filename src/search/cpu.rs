@@ -561,12 +561,22 @@ struct TopK {
 
 impl TopK {
     fn new(k: usize) -> Self {
-        TopK {
+        let mut t = TopK {
             k,
-            cap: 4 * k + 64,
+            cap: 0,
             heap: BinaryHeap::with_capacity(k + 1),
             cands: Vec::new(),
-        }
+        };
+        t.reset(k);
+        t
+    }
+
+    /// Empties it for a new query and `k`, keeping its buffers.
+    fn reset(&mut self, k: usize) {
+        self.k = k;
+        self.cap = 4 * k + 64;
+        self.heap.clear();
+        self.cands.clear();
     }
 
     /// The k-th smallest upper bound so far (+inf until k rows were seen).
@@ -619,6 +629,55 @@ impl TopK {
         self.cands.truncate(self.k);
         self.heap.clear();
         self.heap.extend(self.cands.iter().map(|c| Hi(c.hi)));
+    }
+}
+
+thread_local! {
+    static TOPS: std::cell::RefCell<Vec<TopK>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `n` empty [`TopK`]s for `k` from this thread's reusable set
+/// (fresh ones if it is in use): a task's per-query heaps and candidate lists
+/// keep their buffers from task to task instead of being allocated per query.
+fn with_tops<R>(n: usize, k: usize, f: impl FnOnce(&mut [TopK]) -> R) -> R {
+    let run = |tops: &mut Vec<TopK>| {
+        while tops.len() < n {
+            tops.push(TopK::new(k));
+        }
+        tops[..n].iter_mut().for_each(|t| t.reset(k));
+        f(&mut tops[..n])
+    };
+    TOPS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut tops) => run(&mut tops),
+        Err(_) => run(&mut Vec::new()),
+    })
+}
+
+/// The candidates one task kept, query by query, in one buffer.
+struct TaskCands {
+    cands: Vec<Cand>,
+    /// `ends[i]`: one past query `i`'s last candidate.
+    ends: Vec<usize>,
+}
+
+impl TaskCands {
+    /// Copies the candidates out of `tops` (which keep their buffers).
+    fn take(tops: &[TopK]) -> Self {
+        let mut cands = Vec::with_capacity(tops.iter().map(|t| t.cands.len()).sum());
+        let ends = tops
+            .iter()
+            .map(|t| {
+                cands.extend_from_slice(&t.cands);
+                cands.len()
+            })
+            .collect();
+        TaskCands { cands, ends }
+    }
+
+    /// Query `i`'s candidates.
+    fn of(&self, i: usize) -> &[Cand] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.cands[start..self.ends[i]]
     }
 }
 
@@ -1368,7 +1427,7 @@ fn float_search<T: FloatElem>(
         consts: (c_l2, c_ip, c_cos, abs),
     };
 
-    let results: Vec<Vec<Vec<Cand>>> = tasks
+    let results: Vec<TaskCands> = tasks
         .par_iter()
         .map(|&(qbi, si)| {
             let qr = &normal_q[qblocks[qbi].clone()];
@@ -1381,12 +1440,13 @@ fn float_search<T: FloatElem>(
             for (i, &qi) in qr.iter().enumerate().filter(|_| widened) {
                 T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
             }
-            let mut tops: Vec<TopK> = (0..nqb).map(|_| TopK::new(k)).collect();
-            with_scratch(|scratch| match kernel {
-                CpuKernel::Gemm => ctx.gemm_task(qr, &qbuf, sr, &mut tops, scratch),
-                _ => ctx.fused_task(kernel, qr, &qbuf, sr, &mut tops, &mut scratch.xbuf),
-            });
-            tops.into_iter().map(|t| t.cands).collect()
+            with_tops(nqb, k, |tops| {
+                with_scratch(|scratch| match kernel {
+                    CpuKernel::Gemm => ctx.gemm_task(qr, &qbuf, sr, tops, scratch),
+                    _ => ctx.fused_task(kernel, qr, &qbuf, sr, tops, &mut scratch.xbuf),
+                });
+                TaskCands::take(tops)
+            })
         })
         .collect();
 
@@ -1405,7 +1465,7 @@ fn float_search<T: FloatElem>(
             let pool = &mut scratch.pool;
             pool.clear();
             for s in 0..n_shards {
-                pool.extend_from_slice(&results[bi * n_shards + s][i]);
+                pool.extend_from_slice(results[bi * n_shards + s].of(i));
             }
             for &r in &special {
                 let d = nan_to_inf(T::distance(metric, qrow, b.row(r)));
@@ -1487,7 +1547,7 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
     let tasks: Vec<(usize, usize)> = (0..qblocks.len())
         .flat_map(|qi| (0..n_shards).map(move |s| (qi, s)))
         .collect();
-    let results: Vec<Vec<Vec<Cand>>> = tasks
+    let results: Vec<TaskCands> = tasks
         .par_iter()
         .map(|&(qbi, si)| {
             let qr = qblocks[qbi].clone();
@@ -1497,50 +1557,59 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
             for (i, qi) in qr.clone().enumerate() {
                 T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
             }
-            let mut tops: Vec<TopK> = (0..nqb).map(|_| TopK::new(k)).collect();
             let blk = rb.min(sr.len());
-            with_scratch(|scratch| {
-                let Scratch {
-                    dots,
-                    idots,
-                    xbuf,
-                    lo,
-                } = scratch;
-                let xbuf = at_least(xbuf, blk * dim);
-                let dots = at_least(dots, nqb * blk);
-                let idots = at_least(idots, if dim > T::CHUNK { nqb * blk } else { 0 });
-                let mut r0 = sr.start;
-                while r0 < sr.end {
-                    let r1 = (r0 + rb).min(sr.end);
-                    let m = r1 - r0;
-                    let ids = &rows[r0..r1];
-                    for (j, &r) in ids.iter().enumerate() {
-                        T::widen(b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
-                    }
-                    let (xs, xsf) = (&xx[r0..r1], &xxf[r0..r1]);
-                    if dim <= T::CHUNK {
-                        // One exact chunk: the f32 products are the integers.
-                        gemm_nt(nqb, m, dim, &qbuf, &xbuf[..m * dim], dim, dots);
-                        let d = &dots[..nqb * m];
-                        scan_int_block(metric, d, m, ids, &mut tops, qr.start, &qq, xs, xsf, lo);
-                    } else {
-                        idots[..nqb * m].fill(0.0);
-                        let mut c0 = 0;
-                        while c0 < dim {
-                            let c1 = (c0 + T::CHUNK).min(dim);
-                            gemm_nt(nqb, m, c1 - c0, &qbuf[c0..], &xbuf[c0..m * dim], dim, dots);
-                            for (acc, &v) in idots[..nqb * m].iter_mut().zip(&dots[..nqb * m]) {
-                                *acc += v as f64; // exact integers (module docs)
-                            }
-                            c0 = c1;
+            with_tops(nqb, k, |tops| {
+                with_scratch(|scratch| {
+                    let Scratch {
+                        dots,
+                        idots,
+                        xbuf,
+                        lo,
+                    } = scratch;
+                    let xbuf = at_least(xbuf, blk * dim);
+                    let dots = at_least(dots, nqb * blk);
+                    let idots = at_least(idots, if dim > T::CHUNK { nqb * blk } else { 0 });
+                    let mut r0 = sr.start;
+                    while r0 < sr.end {
+                        let r1 = (r0 + rb).min(sr.end);
+                        let m = r1 - r0;
+                        let ids = &rows[r0..r1];
+                        for (j, &r) in ids.iter().enumerate() {
+                            T::widen(b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
                         }
-                        let d = &idots[..nqb * m];
-                        scan_int_block(metric, d, m, ids, &mut tops, qr.start, &qq, xs, xsf, lo);
+                        let (xs, xsf) = (&xx[r0..r1], &xxf[r0..r1]);
+                        if dim <= T::CHUNK {
+                            // One exact chunk: the f32 products are the integers.
+                            gemm_nt(nqb, m, dim, &qbuf, &xbuf[..m * dim], dim, dots);
+                            let d = &dots[..nqb * m];
+                            scan_int_block(metric, d, m, ids, tops, qr.start, &qq, xs, xsf, lo);
+                        } else {
+                            idots[..nqb * m].fill(0.0);
+                            let mut c0 = 0;
+                            while c0 < dim {
+                                let c1 = (c0 + T::CHUNK).min(dim);
+                                gemm_nt(
+                                    nqb,
+                                    m,
+                                    c1 - c0,
+                                    &qbuf[c0..],
+                                    &xbuf[c0..m * dim],
+                                    dim,
+                                    dots,
+                                );
+                                for (acc, &v) in idots[..nqb * m].iter_mut().zip(&dots[..nqb * m]) {
+                                    *acc += v as f64; // exact integers (module docs)
+                                }
+                                c0 = c1;
+                            }
+                            let d = &idots[..nqb * m];
+                            scan_int_block(metric, d, m, ids, tops, qr.start, &qq, xs, xsf, lo);
+                        }
+                        r0 = r1;
                     }
-                    r0 = r1;
-                }
-            });
-            tops.into_iter().map(|t| t.cands).collect()
+                });
+                TaskCands::take(tops)
+            })
         })
         .collect();
 
@@ -1556,7 +1625,7 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
             for s in 0..n_shards {
                 scratch
                     .pool
-                    .extend_from_slice(&results[bi * n_shards + s][i]);
+                    .extend_from_slice(results[bi * n_shards + s].of(i));
             }
             let mut never =
                 |_: usize| -> f32 { unreachable!("exact candidates are never recomputed") };
