@@ -1450,6 +1450,7 @@ fn float_search<T: FloatElem>(
         })
         .collect();
 
+    let place = block_places(&qblocks, &normal_q, nq);
     let mut out = padded(nq, k);
     out.ids
         .par_chunks_mut(k)
@@ -1461,7 +1462,7 @@ fn float_search<T: FloatElem>(
                 reference_query(metric, qrow, b, &rows, ids, dists);
                 return;
             }
-            let (bi, i) = block_of(&qblocks, &normal_q, qi);
+            let (bi, i) = place[qi];
             let pool = &mut scratch.pool;
             pool.clear();
             for s in 0..n_shards {
@@ -1482,11 +1483,21 @@ fn float_search<T: FloatElem>(
     out
 }
 
-/// (query block, index inside it) of normal query `qi`.
-fn block_of(qblocks: &[std::ops::Range<usize>], normal_q: &[usize], qi: usize) -> (usize, usize) {
-    let pos = normal_q.binary_search(&qi).expect("a normal query");
-    let bi = qblocks.partition_point(|r| r.end <= pos);
-    (bi, pos - qblocks[bi].start)
+/// (query block, index inside it) of every normal query, indexed by query
+/// (`normal_q[qblocks[b]]` are block `b`'s queries); special queries are
+/// never looked up.
+fn block_places(
+    qblocks: &[std::ops::Range<usize>],
+    normal_q: &[usize],
+    nq: usize,
+) -> Vec<(usize, usize)> {
+    let mut place = vec![(usize::MAX, usize::MAX); nq];
+    for (bi, r) in qblocks.iter().enumerate() {
+        for pos in r.clone() {
+            place[normal_q[pos]] = (bi, pos - r.start);
+        }
+    }
+    place
 }
 
 // ----- integers -------------------------------------------------------------------
