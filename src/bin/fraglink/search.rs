@@ -300,7 +300,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     // kernel that would run is visible even without a GPU.
     // A bad --arch is an error even where a GPU makes it moot.
     let asked = match a.arch.as_deref().map(|s| Arch::parse(s, "--arch")) {
-        Some(Ok(x)) => Some(Arch::sm(x.number)),
+        Some(Ok(x)) => Some(x.real()),
         Some(Err(e)) => return fail(e),
         None => None,
     };
