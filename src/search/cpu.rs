@@ -178,6 +178,27 @@ unsafe fn float_fold_fma_f16(metric: Metric, q: &[f16], x: &[f16]) -> f32 {
     float_fold(metric, q, x, |v| v.to_f32())
 }
 
+/// `Σ v_j²` folded in order with fma (`a = fma(v_j, v_j, a)`, one rounding
+/// each): the squared norm the IVF scans and cosine use, with hardware fma
+/// where the CPU has it (the same bits; otherwise each step is a libm call).
+pub(crate) fn sq_norm_f32(v: &[f32]) -> f32 {
+    fn fold(v: &[f32]) -> f32 {
+        v.iter().fold(0.0f32, |a, &x| x.mul_add(x, a))
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "fma")]
+        unsafe fn fold_fma(v: &[f32]) -> f32 {
+            fold(v)
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports fma (checked above).
+            return unsafe { fold_fma(v) };
+        }
+    }
+    fold(v)
+}
+
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
     fn distance(metric: Metric, q: &[f32], x: &[f32]) -> f32 {
