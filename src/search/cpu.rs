@@ -491,23 +491,29 @@ pub fn search_cpu(
     search_cpu_with(base, queries, params, kernel)
 }
 
-/// The nearest row of `base` to every query (its index), by the same
-/// definition as [`search_cpu`] with `k = 1` (ties to the smaller row), for
-/// callers that need no distance (k-means assignment): a query whose
-/// candidates prune to one row skips that row's exact distance.
+/// The `k` nearest rows of `base` to every query (`nq × k` row indices;
+/// `k ≤ base.rows()`), the same set as [`search_cpu`]'s ids, for callers that
+/// need no distances and no order (k-means assignment, IVF's probed lists):
+/// a query whose candidates prune to exactly `k` rows takes them as they are,
+/// in no particular order, without computing their exact distances; the
+/// others come sorted as from `search_cpu`.
 pub(crate) fn nearest_rows(
     base: &Matrix<f32>,
     queries: &Matrix<f32>,
     metric: Metric,
+    k: usize,
 ) -> Result<Vec<usize>, SearchError> {
-    // validate()'s checks, for two f32 matrices with k = 1 and no filter.
+    // validate()'s checks, for two f32 matrices and no filter.
     if base.dim() != queries.dim() {
         return Err(SearchError::DimensionMismatch {
             base: base.dim(),
             queries: queries.dim(),
         });
     }
-    let p = SearchParams::new(1, metric);
+    if k == 0 || k > base.rows() {
+        return Err(SearchError::InvalidK { k });
+    }
+    let p = SearchParams::new(k, metric);
     ensure_threads();
     let kernel = CpuKernel::for_queries(queries.rows()).usable();
     let found = float_search(base, queries, &p, kernel, true);
@@ -730,10 +736,12 @@ fn finish_query(
         let u = *u;
         pool.retain(|c| c.lo <= u);
     }
-    if ids_only && pool.len() == 1 {
-        // The only row that can be among the k best: it is the first.
-        ids[0] = pool[0].id as i64;
-        dists[0] = pool[0].hi;
+    if ids_only && pool.len() == k {
+        // Exactly the k best (the pruning keeps every row that can be one).
+        for (j, c) in pool.iter().enumerate() {
+            ids[j] = c.id as i64;
+            dists[j] = c.hi;
+        }
         return;
     }
     for c in pool.iter_mut().filter(|c| !c.exact) {
@@ -1370,10 +1378,11 @@ impl<T: FloatElem> FloatTask<'_, T> {
     }
 }
 
-/// `ids_only`: the caller reads `ids` alone, so a query whose candidates
-/// were pruned to a single row takes it without computing its exact distance
-/// (its `distances` entry is then that row's upper bound, not the reference
-/// distance). Which rows are returned never changes.
+/// `ids_only`: the caller reads `ids` alone, as a set, so a query whose
+/// candidates were pruned to exactly `k` rows takes them in candidate order
+/// without computing their exact distances (its `distances` are then the
+/// rows' upper bounds, not reference distances). Which rows are returned
+/// never changes.
 fn float_search<T: FloatElem>(
     b: &Matrix<T>,
     q: &Matrix<T>,
@@ -1835,13 +1844,33 @@ mod tests {
                 &SearchParams::new(1, metric),
             )
             .unwrap();
-            let got = nearest_rows(&b, &q, metric).unwrap();
+            let got = nearest_rows(&b, &q, metric, 1).unwrap();
             let want: Vec<usize> = want.ids.iter().map(|&i| i as usize).collect();
             assert_eq!(got, want, "{metric}");
+            // k > 1: the same set per query.
+            let k = 7;
+            let want = search_cpu(
+                &Vectors::F32(b.clone()),
+                &Vectors::F32(q.clone()),
+                &SearchParams::new(k, metric),
+            )
+            .unwrap();
+            let got = nearest_rows(&b, &q, metric, k).unwrap();
+            for (g, w) in got.chunks(k).zip(want.ids.chunks(k)) {
+                let mut g = g.to_vec();
+                let mut w: Vec<usize> = w.iter().map(|&i| i as usize).collect();
+                g.sort_unstable();
+                w.sort_unstable();
+                assert_eq!(g, w, "{metric} k {k}");
+            }
         }
+        assert!(matches!(
+            nearest_rows(&b, &q, Metric::L2, 0),
+            Err(SearchError::InvalidK { k: 0 })
+        ));
         let other = Matrix::new(vec![0.0; 5], 1, 5).unwrap();
         assert!(matches!(
-            nearest_rows(&b, &other, Metric::L2),
+            nearest_rows(&b, &other, Metric::L2, 1),
             Err(SearchError::DimensionMismatch { .. })
         ));
     }

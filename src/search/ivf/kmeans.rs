@@ -136,7 +136,7 @@ fn kmeans_pp(x: &Matrix<f32>, nlist: usize, rng: &mut Rng) -> Matrix<f32> {
 /// reads, [`nearest_rows`]).
 pub fn assign(centroids: &Matrix<f32>, x: &Vectors, metric: Metric) -> Result<Vec<u32>, IvfError> {
     if let Vectors::F32(m) = x {
-        return Ok(nearest_rows(centroids, m, metric)?
+        return Ok(nearest_rows(centroids, m, metric, 1)?
             .into_iter()
             .map(|i| i as u32)
             .collect());
