@@ -150,6 +150,8 @@ def run_main(a):
                 "faiss_variant": best,
                 "faiss_qps": qps[best],
                 "fraglink_qps": summary([r["qps"] for r in ours[p]]),
+                "faiss_first_ms": summary([s.get("first_ms", s["search_ms"]) for s in fs]),
+                "fraglink_first_ms": summary([r.get("search_ms_first", r["search_ms"]) for r in ours[p]]),
                 "faiss_recall": summary([s["recall"] for s in fs]),
                 "fraglink_recall": summary([r["recall"] for r in ours[p]]),
             })
