@@ -30,7 +30,12 @@ enum Acc {
     BlockTruncate,
 }
 
-const ACCS: [Acc; 4] = [Acc::InOrder, Acc::Reverse, Acc::Pairwise, Acc::BlockTruncate];
+const ACCS: [Acc; 4] = [
+    Acc::InOrder,
+    Acc::Reverse,
+    Acc::Pairwise,
+    Acc::BlockTruncate,
+];
 
 /// f64 → f32 toward zero.
 fn trunc32(v: f64) -> f32 {
@@ -59,9 +64,9 @@ fn accumulate(products: &[f64], acc: Acc, step: usize) -> f32 {
             }
             pw(products)
         }
-        Acc::BlockTruncate => products.chunks(step).fold(0.0f32, |a, c| {
-            trunc32(a as f64 + c.iter().sum::<f64>())
-        }),
+        Acc::BlockTruncate => products
+            .chunks(step)
+            .fold(0.0f32, |a, c| trunc32(a as f64 + c.iter().sum::<f64>())),
     }
 }
 
@@ -83,7 +88,11 @@ fn tf32(v: f32, nearest: bool, flush: bool) -> f32 {
 fn tc_dot(q: &[f32], x: &[f32], p: Precision, acc: Acc, nearest: bool, flush: bool) -> f32 {
     match p {
         Precision::F16 => {
-            let prods: Vec<f64> = q.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).collect();
+            let prods: Vec<f64> = q
+                .iter()
+                .zip(x)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .collect();
             accumulate(&prods, acc, 16)
         }
         Precision::Tf32 => {
@@ -102,8 +111,11 @@ fn tc_dot(q: &[f32], x: &[f32], p: Precision, acc: Acc, nearest: bool, flush: bo
             };
             let mut prods = Vec::with_capacity(3 * q.len());
             for (qc, xc) in q.chunks(8).zip(x.chunks(8)) {
-                let s: Vec<((f32, f32), (f32, f32))> =
-                    qc.iter().zip(xc).map(|(&a, &b)| (split(a), split(b))).collect();
+                let s: Vec<((f32, f32), (f32, f32))> = qc
+                    .iter()
+                    .zip(xc)
+                    .map(|(&a, &b)| (split(a), split(b)))
+                    .collect();
                 prods.extend(s.iter().map(|((_, al), (bh, _))| *al as f64 * *bh as f64));
                 prods.extend(s.iter().map(|((ah, _), (_, bl))| *ah as f64 * *bl as f64));
                 prods.extend(s.iter().map(|((ah, _), (bh, _))| *ah as f64 * *bh as f64));
@@ -133,7 +145,13 @@ fn float_pair(
     let (xa0, xa1) = nx.aux(metric);
     let c = bound_consts(qw.len() as u32, p);
     let dot = tc_dot(qw, xw, p, model.0, model.1, model.2);
-    Some(float_bounds(metric, &c, dot, (qa0[0], qa1[0]), (xa0[0], xa1[0])))
+    Some(float_bounds(
+        metric,
+        &c,
+        dot,
+        (qa0[0], qa1[0]),
+        (xa0[0], xa1[0]),
+    ))
 }
 
 fn models() -> Vec<(Acc, bool, bool)> {
@@ -150,13 +168,18 @@ fn models() -> Vec<(Acc, bool, bool)> {
 
 /// Random and adversarial f32 pairs of `dim` elements.
 fn float_cases(rng: &mut Rng, dim: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
-    let gauss = |rng: &mut Rng, s: f64| -> Vec<f32> { (0..dim).map(|_| (rng.normal() * s) as f32).collect() };
+    let gauss = |rng: &mut Rng, s: f64| -> Vec<f32> {
+        (0..dim).map(|_| (rng.normal() * s) as f32).collect()
+    };
     let mut out = Vec::new();
     for scale in [1.0, 1e-15, 1e-6, 1e6, 1e14] {
         let q = gauss(rng, scale);
         out.push((q.clone(), gauss(rng, scale)));
         // Cancellation: x = q + a tiny perturbation (l2 ≈ 0, ip ≈ |q|²).
-        let x: Vec<f32> = q.iter().map(|&v| v + (rng.normal() * scale * 1e-6) as f32).collect();
+        let x: Vec<f32> = q
+            .iter()
+            .map(|&v| v + (rng.normal() * scale * 1e-6) as f32)
+            .collect();
         out.push((q.clone(), x));
         // Opposite, and orthogonal-ish halves.
         out.push((q.clone(), q.iter().map(|v| -v).collect()));
@@ -171,8 +194,12 @@ fn float_cases(rng: &mut Rng, dim: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
     x[dim - 1] = -2e14;
     out.push((q, x));
     // Subnormal elements (a flushing tensor core loses them).
-    let q: Vec<f32> = (0..dim).map(|j| if j % 2 == 0 { 1e-39 } else { 0.5 }).collect();
-    let x: Vec<f32> = (0..dim).map(|j| if j % 3 == 0 { -3e-39 } else { 0.25 }).collect();
+    let q: Vec<f32> = (0..dim)
+        .map(|j| if j % 2 == 0 { 1e-39 } else { 0.5 })
+        .collect();
+    let x: Vec<f32> = (0..dim)
+        .map(|j| if j % 3 == 0 { -3e-39 } else { 0.25 })
+        .collect();
     out.push((q, x));
     out
 }
@@ -219,7 +246,10 @@ fn float_bounds_hold_for_every_emulated_accumulation() {
                     if let Some((lo, hi)) =
                         float_pair(metric, Precision::F16, &q, &x, &qw, &xw, (a, true, false))
                     {
-                        assert!(lo <= dh && dh <= hi, "{metric:?} f16 {a:?} dim {dim}: {lo} <= {dh} <= {hi}");
+                        assert!(
+                            lo <= dh && dh <= hi,
+                            "{metric:?} f16 {a:?} dim {dim}: {lo} <= {dh} <= {hi}"
+                        );
                         checked += 1;
                     }
                 }
@@ -238,7 +268,10 @@ fn tf32x3_margins_are_tight_and_tf32_ones_loose() {
     let dim = 128;
     let q: Vec<f32> = (0..dim).map(|_| rng.normal() as f32).collect();
     let x: Vec<f32> = (0..dim).map(|_| rng.normal() as f32).collect();
-    let (qv, xv) = (Vectors::f32(q.clone(), dim).unwrap(), Vectors::f32(x.clone(), dim).unwrap());
+    let (qv, xv) = (
+        Vectors::f32(q.clone(), dim).unwrap(),
+        Vectors::f32(x.clone(), dim).unwrap(),
+    );
     let m = (Acc::InOrder, true, false);
     let w = |p| {
         let (lo, hi) = float_pair(Metric::L2, p, &qv, &xv, &q, &x, m).unwrap();
@@ -256,10 +289,22 @@ fn integer_candidates_are_exact() {
         for round in 0..40 {
             let extreme = round % 4 == 0;
             let qi: Vec<i8> = (0..dim)
-                .map(|_| if extreme { -128 } else { rng.below(256) as i64 as i8 })
+                .map(|_| {
+                    if extreme {
+                        -128
+                    } else {
+                        rng.below(256) as i64 as i8
+                    }
+                })
                 .collect();
             let xi: Vec<i8> = (0..dim)
-                .map(|j| if extreme && j % 2 == 0 { -128 } else { rng.below(256) as i64 as i8 })
+                .map(|j| {
+                    if extreme && j % 2 == 0 {
+                        -128
+                    } else {
+                        rng.below(256) as i64 as i8
+                    }
+                })
                 .collect();
             let qu: Vec<u8> = qi.iter().map(|&v| v as u8).collect();
             let xu: Vec<u8> = xi.iter().map(|&v| v as u8).collect();
@@ -269,9 +314,17 @@ fn integer_candidates_are_exact() {
             let dot_u: i64 = qu.iter().zip(&xu).map(|(&a, &b)| a as i64 * b as i64).sum();
             for metric in Metric::ALL {
                 let di = int_distance(metric, dot_i, sq_i(&qi), sq_i(&xi));
-                assert_eq!(di.to_bits(), distance(metric, &qi, &xi).to_bits(), "i8 {metric:?} {dim}");
+                assert_eq!(
+                    di.to_bits(),
+                    distance(metric, &qi, &xi).to_bits(),
+                    "i8 {metric:?} {dim}"
+                );
                 let du = int_distance(metric, dot_u, sq_u(&qu), sq_u(&xu));
-                assert_eq!(du.to_bits(), distance(metric, &qu, &xu).to_bits(), "u8 {metric:?} {dim}");
+                assert_eq!(
+                    du.to_bits(),
+                    distance(metric, &qu, &xu).to_bits(),
+                    "u8 {metric:?} {dim}"
+                );
             }
             // The norms the host uploads are the same exact integers.
             let n = Norms::of(&Vectors::i8(qi.clone(), dim).unwrap());
@@ -279,7 +332,10 @@ fn integer_candidates_are_exact() {
         }
     }
     // Zero vectors: cosine 1, as the reference.
-    assert_eq!(int_distance(Metric::Cosine, 0, 0, 0), distance(Metric::Cosine, &[0i8; 4], &[0i8; 4]));
+    assert_eq!(
+        int_distance(Metric::Cosine, 0, 0, 0),
+        distance(Metric::Cosine, &[0i8; 4], &[0i8; 4])
+    );
 }
 
 // ----- the select, emulated ---------------------------------------------------------
@@ -345,10 +401,17 @@ fn emulate_query(
                 }
                 let (lo, hi) = bounds(row as u32);
                 if lo < t {
-                    buf.push(Cand { lo, hi, id: row as u32 });
+                    buf.push(Cand {
+                        lo,
+                        hi,
+                        id: row as u32,
+                    });
                 }
             }
-            assert!(buf.len() <= cap + rt, "the buffer of CAP + RT never overflows");
+            assert!(
+                buf.len() <= cap + rt,
+                "the buffer of CAP + RT never overflows"
+            );
             let limit = if r0 + rt >= end { k } else { cap };
             if buf.len() > limit {
                 compact(&mut buf, &mut thr, k, cap, exact);
@@ -360,9 +423,23 @@ fn emulate_query(
     // knn_rerank: U, lo ≤ U, exact, k smallest keys.
     let mut his: Vec<f32> = all.iter().map(|c| c.hi).collect();
     his.sort_by(|a, b| a.total_cmp(b));
-    let u = if his.len() >= k { his[k - 1] } else { f32::INFINITY };
-    let mut keys: Vec<(f32, u32)> = all.iter().filter(|c| c.lo <= u).map(|c| (exact(c.id), c.id)).collect();
-    keys.sort_by(|a, b| if key_less(*a, *b) { std::cmp::Ordering::Less } else { std::cmp::Ordering::Greater });
+    let u = if his.len() >= k {
+        his[k - 1]
+    } else {
+        f32::INFINITY
+    };
+    let mut keys: Vec<(f32, u32)> = all
+        .iter()
+        .filter(|c| c.lo <= u)
+        .map(|c| (exact(c.id), c.id))
+        .collect();
+    keys.sort_by(|a, b| {
+        if key_less(*a, *b) {
+            std::cmp::Ordering::Less
+        } else {
+            std::cmp::Ordering::Greater
+        }
+    });
     keys.truncate(k);
     while keys.len() < k {
         keys.push((f32::INFINITY, u32::MAX));
@@ -403,7 +480,13 @@ fn check_select(
         let row = |r: u32| &base[r as usize * dim..(r as usize + 1) * dim];
         let bounds = |r: u32| {
             let dot = tc_dot(q, row(r), p, model.0, model.1, model.2);
-            float_bounds(metric, &c, dot, (qa0[qi], qa1[qi]), (xa0[r as usize], xa1[r as usize]))
+            float_bounds(
+                metric,
+                &c,
+                dot,
+                (qa0[qi], qa1[qi]),
+                (xa0[r as usize], xa1[r as usize]),
+            )
         };
         let exact = |r: u32| {
             let d = distance(metric, q, row(r));
@@ -439,10 +522,24 @@ fn the_emulated_kernels_return_the_reference_top_k() {
             for &(k, cap) in &[(1, 32), (10, 32), (32, 32), (100, 128)] {
                 for &(rt, chunk_rows) in &[(64, 64 * 3), (32, 700), (64, 128)] {
                     let model = (Acc::BlockTruncate, p == Precision::Tf32, false);
-                    check_select(&base, &queries, dim, metric, k, p, model, cap, rt, chunk_rows, &all);
+                    check_select(
+                        &base, &queries, dim, metric, k, p, model, cap, rt, chunk_rows, &all,
+                    );
                 }
             }
-            check_select(&base, &queries, dim, metric, 10, p, (Acc::InOrder, true, false), 32, 64, 256, &some);
+            check_select(
+                &base,
+                &queries,
+                dim,
+                metric,
+                10,
+                p,
+                (Acc::InOrder, true, false),
+                32,
+                64,
+                256,
+                &some,
+            );
         }
     }
 }
@@ -452,14 +549,30 @@ fn duplicates_and_ties_go_through_the_exact_reduction() {
     // 600 copies of 3 distinct rows: every bound ties, buffers overflow their
     // capacity and the exact best k (ties by smaller id) must survive.
     let dim = 8;
-    let protos: [[f32; 8]; 3] = [[1.0; 8], [0.5; 8], [-1.0, 1.0, 0.0, 2.0, 0.0, 0.0, 1.0, 1.0]];
+    let protos: [[f32; 8]; 3] = [
+        [1.0; 8],
+        [0.5; 8],
+        [-1.0, 1.0, 0.0, 2.0, 0.0, 0.0, 1.0, 1.0],
+    ];
     let base: Vec<f32> = (0..600).flat_map(|i| protos[i % 3]).collect();
     let queries: Vec<f32> = [[0.9f32; 8], [0.0, 1.0, 0.0, 2.0, 0.0, 0.0, 1.0, 1.0]].concat();
     let all = |_: usize| true;
     for metric in Metric::ALL {
         for &(k, cap) in &[(10, 32), (32, 32), (100, 128)] {
             for p in [Precision::Tf32, Precision::Tf32x3] {
-                check_select(&base, &queries, dim, metric, k, p, (Acc::Pairwise, true, false), cap, 64, 300, &all);
+                check_select(
+                    &base,
+                    &queries,
+                    dim,
+                    metric,
+                    k,
+                    p,
+                    (Acc::Pairwise, true, false),
+                    cap,
+                    64,
+                    300,
+                    &all,
+                );
             }
         }
     }

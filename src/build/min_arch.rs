@@ -44,7 +44,10 @@ pub fn fragment_min(
     let from_entry = match key.and_then(|k| entry.get(k).map(|v| (k, v))) {
         None => None,
         Some((k, v)) => {
-            let text = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+            let text = v
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
             match text.trim().parse::<u32>() {
                 Ok(n) if (50..1000).contains(&n) => Some(n),
                 _ => {
@@ -122,7 +125,10 @@ mod tests {
         let bad = entry(json!({"min_arch": "sm_80"}));
         let err = fragment_min("knn_x", "knn", None, Some("min_arch"), &bad).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("knn_x") && msg.contains("min_arch") && msg.contains("sm_80"), "{msg}");
+        assert!(
+            msg.contains("knn_x") && msg.contains("min_arch") && msg.contains("sm_80"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -143,7 +149,12 @@ mod tests {
         let only75 = [Arch::compute(75)];
         let e = check("knn_tile_f32_tf32_q16_k32", "knn_tile", &only75, Some(80)).unwrap_err();
         let msg = e.to_string();
-        for part in ["knn_tile_f32_tf32_q16_k32", "knn_tile", "sm_80", "compute_75"] {
+        for part in [
+            "knn_tile_f32_tf32_q16_k32",
+            "knn_tile",
+            "sm_80",
+            "compute_75",
+        ] {
             assert!(msg.contains(part), "{part} missing: {msg}");
         }
         assert!(check("f", "fam", &only75, None).is_ok());

@@ -118,7 +118,10 @@ mod tests {
         // q = (3, 4), x = (0, 5): l2 = 9 + 1 = 10, dot = 20, qq = 25, xx = 25.
         assert_eq!(int_distance(Metric::L2, 20, 25, 25), 10.0);
         assert_eq!(int_distance(Metric::InnerProduct, 20, 25, 25), -20.0);
-        assert_eq!(int_distance(Metric::Cosine, 20, 25, 25), 1.0 - 20.0 / (5.0 * 5.0));
+        assert_eq!(
+            int_distance(Metric::Cosine, 20, 25, 25),
+            1.0 - 20.0 / (5.0 * 5.0)
+        );
         assert_eq!(int_distance(Metric::Cosine, 0, 0, 25), 1.0);
     }
 }

@@ -5,6 +5,7 @@
 //! per-vector norms the host computes for them ([`norms`]).
 
 pub mod bounds;
+pub mod gpu;
 pub mod norms;
 pub mod plan;
 

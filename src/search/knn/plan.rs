@@ -130,7 +130,8 @@ pub fn chunks(n_rows: usize, nq: usize, qtile: u32, row_tile: u32, sms: u32) -> 
     let tiles = nq.div_ceil(qtile.max(1) as usize).max(1);
     let target = 4 * sms.max(1) as usize;
     let max_chunks = n_rows.div_ceil(rt).max(1);
-    let want = target.div_ceil(tiles).clamp(1, max_chunks);
+    // grid.y holds at most 65535 chunks.
+    let want = target.div_ceil(tiles).clamp(1, max_chunks.min(65_535));
     let chunk_rows = n_rows.div_ceil(want).div_ceil(rt).max(1) * rt;
     let n_chunks = n_rows.div_ceil(chunk_rows).max(1);
     (n_chunks as u32, chunk_rows as u32)
@@ -146,6 +147,18 @@ fn links_for(f: &FragmentInfo, device: Arch) -> bool {
         .iter()
         .filter_map(|a| Arch::parse(a, "catalog").ok())
         .any(|a| a.links_for(device))
+}
+
+/// Whether some variant of `dtype`'s default precision links for `device`
+/// (the index keeps row norms only then).
+pub fn available(device: Arch, dtype: DType) -> bool {
+    let p = Precision::default_for(dtype);
+    fragments::catalog().iter().any(|f| {
+        f.family == "knn_tile"
+            && f.param("dtype") == Some(dtype.name())
+            && f.param("precision") == Some(p.name())
+            && links_for(f, device)
+    })
 }
 
 /// The variant for a search, or `None` when the exact scan must serve it
@@ -178,7 +191,7 @@ pub fn choose_with(
     k: usize,
     precision: Precision,
 ) -> Option<KnnPlan> {
-    if k == 0 || n_rows >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
+    if k == 0 || n_rows == 0 || n_rows >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
         return None;
     }
     if dtype == DType::U8 && dim > MAX_DIM_U8 {
@@ -308,16 +321,49 @@ mod tests {
 
     #[test]
     fn precision_follows_dtype_and_arch() {
+        assert!(!available(SM75, DType::F32) && available(SM80, DType::F32));
+        assert!(available(SM75, DType::F16) && available(SM75, DType::U8));
         assert!(pick(SM75, DType::F32, 1, 10).is_none(), "TF32 needs sm_80");
         let p = pick(SM80, DType::F32, 1, 10).unwrap();
-        assert_eq!((p.precision, p.tile.name), (Precision::Tf32x3, "knn_tile_f32_tf32x3_q16_k32"));
-        assert_eq!(pick(SM75, DType::F16, 1, 10).unwrap().precision, Precision::F16);
-        assert_eq!(pick(SM90, DType::I8, 1, 10).unwrap().precision, Precision::Int);
-        let t = choose_with(SM90, DType::F32, Metric::Cosine, "bitset", 10, 8, 1, 1, Precision::Tf32).unwrap();
+        assert_eq!(
+            (p.precision, p.tile.name),
+            (Precision::Tf32x3, "knn_tile_f32_tf32x3_q16_k32")
+        );
+        assert_eq!(
+            pick(SM75, DType::F16, 1, 10).unwrap().precision,
+            Precision::F16
+        );
+        assert_eq!(
+            pick(SM90, DType::I8, 1, 10).unwrap().precision,
+            Precision::Int
+        );
+        let t = choose_with(
+            SM90,
+            DType::F32,
+            Metric::Cosine,
+            "bitset",
+            10,
+            8,
+            1,
+            1,
+            Precision::Tf32,
+        )
+        .unwrap();
         assert_eq!(t.tile.name, "knn_tile_f32_tf32_q16_k32");
         assert_eq!(t.filter.name, "filter_bitset_u32");
         assert_eq!(t.metric.name, "metric_cosine_f32");
-        assert!(choose_with(SM90, DType::F32, Metric::L2, "none", 10, 8, 1, 1, Precision::Int).is_none());
+        assert!(choose_with(
+            SM90,
+            DType::F32,
+            Metric::L2,
+            "none",
+            10,
+            8,
+            1,
+            1,
+            Precision::Int
+        )
+        .is_none());
     }
 
     #[test]
@@ -329,11 +375,24 @@ mod tests {
         assert_eq!((p.qtile, p.capacity, p.row_tile()), (16, 32, 64));
         let p = pick(SM90, DType::F16, 10_000, 100).unwrap();
         assert_eq!((p.qtile, p.capacity), (16, 128));
-        assert!(pick(SM90, DType::F16, 10, 129).is_none(), "k > 128: the scan");
+        assert!(
+            pick(SM90, DType::F16, 10, 129).is_none(),
+            "k > 128: the scan"
+        );
         assert!(pick(SM90, DType::F16, 10, 0).is_none());
         assert!(choose(SM90, DType::U8, Metric::L2, "none", 10, 33026, 1, 1).is_none());
         assert!(choose(SM90, DType::U8, Metric::L2, "none", 10, 33025, 1, 1).is_some());
-        assert!(choose(SM90, DType::I8, Metric::L2, "none", u32::MAX as usize, 8, 1, 1).is_none());
+        assert!(choose(
+            SM90,
+            DType::I8,
+            Metric::L2,
+            "none",
+            u32::MAX as usize,
+            8,
+            1,
+            1
+        )
+        .is_none());
         assert!(choose(SM90, DType::I8, Metric::L2, "none", 10, 0, 1, 1).is_none());
         assert!(choose(SM90, DType::F32, Metric::L2, "none", 10, MAX_DIM + 1, 1, 1).is_none());
     }
@@ -346,10 +405,15 @@ mod tests {
         assert!(n as usize * rows as usize >= 1_000_000);
         assert!((500..=528).contains(&n), "{n}");
         // Many queries: one chunk.
-        assert_eq!(chunks(1_000_000, 10_000, 16, 64, 132), (1, 1_000_000u32.div_ceil(64) * 64));
+        assert_eq!(
+            chunks(1_000_000, 10_000, 16, 64, 132),
+            (1, 1_000_000u32.div_ceil(64) * 64)
+        );
         // Tiny bases: never a chunk shorter than a row tile.
         assert_eq!(chunks(10, 1, 16, 64, 132), (1, 64));
         assert_eq!(chunks(0, 1, 16, 64, 132), (1, 64));
+        // A huge device never asks for more chunks than grid.y holds.
+        assert!(chunks(1 << 31, 1, 16, 64, 1 << 20).0 <= 65_535);
     }
 
     #[test]
