@@ -60,7 +60,7 @@ fn tile_plans(arch: Arch) -> Vec<Planner> {
 
 fn rerank_plans() -> Vec<Planner> {
     let mut v: Vec<Planner> = all_plans().iter().map(|p| p.rerank_planner()).collect();
-    v.sort_by(|a, b| a.fragment_names().cmp(&b.fragment_names()));
+    v.sort_by_key(|a| a.fragment_names());
     v.dedup_by(|a, b| a.fragment_names() == b.fragment_names());
     v
 }

@@ -377,18 +377,31 @@ fn compact(buf: &mut Vec<Cand>, thr: &mut f32, k: usize, cap: usize, exact: &dyn
     }
 }
 
-/// The two kernels for one query, with `bounds(row)` the candidate kernel's
-/// (lo, hi) and `exact(row)` the metric fold (NaN → +inf).
-fn emulate_query(
-    n: usize,
+/// The select's shape: k, the variant's capacity, its row tile, the
+/// launch's chunk length.
+#[derive(Clone, Copy)]
+struct Shape {
     k: usize,
     cap: usize,
     rt: usize,
     chunk_rows: usize,
+}
+
+/// The two kernels for one query over `n` rows, with `bounds(row)` the
+/// candidate kernel's (lo, hi) and `exact(row)` the metric fold (NaN → +inf).
+fn emulate_query(
+    n: usize,
+    shape: Shape,
     allowed: &dyn Fn(usize) -> bool,
     bounds: &dyn Fn(u32) -> (f32, f32),
     exact: &dyn Fn(u32) -> f32,
 ) -> Vec<(f32, u32)> {
+    let Shape {
+        k,
+        cap,
+        rt,
+        chunk_rows,
+    } = shape;
     let mut all = Vec::new();
     for start in (0..n).step_by(chunk_rows) {
         let end = (start + chunk_rows).min(n);
@@ -496,7 +509,13 @@ fn check_select(
                 d
             }
         };
-        let got = emulate_query(n, k, cap, rt, chunk_rows, allowed, &bounds, &exact);
+        let shape = Shape {
+            k,
+            cap,
+            rt,
+            chunk_rows,
+        };
+        let got = emulate_query(n, shape, allowed, &bounds, &exact);
         for (j, (d, id)) in got.iter().enumerate() {
             let (wid, wd) = (want.ids[qi * k + j], want.distances[qi * k + j]);
             let id = if *id == u32::MAX { -1 } else { *id as i64 };
