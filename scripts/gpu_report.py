@@ -169,8 +169,9 @@ def render(r, summary=False):
             for n in c["sides"]:
                 if n not in names:
                     names.append(n)
-        lines.append("| dtype | nq | k | " + " | ".join(names) + " | fraglink / best peer | floor QPS (bound) |")
-        lines.append("| --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- | --- |")
+        lines.append("| dtype | nq | k | " + " | ".join(names)
+                     + " | fraglink kernel | fraglink / best peer | goal (met) | tensor cores / scan | floor QPS (bound) |")
+        lines.append("| --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- | --- | --- | --- | --- |")
         for c in p["cases"]:
             cells = []
             for n in names:
@@ -181,8 +182,12 @@ def render(r, summary=False):
                     cells.append("error")
                 else:
                     cells.append(f"{fmt(s_.get('qps'))} ({fmt(s_.get('recall'))})")
+            kernel = (c["sides"].get("fraglink") or {}).get("gpu_kernel")
+            target = c.get("goal")
+            met = f"{fmt(target)} ({fmt(c.get('goal_met'))})" if target is not None else "—"
             lines.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | " + " | ".join(cells)
-                         + f" | {fmt(c.get('fraglink_vs_best_peer'))} | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
+                         + f" | {fmt(kernel)} | {fmt(c.get('fraglink_vs_best_peer'))} | {met}"
+                         + f" | {fmt(c.get('tensor_core_vs_scan'))} | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
