@@ -62,27 +62,13 @@ namespace wmma = nvcuda::wmma;
 template <typename T, int PREC>
 struct mma;
 
-template <>
-struct mma<__half, precision_f16> {
-  static constexpr int K = 16;
-  typedef __half staged;
-  typedef float acc_t;
-  typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_frag;
-  static __device__ FRAGLINK_INLINE void step(acc_frag& acc, const staged* a, const staged* b) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
-    wmma::load_matrix_sync(fa, a, K);
-    wmma::load_matrix_sync(fb, b, K);
-    wmma::mma_sync(acc, fa, fb, acc);
-  }
-};
-
-template <typename E>
-struct mma_int {
+// m16n16k16 with the inputs as they are: f16 -> f32, s8/u8 -> s32.
+template <typename E, typename Acc>
+struct mma_k16 {
   static constexpr int K = 16;
   typedef E staged;
-  typedef int acc_t;
-  typedef wmma::fragment<wmma::accumulator, 16, 16, 16, int> acc_frag;
+  typedef Acc acc_t;
+  typedef wmma::fragment<wmma::accumulator, 16, 16, 16, Acc> acc_frag;
   static __device__ FRAGLINK_INLINE void step(acc_frag& acc, const staged* a, const staged* b) {
     wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> fa;
     wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> fb;
@@ -92,9 +78,11 @@ struct mma_int {
   }
 };
 template <>
-struct mma<int8_t, precision_int> : mma_int<signed char> {};
+struct mma<__half, precision_f16> : mma_k16<__half, float> {};
 template <>
-struct mma<uint8_t, precision_int> : mma_int<unsigned char> {};
+struct mma<int8_t, precision_int> : mma_k16<signed char, int> {};
+template <>
+struct mma<uint8_t, precision_int> : mma_k16<unsigned char, int> {};
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 // TF32 (sm_80+). THREE = 3xTF32: x = hi + lo, acc += lo_a hi_b + hi_a lo_b + hi_a hi_b.
@@ -320,14 +308,18 @@ __device__ FRAGLINK_INLINE void stage(T* dst, const T* __restrict__ src, uint64_
 }
 
 // The contract the kernel checks by itself (as scan.cuh's launch_ok): block shape,
-// 1 <= k <= CAP, a recognised metric, a supported dim, aligned pointers.
+// 1 <= k <= CAP, a recognised metric, a supported dim, chunks that cover every row
+// (chunk_rows * gridDim.y >= n_rows: a row left out would be a silently wrong
+// answer), aligned pointers. The same for every thread: a violating launch writes
+// nothing.
 template <typename T, int CAP>
-__device__ FRAGLINK_INLINE bool tile_launch_ok(int metric, uint32_t dim, uint32_t k, const void* const* ptrs4,
-                                               int n4) {
+__device__ FRAGLINK_INLINE bool tile_launch_ok(int metric, uint32_t n_rows, uint32_t dim, uint32_t k,
+                                               uint32_t chunk_rows, const void* const* ptrs4, int n4) {
   uint64_t bad = 0;
   for (int i = 0; i < n4; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
   return bad == 0 && metric != metric_unknown && dim_supported(dim) && k != 0 && k <= static_cast<uint32_t>(CAP) &&
-         blockDim.x == FRAGLINK_KNN_BLOCK && blockDim.y == 1 && blockDim.z == 1;
+         static_cast<uint64_t>(chunk_rows) * gridDim.y >= n_rows && blockDim.x == FRAGLINK_KNN_BLOCK &&
+         blockDim.y == 1 && blockDim.z == 1;
 }
 
 // ----- the candidate kernel ------------------------------------------------------
@@ -366,7 +358,7 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const int metric = linked_metric<T>();
   const void* ptrs4[] = {row_aux0, row_aux1, query_aux0, query_aux1, out_count, out_lo, out_hi, out_ids,
                          filter_bits};
-  if (!tile_launch_ok<T, CAP>(metric, dim, k, ptrs4, 9)) return;
+  if (!tile_launch_ok<T, CAP>(metric, n_rows, dim, k, chunk_rows, ptrs4, 9)) return;
 
   const uint32_t tid = threadIdx.x;
   const uint32_t warp = tid / 32;

@@ -30,7 +30,18 @@ fn expects_knn(
     nq: usize,
     k: usize,
 ) -> bool {
-    knn::choose(arch, dtype, metric, "none", n, dim, nq, k).is_some()
+    knn::choose(&knn::KnnRequest {
+        device: arch,
+        dtype,
+        metric,
+        filter: "none",
+        n_rows: n,
+        dim,
+        nq,
+        k,
+        precision: None,
+    })
+    .is_some()
 }
 
 fn check(

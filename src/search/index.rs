@@ -318,16 +318,17 @@ impl GpuIndex {
         if !enabled_by_env()? {
             return Ok(None);
         }
-        let Some(kp) = super::knn::choose(
-            self.gpu.context().arch(),
-            self.shape.dtype,
-            params.metric,
-            params.filter.fragment_name(),
-            self.shape.rows,
-            self.shape.dim,
-            queries.rows(),
-            params.k,
-        ) else {
+        let Some(kp) = super::knn::choose(&super::knn::KnnRequest {
+            device: self.gpu.context().arch(),
+            dtype: self.shape.dtype,
+            metric: params.metric,
+            filter: params.filter.fragment_name(),
+            n_rows: self.shape.rows,
+            dim: self.shape.dim,
+            nq: queries.rows(),
+            k: params.k,
+            precision: None,
+        }) else {
             return Ok(None);
         };
         let qnorms = Norms::of(queries);

@@ -12,7 +12,7 @@
 //! Precision for f32: 3xTF32 by default (its margin, dominated by the
 //! accumulation allowance 3·dim·2⁻²⁰, is about 10× narrower than TF32's 2⁻⁸
 //! at dim 128, so fewer candidates reach the exact re-rank); plain TF32 only
-//! when asked ([`choose_with`]), e.g. by a benchmark — which one is faster is
+//! when asked ([`KnnRequest::precision`]), e.g. by a benchmark — which one is faster is
 //! for the GPU benchmark to say. Query tile: 32 when k ≤ 32 and
 //! there are at least 64 queries (half the row reads per query), else 16.
 //! Row chunks ([`chunks`]): enough blocks for 4 per SM, so that nq = 1 still
@@ -141,78 +141,62 @@ fn param_u32(f: &FragmentInfo, key: &str) -> Option<u32> {
     f.param(key)?.parse().ok()
 }
 
-/// Whether `f` was built for an arch that links for `device`.
-fn links_for(f: &FragmentInfo, device: Arch) -> bool {
-    f.archs
-        .iter()
-        .filter_map(|a| Arch::parse(a, "catalog").ok())
-        .any(|a| a.links_for(device))
+/// The candidate kernels of `dtype` at `precision` that link for `device`.
+fn tiles(
+    device: Arch,
+    dtype: DType,
+    precision: Precision,
+) -> impl Iterator<Item = &'static FragmentInfo> {
+    fragments::catalog().iter().copied().filter(move |f| {
+        f.family == "knn_tile"
+            && f.param("dtype") == Some(dtype.name())
+            && f.param("precision") == Some(precision.name())
+            && f.links_for(device)
+    })
 }
 
 /// Whether some variant of `dtype`'s default precision links for `device`
 /// (the index keeps row norms only then).
 pub fn available(device: Arch, dtype: DType) -> bool {
-    let p = Precision::default_for(dtype);
-    fragments::catalog().iter().any(|f| {
-        f.family == "knn_tile"
-            && f.param("dtype") == Some(dtype.name())
-            && f.param("precision") == Some(p.name())
-            && links_for(f, device)
-    })
+    tiles(device, dtype, Precision::default_for(dtype))
+        .next()
+        .is_some()
+}
+
+/// One search as the planner sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct KnnRequest<'a> {
+    pub device: Arch,
+    pub dtype: DType,
+    pub metric: Metric,
+    /// `none` or `bitset`.
+    pub filter: &'a str,
+    pub n_rows: usize,
+    pub dim: usize,
+    pub nq: usize,
+    pub k: usize,
+    /// `None`: the dtype's default ([`Precision::default_for`]).
+    pub precision: Option<Precision>,
 }
 
 /// The variant for a search, or `None` when the exact scan must serve it
-/// (module docs). `filter` is `none` or `bitset`.
-#[allow(clippy::too_many_arguments)]
-pub fn choose(
-    device: Arch,
-    dtype: DType,
-    metric: Metric,
-    filter: &str,
-    n_rows: usize,
-    dim: usize,
-    nq: usize,
-    k: usize,
-) -> Option<KnnPlan> {
-    let p = Precision::default_for(dtype);
-    choose_with(device, dtype, metric, filter, n_rows, dim, nq, k, p)
-}
-
-/// [`choose`] with the precision given.
-#[allow(clippy::too_many_arguments)]
-pub fn choose_with(
-    device: Arch,
-    dtype: DType,
-    metric: Metric,
-    filter: &str,
-    n_rows: usize,
-    dim: usize,
-    nq: usize,
-    k: usize,
-    precision: Precision,
-) -> Option<KnnPlan> {
-    if k == 0 || n_rows == 0 || n_rows >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
+/// (module docs).
+pub fn choose(r: &KnnRequest<'_>) -> Option<KnnPlan> {
+    let (dtype, dim, k) = (r.dtype, r.dim, r.k);
+    let precision = r.precision.unwrap_or(Precision::default_for(dtype));
+    if k == 0 || r.n_rows == 0 || r.n_rows >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
         return None;
     }
     if dtype == DType::U8 && dim > MAX_DIM_U8 {
         return None;
     }
-    let tiles: Vec<&'static FragmentInfo> = fragments::catalog()
-        .iter()
-        .copied()
-        .filter(|f| {
-            f.family == "knn_tile"
-                && f.param("dtype") == Some(dtype.name())
-                && f.param("precision") == Some(precision.name())
-                && links_for(f, device)
-        })
-        .collect();
+    let tiles: Vec<&'static FragmentInfo> = tiles(r.device, dtype, precision).collect();
     let capacity = tiles
         .iter()
         .filter_map(|f| param_u32(f, "capacity"))
         .filter(|&c| c as usize >= k)
         .min()?;
-    let qtile = if capacity <= 32 && k <= 32 && nq >= 64 {
+    let qtile = if capacity <= 32 && k <= 32 && r.nq >= 64 {
         32
     } else {
         16
@@ -220,18 +204,26 @@ pub fn choose_with(
     let tile = tiles.iter().copied().find(|f| {
         param_u32(f, "capacity") == Some(capacity) && param_u32(f, "qtile") == Some(qtile)
     })?;
-    let rerank = fragments::find(&format!("knn_rerank_{}_k{capacity}", dtype.name()))?;
-    let metric = fragments::find(&format!(
-        "metric_{}_{}",
-        metric.fragment_name(),
-        dtype.name()
-    ))?;
-    let filter = fragments::find(&format!("filter_{filter}_u32"))?;
+    assemble(tile, r.metric, r.filter)
+}
+
+/// The plan of candidate kernel `tile` with `metric` and `filter`: its
+/// re-rank, metric and filter fragments from the catalog (`None` when one
+/// is missing or the tile lacks a key).
+fn assemble(tile: &'static FragmentInfo, metric: Metric, filter: &str) -> Option<KnnPlan> {
+    let dtype = tile.param("dtype")?.parse::<DType>().ok()?;
+    let p = tile.param("precision")?;
+    let precision = Precision::ALL.into_iter().find(|x| x.name() == p)?;
+    let (qtile, capacity) = (param_u32(tile, "qtile")?, param_u32(tile, "capacity")?);
     Some(KnnPlan {
         tile,
-        rerank,
-        metric,
-        filter,
+        rerank: fragments::find(&format!("knn_rerank_{}_k{capacity}", dtype.name()))?,
+        metric: fragments::find(&format!(
+            "metric_{}_{}",
+            metric.fragment_name(),
+            dtype.name()
+        ))?,
+        filter: fragments::find(&format!("filter_{filter}_u32"))?,
         dtype,
         precision,
         qtile,
@@ -239,7 +231,7 @@ pub fn choose_with(
     })
 }
 
-/// Every plan [`choose_with`] can produce, over every device of the build's
+/// Every plan [`choose`] can produce, over every device of the build's
 /// archs: each knn_tile variant with each metric and filter.
 pub fn all_plans() -> Vec<KnnPlan> {
     let mut out = Vec::new();
@@ -247,39 +239,9 @@ pub fn all_plans() -> Vec<KnnPlan> {
         if tile.family != "knn_tile" {
             continue;
         }
-        let (Some(dtype), Some(precision), Some(qtile), Some(capacity)) = (
-            tile.param("dtype").and_then(|d| d.parse::<DType>().ok()),
-            tile.param("precision")
-                .and_then(|p| Precision::ALL.into_iter().find(|x| x.name() == p)),
-            param_u32(tile, "qtile"),
-            param_u32(tile, "capacity"),
-        ) else {
-            continue;
-        };
-        let Some(rerank) = fragments::find(&format!("knn_rerank_{}_k{capacity}", dtype.name()))
-        else {
-            continue;
-        };
         for metric in Metric::ALL {
             for filter in FILTERS {
-                let m = fragments::find(&format!(
-                    "metric_{}_{}",
-                    metric.fragment_name(),
-                    dtype.name()
-                ));
-                let f = fragments::find(&format!("filter_{filter}_u32"));
-                if let (Some(metric), Some(filter)) = (m, f) {
-                    out.push(KnnPlan {
-                        tile,
-                        rerank,
-                        metric,
-                        filter,
-                        dtype,
-                        precision,
-                        qtile,
-                        capacity,
-                    });
-                }
+                out.extend(assemble(tile, metric, filter));
             }
         }
     }
@@ -315,8 +277,33 @@ mod tests {
     const SM80: Arch = Arch::sm(80);
     const SM90: Arch = Arch::sm(90);
 
+    fn req(
+        device: Arch,
+        dtype: DType,
+        n_rows: usize,
+        dim: usize,
+        nq: usize,
+        k: usize,
+    ) -> KnnRequest<'static> {
+        KnnRequest {
+            device,
+            dtype,
+            metric: Metric::L2,
+            filter: "none",
+            n_rows,
+            dim,
+            nq,
+            k,
+            precision: None,
+        }
+    }
+
     fn pick(a: Arch, d: DType, nq: usize, k: usize) -> Option<KnnPlan> {
-        choose(a, d, Metric::L2, "none", 1_000_000, 128, nq, k)
+        choose(&req(a, d, 1_000_000, 128, nq, k))
+    }
+
+    fn pick_shape(d: DType, n_rows: usize, dim: usize) -> Option<KnnPlan> {
+        choose(&req(SM90, d, n_rows, dim, 1, 1))
     }
 
     #[test]
@@ -337,32 +324,20 @@ mod tests {
             pick(SM90, DType::I8, 1, 10).unwrap().precision,
             Precision::Int
         );
-        let t = choose_with(
-            SM90,
-            DType::F32,
-            Metric::Cosine,
-            "bitset",
-            10,
-            8,
-            1,
-            1,
-            Precision::Tf32,
-        )
+        let t = choose(&KnnRequest {
+            metric: Metric::Cosine,
+            filter: "bitset",
+            precision: Some(Precision::Tf32),
+            ..req(SM90, DType::F32, 10, 8, 1, 1)
+        })
         .unwrap();
         assert_eq!(t.tile.name, "knn_tile_f32_tf32_q16_k32");
         assert_eq!(t.filter.name, "filter_bitset_u32");
         assert_eq!(t.metric.name, "metric_cosine_f32");
-        assert!(choose_with(
-            SM90,
-            DType::F32,
-            Metric::L2,
-            "none",
-            10,
-            8,
-            1,
-            1,
-            Precision::Int
-        )
+        assert!(choose(&KnnRequest {
+            precision: Some(Precision::Int),
+            ..req(SM90, DType::F32, 10, 8, 1, 1)
+        })
         .is_none());
     }
 
@@ -380,21 +355,12 @@ mod tests {
             "k > 128: the scan"
         );
         assert!(pick(SM90, DType::F16, 10, 0).is_none());
-        assert!(choose(SM90, DType::U8, Metric::L2, "none", 10, 33026, 1, 1).is_none());
-        assert!(choose(SM90, DType::U8, Metric::L2, "none", 10, 33025, 1, 1).is_some());
-        assert!(choose(
-            SM90,
-            DType::I8,
-            Metric::L2,
-            "none",
-            u32::MAX as usize,
-            8,
-            1,
-            1
-        )
-        .is_none());
-        assert!(choose(SM90, DType::I8, Metric::L2, "none", 10, 0, 1, 1).is_none());
-        assert!(choose(SM90, DType::F32, Metric::L2, "none", 10, MAX_DIM + 1, 1, 1).is_none());
+        assert!(pick_shape(DType::U8, 10, 33026).is_none());
+        assert!(pick_shape(DType::U8, 10, 33025).is_some());
+        assert!(pick_shape(DType::I8, u32::MAX as usize, 8).is_none());
+        assert!(pick_shape(DType::I8, 10, 0).is_none());
+        assert!(pick_shape(DType::I8, 0, 8).is_none());
+        assert!(pick_shape(DType::F32, 10, MAX_DIM + 1).is_none());
     }
 
     #[test]
@@ -426,7 +392,13 @@ mod tests {
                         for f in FILTERS {
                             for nq in [1, 1000] {
                                 for k in [1, 32, 100] {
-                                    if let Some(x) = choose_with(a, d, m, f, 1000, 64, nq, k, p) {
+                                    let r = KnnRequest {
+                                        metric: m,
+                                        filter: f,
+                                        precision: Some(p),
+                                        ..req(a, d, 1000, 64, nq, k)
+                                    };
+                                    if let Some(x) = choose(&r) {
                                         reached.push(x.tile_planner());
                                         reached.push(x.rerank_planner());
                                     }
