@@ -55,7 +55,8 @@
 // one to the exact scan kernel, so every intermediate here is finite.
 //
 // Integers (precision int): the MMA dot product is exact (s32, no overflow within
-// the dims the host admits: i8 <= 33025, u8 <= 33025 so that q.x < 2^31), the squared
+// the dims the host admits: i8 <= 33025, u8 <= 32896 so that q.x < 2^31 and a squared
+// norm's bits are no NaN pattern as a float), the squared
 // norms are exact integers held as uint32 bits in the aux arrays, and g is computed
 // from them exactly the way the reference finalises its exact integer accumulators,
 // so lo = hi = d (e = 0).

@@ -40,7 +40,7 @@
 //
 // Not handled here (the host routes such searches to the scan kernel): rows or
 // queries that are "special" for the bounds (knn_bounds.cuh), k > CAP, n_rows >=
-// 2^32 - 1 (ids are u32), dim beyond knn::dim_supported, u8 dim > 33025.
+// 2^32 - 1 (ids are u32), dim beyond knn::dim_supported, u8 dim > 32896.
 #pragma once
 
 #include <mma.h>

@@ -7,7 +7,8 @@
 //!   `min_arch`, and the fragment must be built for an arch that links there;
 //! - `k` ≤ the largest capacity (128); the smallest capacity ≥ k is used;
 //! - row ids are u32 (`n_rows < 2³² − 1`), `1 ≤ dim ≤ 2¹⁷` (knn_bounds.cuh),
-//!   u8 `dim ≤ 33025` (the s32 accumulator stays exact).
+//!   u8 `dim ≤ 32896` (the s32 accumulator stays exact, and the exact squared
+//!   norm, carried as f32 bits, stays below the NaN bit patterns).
 //!
 //! Precision for f32: 3xTF32 by default (its margin, dominated by the
 //! accumulation allowance 3·dim·2⁻²⁰, is about 10× narrower than TF32's 2⁻⁸
@@ -79,8 +80,10 @@ impl Precision {
 pub const KNN_BLOCK: u32 = 128;
 /// Largest `dim` the bounds admit (knn_bounds.cuh `dim_supported`).
 pub const MAX_DIM: usize = 1 << 17;
-/// Largest u8 `dim` whose dot products fit the s32 accumulator.
-pub const MAX_DIM_U8: usize = 33025;
+/// Largest u8 `dim` on this path: dot products below 2³¹ fit the s32
+/// accumulator (33025), and squared norms below 0x7F80_0000 (32896 · 255²)
+/// never look like a NaN when carried as f32 bits in the aux array.
+pub const MAX_DIM_U8: usize = 32896;
 
 /// The two kernels of one search and their shape.
 #[derive(Debug, Clone)]
@@ -355,8 +358,10 @@ mod tests {
             "k > 128: the scan"
         );
         assert!(pick(SM90, DType::F16, 10, 0).is_none());
-        assert!(pick_shape(DType::U8, 10, 33026).is_none());
-        assert!(pick_shape(DType::U8, 10, 33025).is_some());
+        assert!(pick_shape(DType::U8, 10, 32897).is_none());
+        assert!(pick_shape(DType::U8, 10, 32896).is_some());
+        // 32896 · 255² is below the first NaN bit pattern; one more is not.
+        assert!(32896 * 255 * 255 < 0x7F80_0000 && 32897 * 255 * 255 >= 0x7F80_0000);
         assert!(pick_shape(DType::I8, u32::MAX as usize, 8).is_none());
         assert!(pick_shape(DType::I8, 10, 0).is_none());
         assert!(pick_shape(DType::I8, 0, 8).is_none());
