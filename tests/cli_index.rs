@@ -368,3 +368,34 @@ fn bad_index_files_and_conflicting_flags_exit_2() {
         "l1",
     );
 }
+
+#[test]
+fn repeat_reports_the_median_of_identical_searches() {
+    for extra in [
+        &["--ivf-flat", "--nlist", "16", "--nprobe", "2"][..],
+        &[][..],
+    ] {
+        let mut args = vec![
+            "search", "--n", "3000", "--dim", "8", "--nq", "20", "--repeat", "3", "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v = ok_json(&args);
+        assert_eq!(v["repeat"], 3, "{v}");
+        let runs: Vec<f64> = v["search_ms_runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(runs.len(), 3);
+        assert_eq!(v["search_ms_first"].as_f64().unwrap(), runs[0]);
+        let mut sorted = runs.clone();
+        sorted.sort_by(f64::total_cmp);
+        assert_eq!(v["search_ms"].as_f64().unwrap(), sorted[1], "{v}");
+        assert_eq!(v["search_ms_min"].as_f64().unwrap(), sorted[0]);
+    }
+    fails(
+        &["search", "--repeat", "0"],
+        "--repeat 0: expected 1 to 1000",
+    );
+}

@@ -120,6 +120,18 @@ fn reads_vector_files_and_links_for_the_given_arch() {
 }
 
 #[test]
+fn arch_specific_targets_keep_their_variant() {
+    let cache = tempfile::tempdir().unwrap();
+    for (arch, linked) in [("sm_90a", "sm_90a"), ("compute_80", "sm_80")] {
+        let v = search_json(
+            cache.path(),
+            &["--n", "500", "--nq", "4", "--arch", arch, "--device", "cpu"],
+        );
+        assert_eq!(v["link"]["arch"], linked, "{v}");
+    }
+}
+
+#[test]
 fn bad_inputs_exit_2_with_one_line() {
     let cache = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -466,15 +466,22 @@ def section_ivf(res, lines, headline):
         f"{s['nq']:,} queries, k = {s['k']}, nlist = {s['nlist']}, l2 ({s['data']}, seed {s['seed']}). "
         "Build: faiss `train` + `add` against fraglink's `build_seconds` (k-means, assignment, "
         "interleaved lists; not the file write). Search: faiss `index.search` alone against fraglink's "
-        "JSON `search_ms` (coarse step + list scan; not the index file read), each search of fraglink in "
-        "a fresh process, the sides alternating per repetition, "
-        f"{s['reps']} repetitions. Recall@{s['k']} of both sides against the same float64 exact "
+        "JSON `search_ms` (coarse step + list scan; not the index file read), fraglink in a fresh process "
+        "per nprobe, the sides alternating per repetition; "
+        + (f"each side runs every search {s['search_reps']} times in its process and reports the median "
+           "(threads and heap warm: faiss after its build, fraglink after its file read; `--repeat`), "
+           if s.get("search_reps", 1) > 1 else "each search timed once, ")
+        + f"{s['reps']} repetitions. Recall@{s['k']} of both sides against the same float64 exact "
         "neighbours. With more than one thread faiss also runs with `OMP_WAIT_POLICY=PASSIVE` and its "
         "better variant per figure is compared.",
         "",
         "| threads | nprobe | recall faiss / fraglink | QPS faiss (median) | QPS fraglink (median) | fraglink ÷ faiss |",
         "| --- | ---: | --- | ---: | ---: | ---: |",
     ]
+    busy = [f"**{threads(c['threads'])}: BUSY, not evidence** — only {c['reps_quiet']} of "
+            f"{c['reps_total']} repetitions had other work at most {c['busy_max']:.0f}% of the CPUs."
+            for c in s["cases"] if not c.get("quiet", True)]
+    lines[-3:-3] = [line for b in busy for line in ("", b)]
     for c in s["cases"]:
         for r in c["nprobe"]:
             variant = "" if r.get("faiss_variant", "default") == "default" else f" ({r['faiss_variant']})"
@@ -503,7 +510,7 @@ def section_ivf(res, lines, headline):
         "Commands (per repetition, `RAYON_NUM_THREADS=T` / `OMP_NUM_THREADS=T`): "
         f"`fraglink index build --kind ivf-flat --nlist {s['nlist']} --base base.fvecs --metric l2 --seed S "
         "--out fraglink.ivf --json`, then per nprobe `fraglink search --index fraglink.ivf --queries "
-        f"queries.fvecs --nprobe P --k {s['k']} --groundtruth truth.ivecs --json`; faiss: "
+        f"queries.fvecs --nprobe P --k {s['k']} --groundtruth truth.ivecs --repeat R --json`; faiss: "
         "`python benches/scripts/ivf_bench.py faiss ...` (same files). The whole comparison: "
         "`target/bench-env/bin/python benches/scripts/ivf_bench.py run --fraglink target/release/fraglink "
         "--work DIR --reps 3 --out ivf.json`.",

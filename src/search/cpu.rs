@@ -178,6 +178,27 @@ unsafe fn float_fold_fma_f16(metric: Metric, q: &[f16], x: &[f16]) -> f32 {
     float_fold(metric, q, x, |v| v.to_f32())
 }
 
+/// `Σ v_j²` folded in order with fma (`a = fma(v_j, v_j, a)`, one rounding
+/// each): the squared norm the IVF scans and cosine use, with hardware fma
+/// where the CPU has it (the same bits; otherwise each step is a libm call).
+pub(crate) fn sq_norm_f32(v: &[f32]) -> f32 {
+    fn fold(v: &[f32]) -> f32 {
+        v.iter().fold(0.0f32, |a, &x| x.mul_add(x, a))
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "fma")]
+        unsafe fn fold_fma(v: &[f32]) -> f32 {
+            fold(v)
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports fma (checked above).
+            return unsafe { fold_fma(v) };
+        }
+    }
+    fold(v)
+}
+
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
     fn distance(metric: Metric, q: &[f32], x: &[f32]) -> f32 {
@@ -470,6 +491,29 @@ pub fn search_cpu(
     search_cpu_with(base, queries, params, kernel)
 }
 
+/// The nearest row of `base` to every query (its index), by the same
+/// definition as [`search_cpu`] with `k = 1` (ties to the smaller row), for
+/// callers that need no distance (k-means assignment): a query whose
+/// candidates prune to one row skips that row's exact distance.
+pub(crate) fn nearest_rows(
+    base: &Matrix<f32>,
+    queries: &Matrix<f32>,
+    metric: Metric,
+) -> Result<Vec<usize>, SearchError> {
+    // validate()'s checks, for two f32 matrices with k = 1 and no filter.
+    if base.dim() != queries.dim() {
+        return Err(SearchError::DimensionMismatch {
+            base: base.dim(),
+            queries: queries.dim(),
+        });
+    }
+    let p = SearchParams::new(1, metric);
+    ensure_threads();
+    let kernel = CpuKernel::for_queries(queries.rows()).usable();
+    let found = float_search(base, queries, &p, kernel, true);
+    Ok(found.ids.iter().map(|&i| i as usize).collect())
+}
+
 /// [`search_cpu`] with the float dot products computed by `kernel` (replaced by
 /// the fastest one this CPU has if it cannot run it: [`CpuKernel::usable`]).
 /// Every kernel gives the same results, bit for bit. Integer types take the
@@ -485,15 +529,15 @@ pub fn search_cpu_with(
     ensure_threads();
     let kernel = kernel.usable();
     Ok(match (base, queries) {
-        (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params, kernel),
-        (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params, kernel),
+        (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params, kernel, false),
+        (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params, kernel, false),
         (Vectors::I8(b), Vectors::I8(q)) => match kernel {
             CpuKernel::Gemm => int_search(b, q, params),
-            _ => float_search(b, q, params, kernel),
+            _ => float_search(b, q, params, kernel, false),
         },
         (Vectors::U8(b), Vectors::U8(q)) => match kernel {
             CpuKernel::Gemm => int_search(b, q, params),
-            _ => float_search(b, q, params, kernel),
+            _ => float_search(b, q, params, kernel, false),
         },
         _ => unreachable!("validate() checked the dtypes"),
     })
@@ -538,12 +582,22 @@ struct TopK {
 
 impl TopK {
     fn new(k: usize) -> Self {
-        TopK {
+        let mut t = TopK {
             k,
-            cap: 4 * k + 64,
+            cap: 0,
             heap: BinaryHeap::with_capacity(k + 1),
             cands: Vec::new(),
-        }
+        };
+        t.reset(k);
+        t
+    }
+
+    /// Empties it for a new query and `k`, keeping its buffers.
+    fn reset(&mut self, k: usize) {
+        self.k = k;
+        self.cap = 4 * k + 64;
+        self.heap.clear();
+        self.cands.clear();
     }
 
     /// The k-th smallest upper bound so far (+inf until k rows were seen).
@@ -599,21 +653,88 @@ impl TopK {
     }
 }
 
-/// Merges the candidates of one query (all shards, plus special rows as exact
-/// candidates), re-ranks exactly and writes the k best.
+thread_local! {
+    static TOPS: std::cell::RefCell<Vec<TopK>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `n` empty [`TopK`]s for `k` from this thread's reusable set
+/// (fresh ones if it is in use): a task's per-query heaps and candidate lists
+/// keep their buffers from task to task instead of being allocated per query.
+fn with_tops<R>(n: usize, k: usize, f: impl FnOnce(&mut [TopK]) -> R) -> R {
+    let run = |tops: &mut Vec<TopK>| {
+        while tops.len() < n {
+            tops.push(TopK::new(k));
+        }
+        tops[..n].iter_mut().for_each(|t| t.reset(k));
+        f(&mut tops[..n])
+    };
+    TOPS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut tops) => run(&mut tops),
+        Err(_) => run(&mut Vec::new()),
+    })
+}
+
+/// The candidates one task kept, query by query, in one buffer.
+struct TaskCands {
+    cands: Vec<Cand>,
+    /// `ends[i]`: one past query `i`'s last candidate.
+    ends: Vec<usize>,
+}
+
+impl TaskCands {
+    /// Copies the candidates out of `tops` (which keep their buffers).
+    fn take(tops: &[TopK]) -> Self {
+        let mut cands = Vec::with_capacity(tops.iter().map(|t| t.cands.len()).sum());
+        let ends = tops
+            .iter()
+            .map(|t| {
+                cands.extend_from_slice(&t.cands);
+                cands.len()
+            })
+            .collect();
+        TaskCands { cands, ends }
+    }
+
+    /// Query `i`'s candidates.
+    fn of(&self, i: usize) -> &[Cand] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.cands[start..self.ends[i]]
+    }
+}
+
+/// Buffers of [`finish_query`], reused across the queries a thread merges.
+#[derive(Default)]
+struct FinishScratch {
+    /// The query's candidates (the caller fills it).
+    pool: Vec<Cand>,
+    his: Vec<f32>,
+}
+
+/// Merges the candidates of one query (`scratch.pool`: all shards, plus
+/// special rows as exact candidates), re-ranks exactly and writes the k best
+/// (`ids_only`: see [`float_search`]).
 fn finish_query(
-    mut pool: Vec<Cand>,
+    scratch: &mut FinishScratch,
     k: usize,
+    ids_only: bool,
     exact: &mut dyn FnMut(usize) -> f32,
     ids: &mut [i64],
     dists: &mut [f32],
 ) {
+    let FinishScratch { pool, his } = scratch;
     if pool.len() > k {
-        let mut his: Vec<f32> = pool.iter().map(|c| c.hi).collect();
+        his.clear();
+        his.extend(pool.iter().map(|c| c.hi));
         let (_, u, _) =
             his.select_nth_unstable_by(k - 1, |a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
         let u = *u;
         pool.retain(|c| c.lo <= u);
+    }
+    if ids_only && pool.len() == 1 {
+        // The only row that can be among the k best: it is the first.
+        ids[0] = pool[0].id as i64;
+        dists[0] = pool[0].hi;
+        return;
     }
     for c in pool.iter_mut().filter(|c| !c.exact) {
         let d = nan_to_inf(exact(c.id));
@@ -1219,7 +1340,14 @@ impl<T: FloatElem> FloatTask<'_, T> {
                 e: c_cos + abs,
             },
         };
-        let mut packed = fused::PackedQueries::new(kernel, dim, qbuf, &qa, &qb);
+        // `qbuf` is empty where the queries are f32 rows already (the caller's choice).
+        let rows: Vec<&[f32]> = match T::as_f32(q.data()) {
+            Some(all) if qbuf.is_empty() => {
+                qr.iter().map(|&i| &all[i * dim..(i + 1) * dim]).collect()
+            }
+            _ => qbuf.chunks_exact(dim).collect(),
+        };
+        let mut packed = fused::PackedQueries::new(kernel, dim, &rows, &qa, &qb);
         let mut exact = |i: usize, id: usize| T::distance(metric, q.row(qr[i]), b.row(id));
         let mut r0 = sr.start;
         while r0 < sr.end {
@@ -1242,11 +1370,16 @@ impl<T: FloatElem> FloatTask<'_, T> {
     }
 }
 
+/// `ids_only`: the caller reads `ids` alone, so a query whose candidates
+/// were pruned to a single row takes it without computing its exact distance
+/// (its `distances` entry is then that row's upper bound, not the reference
+/// distance). Which rows are returned never changes.
 fn float_search<T: FloatElem>(
     b: &Matrix<T>,
     q: &Matrix<T>,
     p: &SearchParams,
     kernel: CpuKernel,
+    ids_only: bool,
 ) -> Neighbors {
     let (nq, dim, k, metric) = (q.rows(), b.dim(), p.k, p.metric);
     if nq == 0 {
@@ -1315,40 +1448,46 @@ fn float_search<T: FloatElem>(
         consts: (c_l2, c_ip, c_cos, abs),
     };
 
-    let results: Vec<Vec<Vec<Cand>>> = tasks
+    let results: Vec<TaskCands> = tasks
         .par_iter()
         .map(|&(qbi, si)| {
             let qr = &normal_q[qblocks[qbi].clone()];
             let sr = shards[si].clone();
             let nqb = qr.len();
-            let mut qbuf = vec![0.0f32; nqb * dim];
-            for (i, &qi) in qr.iter().enumerate() {
+            // The fused kernels pack f32 queries straight from their rows;
+            // the GEMM and the other types read a widened copy.
+            let widened = kernel == CpuKernel::Gemm || T::as_f32(q.data()).is_none();
+            let mut qbuf = vec![0.0f32; if widened { nqb * dim } else { 0 }];
+            for (i, &qi) in qr.iter().enumerate().filter(|_| widened) {
                 T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
             }
-            let mut tops: Vec<TopK> = (0..nqb).map(|_| TopK::new(k)).collect();
-            with_scratch(|scratch| match kernel {
-                CpuKernel::Gemm => ctx.gemm_task(qr, &qbuf, sr, &mut tops, scratch),
-                _ => ctx.fused_task(kernel, qr, &qbuf, sr, &mut tops, &mut scratch.xbuf),
-            });
-            tops.into_iter().map(|t| t.cands).collect()
+            with_tops(nqb, k, |tops| {
+                with_scratch(|scratch| match kernel {
+                    CpuKernel::Gemm => ctx.gemm_task(qr, &qbuf, sr, tops, scratch),
+                    _ => ctx.fused_task(kernel, qr, &qbuf, sr, tops, &mut scratch.xbuf),
+                });
+                TaskCands::take(tops)
+            })
         })
         .collect();
 
+    let place = block_places(&qblocks, &normal_q, nq);
     let mut out = padded(nq, k);
     out.ids
         .par_chunks_mut(k)
         .zip(out.distances.par_chunks_mut(k))
         .enumerate()
-        .for_each(|(qi, (ids, dists))| {
+        .for_each_init(FinishScratch::default, |scratch, (qi, (ids, dists))| {
             let qrow = q.row(qi);
             if q_info[qi].is_none() {
                 reference_query(metric, qrow, b, &rows, ids, dists);
                 return;
             }
-            let (bi, i) = block_of(&qblocks, &normal_q, qi);
-            let mut pool: Vec<Cand> = Vec::new();
+            let (bi, i) = place[qi];
+            let pool = &mut scratch.pool;
+            pool.clear();
             for s in 0..n_shards {
-                pool.extend_from_slice(&results[bi * n_shards + s][i]);
+                pool.extend_from_slice(results[bi * n_shards + s].of(i));
             }
             for &r in &special {
                 let d = nan_to_inf(T::distance(metric, qrow, b.row(r)));
@@ -1360,16 +1499,26 @@ fn float_search<T: FloatElem>(
                 });
             }
             let mut exact = |id: usize| T::distance(metric, qrow, b.row(id));
-            finish_query(pool, k, &mut exact, ids, dists);
+            finish_query(scratch, k, ids_only, &mut exact, ids, dists);
         });
     out
 }
 
-/// (query block, index inside it) of normal query `qi`.
-fn block_of(qblocks: &[std::ops::Range<usize>], normal_q: &[usize], qi: usize) -> (usize, usize) {
-    let pos = normal_q.binary_search(&qi).expect("a normal query");
-    let bi = qblocks.partition_point(|r| r.end <= pos);
-    (bi, pos - qblocks[bi].start)
+/// (query block, index inside it) of every normal query, indexed by query
+/// (`normal_q[qblocks[b]]` are block `b`'s queries); special queries are
+/// never looked up.
+fn block_places(
+    qblocks: &[std::ops::Range<usize>],
+    normal_q: &[usize],
+    nq: usize,
+) -> Vec<(usize, usize)> {
+    let mut place = vec![(usize::MAX, usize::MAX); nq];
+    for (bi, r) in qblocks.iter().enumerate() {
+        for pos in r.clone() {
+            place[normal_q[pos]] = (bi, pos - r.start);
+        }
+    }
+    place
 }
 
 // ----- integers -------------------------------------------------------------------
@@ -1430,7 +1579,7 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
     let tasks: Vec<(usize, usize)> = (0..qblocks.len())
         .flat_map(|qi| (0..n_shards).map(move |s| (qi, s)))
         .collect();
-    let results: Vec<Vec<Vec<Cand>>> = tasks
+    let results: Vec<TaskCands> = tasks
         .par_iter()
         .map(|&(qbi, si)| {
             let qr = qblocks[qbi].clone();
@@ -1440,50 +1589,59 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
             for (i, qi) in qr.clone().enumerate() {
                 T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
             }
-            let mut tops: Vec<TopK> = (0..nqb).map(|_| TopK::new(k)).collect();
             let blk = rb.min(sr.len());
-            with_scratch(|scratch| {
-                let Scratch {
-                    dots,
-                    idots,
-                    xbuf,
-                    lo,
-                } = scratch;
-                let xbuf = at_least(xbuf, blk * dim);
-                let dots = at_least(dots, nqb * blk);
-                let idots = at_least(idots, if dim > T::CHUNK { nqb * blk } else { 0 });
-                let mut r0 = sr.start;
-                while r0 < sr.end {
-                    let r1 = (r0 + rb).min(sr.end);
-                    let m = r1 - r0;
-                    let ids = &rows[r0..r1];
-                    for (j, &r) in ids.iter().enumerate() {
-                        T::widen(b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
-                    }
-                    let (xs, xsf) = (&xx[r0..r1], &xxf[r0..r1]);
-                    if dim <= T::CHUNK {
-                        // One exact chunk: the f32 products are the integers.
-                        gemm_nt(nqb, m, dim, &qbuf, &xbuf[..m * dim], dim, dots);
-                        let d = &dots[..nqb * m];
-                        scan_int_block(metric, d, m, ids, &mut tops, qr.start, &qq, xs, xsf, lo);
-                    } else {
-                        idots[..nqb * m].fill(0.0);
-                        let mut c0 = 0;
-                        while c0 < dim {
-                            let c1 = (c0 + T::CHUNK).min(dim);
-                            gemm_nt(nqb, m, c1 - c0, &qbuf[c0..], &xbuf[c0..m * dim], dim, dots);
-                            for (acc, &v) in idots[..nqb * m].iter_mut().zip(&dots[..nqb * m]) {
-                                *acc += v as f64; // exact integers (module docs)
-                            }
-                            c0 = c1;
+            with_tops(nqb, k, |tops| {
+                with_scratch(|scratch| {
+                    let Scratch {
+                        dots,
+                        idots,
+                        xbuf,
+                        lo,
+                    } = scratch;
+                    let xbuf = at_least(xbuf, blk * dim);
+                    let dots = at_least(dots, nqb * blk);
+                    let idots = at_least(idots, if dim > T::CHUNK { nqb * blk } else { 0 });
+                    let mut r0 = sr.start;
+                    while r0 < sr.end {
+                        let r1 = (r0 + rb).min(sr.end);
+                        let m = r1 - r0;
+                        let ids = &rows[r0..r1];
+                        for (j, &r) in ids.iter().enumerate() {
+                            T::widen(b.row(r), &mut xbuf[j * dim..(j + 1) * dim]);
                         }
-                        let d = &idots[..nqb * m];
-                        scan_int_block(metric, d, m, ids, &mut tops, qr.start, &qq, xs, xsf, lo);
+                        let (xs, xsf) = (&xx[r0..r1], &xxf[r0..r1]);
+                        if dim <= T::CHUNK {
+                            // One exact chunk: the f32 products are the integers.
+                            gemm_nt(nqb, m, dim, &qbuf, &xbuf[..m * dim], dim, dots);
+                            let d = &dots[..nqb * m];
+                            scan_int_block(metric, d, m, ids, tops, qr.start, &qq, xs, xsf, lo);
+                        } else {
+                            idots[..nqb * m].fill(0.0);
+                            let mut c0 = 0;
+                            while c0 < dim {
+                                let c1 = (c0 + T::CHUNK).min(dim);
+                                gemm_nt(
+                                    nqb,
+                                    m,
+                                    c1 - c0,
+                                    &qbuf[c0..],
+                                    &xbuf[c0..m * dim],
+                                    dim,
+                                    dots,
+                                );
+                                for (acc, &v) in idots[..nqb * m].iter_mut().zip(&dots[..nqb * m]) {
+                                    *acc += v as f64; // exact integers (module docs)
+                                }
+                                c0 = c1;
+                            }
+                            let d = &idots[..nqb * m];
+                            scan_int_block(metric, d, m, ids, tops, qr.start, &qq, xs, xsf, lo);
+                        }
+                        r0 = r1;
                     }
-                    r0 = r1;
-                }
-            });
-            tops.into_iter().map(|t| t.cands).collect()
+                });
+                TaskCands::take(tops)
+            })
         })
         .collect();
 
@@ -1492,16 +1650,18 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
         .par_chunks_mut(k)
         .zip(out.distances.par_chunks_mut(k))
         .enumerate()
-        .for_each(|(qi, (ids, dists))| {
+        .for_each_init(FinishScratch::default, |scratch, (qi, (ids, dists))| {
             let bi = qblocks.partition_point(|r| r.end <= qi);
             let i = qi - qblocks[bi].start;
-            let mut pool: Vec<Cand> = Vec::new();
+            scratch.pool.clear();
             for s in 0..n_shards {
-                pool.extend_from_slice(&results[bi * n_shards + s][i]);
+                scratch
+                    .pool
+                    .extend_from_slice(results[bi * n_shards + s].of(i));
             }
             let mut never =
                 |_: usize| -> f32 { unreachable!("exact candidates are never recomputed") };
-            finish_query(pool, k, &mut never, ids, dists);
+            finish_query(scratch, k, false, &mut never, ids, dists);
         });
     out
 }
@@ -1646,6 +1806,44 @@ mod tests {
             let r = search_cpu(&b, &q, &p).unwrap();
             assert_eq!(r.ids_of(0), &[0, 1, 2, 3, 4]);
         }
+    }
+
+    #[test]
+    fn nearest_rows_are_search_cpus_first_ids() {
+        use crate::search::data::synthetic;
+        // Near-duplicate rows (ties and near-ties), a zero row and a NaN row
+        // (special for cosine / every metric), zero and huge queries.
+        let (base, queries) = synthetic(3000, 24, 300, DType::F32, 11);
+        let (Vectors::F32(mut b), Vectors::F32(mut q)) = (base, queries) else {
+            unreachable!()
+        };
+        let dim = b.dim();
+        let row7 = b.row(7).to_vec();
+        for r in [8, 9, 2999] {
+            b.data[r * dim..(r + 1) * dim].copy_from_slice(&row7);
+        }
+        b.data[10 * dim] = f32::from_bits(row7[0].to_bits() + 1);
+        b.data[20 * dim..21 * dim].fill(0.0);
+        b.data[30 * dim + 3] = f32::NAN;
+        q.data[..dim].fill(0.0);
+        q.data[dim..2 * dim].copy_from_slice(&row7);
+        q.data[2 * dim] = 1e30;
+        for metric in Metric::ALL {
+            let want = search_cpu(
+                &Vectors::F32(b.clone()),
+                &Vectors::F32(q.clone()),
+                &SearchParams::new(1, metric),
+            )
+            .unwrap();
+            let got = nearest_rows(&b, &q, metric).unwrap();
+            let want: Vec<usize> = want.ids.iter().map(|&i| i as usize).collect();
+            assert_eq!(got, want, "{metric}");
+        }
+        let other = Matrix::new(vec![0.0; 5], 1, 5).unwrap();
+        assert!(matches!(
+            nearest_rows(&b, &other, Metric::L2),
+            Err(SearchError::DimensionMismatch { .. })
+        ));
     }
 
     #[test]

@@ -21,6 +21,7 @@ use serde_json::json;
 
 use crate::index::{check_build, timed_build};
 use crate::link::fail;
+use crate::repeat::repeat;
 use crate::search::{check_k, fits, fits_results, load_data, parse_filter, spinner, SearchArgs};
 
 pub fn run(a: &SearchArgs) -> ExitCode {
@@ -160,19 +161,25 @@ fn search(a: &SearchArgs) -> Result<(), String> {
     let pb = spinner("searching", a.json);
     let started = Instant::now();
     // The GPU route uploads the index first (timed apart, like brute force's upload).
-    let (found, upload_seconds, seconds) = match &gpu {
-        Some(g) => {
-            let dev = GpuIvfIndex::upload(g, index).map_err(|e| e.to_string())?;
-            let upload = started.elapsed().as_secs_f64();
-            let t = Instant::now();
-            let found = dev.search(queries, &params).map_err(|e| e.to_string())?;
-            (found, Some(upload), t.elapsed().as_secs_f64())
-        }
-        None => {
-            let found = search_ivf(index, queries, &params).map_err(|e| e.to_string())?;
-            (found, None, started.elapsed().as_secs_f64())
-        }
+    let dev = match &gpu {
+        Some(g) => Some(GpuIvfIndex::upload(g, index).map_err(|e| e.to_string())?),
+        None => None,
     };
+    let upload_seconds = dev.as_ref().map(|_| started.elapsed().as_secs_f64());
+    let (found, timings) = repeat(
+        a.repeat,
+        "the IVF-Flat search",
+        || {
+            let t = Instant::now();
+            let found = match &dev {
+                Some(d) => d.search(queries, &params).map_err(|e| e.to_string())?,
+                None => search_ivf(index, queries, &params).map_err(|e| e.to_string())?,
+            };
+            Ok((found, t.elapsed().as_secs_f64()))
+        },
+        PartialEq::eq,
+    )?;
+    let seconds = timings.median();
     let route = if gpu.is_some() { "gpu" } else { "cpu" };
     pb.finish_and_clear();
     let qps = queries.rows() as f64 / seconds.max(1e-9);
@@ -207,30 +214,31 @@ fn search(a: &SearchArgs) -> Result<(), String> {
     pb.finish_and_clear();
 
     if a.json {
-        println!(
-            "{}",
-            json!({
-                "route": route,
-                "upload_ms": upload_seconds.map(|s| s * 1e3),
-                "index": l.name,
-                "kind": "ivf-flat",
-                "nlist": index.nlist(),
-                "nprobe": nprobe,
-                "build_seconds": l.build_seconds,
-                "load_seconds": l.load_seconds,
-                "qps": qps,
-                "search_ms": seconds * 1e3,
-                "recall": recall,
-                "k": a.k,
-                "n": index.rows(),
-                "nq": queries.rows(),
-                "dim": index.dim(),
-                "metric": index.metric().to_string(),
-                "dtype": index.dtype().to_string(),
-                "veclen": index.veclen(),
-                "filter": a.filter,
-            })
-        );
+        let mut out = json!({
+            "route": route,
+            "upload_ms": upload_seconds.map(|s| s * 1e3),
+            "index": l.name,
+            "kind": "ivf-flat",
+            "nlist": index.nlist(),
+            "nprobe": nprobe,
+            "build_seconds": l.build_seconds,
+            "load_seconds": l.load_seconds,
+            "qps": qps,
+            "search_ms": seconds * 1e3,
+            "recall": recall,
+            "k": a.k,
+            "n": index.rows(),
+            "nq": queries.rows(),
+            "dim": index.dim(),
+            "metric": index.metric().to_string(),
+            "dtype": index.dtype().to_string(),
+            "veclen": index.veclen(),
+            "filter": a.filter,
+        });
+        for (key, v) in timings.json_fields() {
+            out[key] = v;
+        }
+        println!("{out}");
         return Ok(());
     }
     println!(
@@ -264,8 +272,8 @@ fn search(a: &SearchArgs) -> Result<(), String> {
         None => println!("route      cpu: the IVF-Flat CPU path (--device gpu for the device)"),
     }
     println!(
-        "search     nprobe {nprobe}: {:.1} ms, {qps:.0} QPS",
-        seconds * 1e3
+        "search     nprobe {nprobe}: {}, {qps:.0} QPS",
+        timings.describe()
     );
     println!(
         "recall@{}  {recall:.4} (exact answer in {:.1} ms)",

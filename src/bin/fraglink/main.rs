@@ -7,6 +7,7 @@ mod index;
 mod ivf_search;
 mod link;
 mod prelink;
+mod repeat;
 mod search;
 
 use std::process::ExitCode;

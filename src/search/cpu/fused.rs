@@ -169,16 +169,22 @@ pub(super) struct PackedQueries {
 }
 
 impl PackedQueries {
-    /// Packs `n = qa.len()` queries of `dim` floats (`rows`, row-major) for
-    /// `kernel` (not [`CpuKernel::Gemm`]).
-    pub(super) fn new(kernel: CpuKernel, dim: usize, rows: &[f32], qa: &[f32], qb: &[f32]) -> Self {
+    /// Packs `n = qa.len()` queries of `dim` floats (`rows`) for `kernel`
+    /// (not [`CpuKernel::Gemm`]).
+    pub(super) fn new(
+        kernel: CpuKernel,
+        dim: usize,
+        rows: &[&[f32]],
+        qa: &[f32],
+        qb: &[f32],
+    ) -> Self {
         let p = kernel.panel();
         assert!(p > 0, "the GEMM kernel packs no queries");
         let n = qa.len();
-        assert!(qb.len() == n && rows.len() == n * dim);
+        assert!(qb.len() == n && rows.len() == n && rows.iter().all(|r| r.len() == dim));
         let np = n.div_ceil(p);
         let mut panels = vec![0.0f32; np * p * dim];
-        for (i, row) in rows.chunks_exact(dim.max(1)).enumerate().take(n) {
+        for (i, row) in rows.iter().enumerate() {
             let panel = &mut panels[(i / p) * p * dim..][..p * dim];
             for (l, &v) in row.iter().enumerate() {
                 panel[l * p + i % p] = v;

@@ -27,7 +27,7 @@ use super::layout::{to_dim_major, GROUP};
 use super::scan::{float_group, GroupArgs};
 use super::topk::TopK;
 use super::{IvfError, IvfIndex};
-use crate::search::cpu::{ensure_threads, nan_to_inf};
+use crate::search::cpu::{ensure_threads, nan_to_inf, sq_norm_f32};
 use crate::search::{search_cpu, SearchParams, Vectors};
 
 /// Centroids as dimension-major groups of 32 (zero-padded) and their squared
@@ -51,10 +51,7 @@ fn lanes(index: &IvfIndex) -> Lanes {
         // Row-major 32 × dim is the interleaved layout with veclen = dim.
         to_dim_major(src, dim, dim, |x| x, dst);
     }
-    let norms = padded
-        .chunks_exact(dim)
-        .map(|v| v.iter().fold(0.0f32, |a, &x| x.mul_add(x, a)))
-        .collect();
+    let norms = padded.chunks_exact(dim).map(sq_norm_f32).collect();
     Lanes { groups, norms }
 }
 
@@ -117,7 +114,7 @@ fn lane_probes(index: &IvfIndex, queries: &Vectors, nprobe: usize) -> Result<Vec
         .enumerate()
         .for_each(|(qi, probes)| {
             let q = queries.row_f32(qi);
-            let qq = q.iter().fold(0.0f32, |a, &x| x.mul_add(x, a));
+            let qq = sq_norm_f32(&q);
             let mut top = TopK::new(nprobe);
             let mut d = [0.0f32; GROUP];
             for (g, gx) in l.groups.chunks_exact(GROUP * dim).enumerate() {

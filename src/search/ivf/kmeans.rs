@@ -12,8 +12,9 @@
 //! - **Lloyd iterations**: the assignment step is an exact nearest-centroid
 //!   search with the index metric, [`search_cpu`] with `k = 1` (GEMM-selected
 //!   candidates, exact re-rank: the same machinery as brute force, multithreaded);
-//!   the update step is the mean of each cluster's members summed in f64 in row
-//!   order, clusters in parallel. An empty cluster takes half of the largest one
+//!   the update step is the mean of each cluster's members summed in f64 (rows
+//!   streamed in order by a fixed number of parts, the parts' sums added in
+//!   part order: [`update`]). An empty cluster takes half of the largest one
 //!   (its centroid split by a ±2⁻¹⁰ relative perturbation, as faiss does). It
 //!   stops early when no assignment changes.
 //!
@@ -25,6 +26,7 @@ use std::borrow::Cow;
 use rayon::prelude::*;
 
 use super::IvfError;
+use crate::search::cpu::nearest_rows;
 use crate::search::data::Rng;
 use crate::search::{search_cpu, Matrix, Metric, SearchParams, Vectors};
 
@@ -129,57 +131,74 @@ fn kmeans_pp(x: &Matrix<f32>, nlist: usize, rng: &mut Rng) -> Matrix<f32> {
     Matrix::new(centers, nlist, dim).expect("nlist centres")
 }
 
-/// Nearest centroid of every row of `x` (exact, by `metric`).
+/// Nearest centroid of every row of `x` (exact, by `metric`: the row
+/// [`search_cpu`] with `k = 1` returns; f32 rows skip the distances no one
+/// reads, [`nearest_rows`]).
 pub fn assign(centroids: &Matrix<f32>, x: &Vectors, metric: Metric) -> Result<Vec<u32>, IvfError> {
+    if let Vectors::F32(m) = x {
+        return Ok(nearest_rows(centroids, m, metric)?
+            .into_iter()
+            .map(|i| i as u32)
+            .collect());
+    }
     let cents = Vectors::F32(centroids.clone());
     let res = search_cpu(&cents, x, &SearchParams::new(1, metric))?;
     // k = 1 ≤ nlist rows: no padding, every id is a centroid.
     Ok(res.ids.iter().map(|&i| i as u32).collect())
 }
 
-/// Means of the clusters (f64 sums in row order, clusters in parallel); the
-/// counts come back beside them. Empty clusters keep their old centroid.
+/// Means of the clusters; the counts come back beside them. Empty clusters
+/// keep their old centroid.
+///
+/// The rows are cut into [`update_parts`] consecutive parts (a number fixed
+/// by `nlist` and `dim`, never by the thread count). Each part streams its
+/// rows in order into f64 sums for every cluster, and the parts' sums are then
+/// added in part order: the same bits at any thread count. (Gathering each
+/// cluster's members instead reads the training set in random order, which
+/// cost more than all the adds.)
 fn update(x: &Matrix<f32>, assign: &[u32], centroids: &mut Matrix<f32>) -> Vec<usize> {
-    let (nlist, dim) = (centroids.rows(), x.dim());
+    let (nlist, dim, n) = (centroids.rows(), x.dim(), x.rows());
     let mut counts = vec![0usize; nlist];
     for &a in assign {
         counts[a as usize] += 1;
     }
-    let mut start = vec![0usize; nlist + 1];
-    for c in 0..nlist {
-        start[c + 1] = start[c] + counts[c];
-    }
-    let mut order = vec![0usize; assign.len()];
-    let mut fill = start.clone();
-    for (i, &a) in assign.iter().enumerate() {
-        order[fill[a as usize]] = i;
-        fill[a as usize] += 1;
-    }
-    // Matrix's fields are visible to the search module's children.
+    let parts = update_parts(nlist, dim);
+    let partial: Vec<Vec<f64>> = (0..parts)
+        .into_par_iter()
+        .map(|p| {
+            let rows = n * p / parts..n * (p + 1) / parts;
+            let mut sums = vec![0.0f64; nlist * dim];
+            for i in rows {
+                let c = assign[i] as usize;
+                for (s, &v) in sums[c * dim..(c + 1) * dim].iter_mut().zip(x.row(i)) {
+                    *s += v as f64;
+                }
+            }
+            sums
+        })
+        .collect();
     centroids
         .data
         .par_chunks_mut(dim)
         .enumerate()
+        .filter(|(c, _)| counts[*c] != 0)
         .for_each(|(c, cent)| {
-            let members = &order[start[c]..start[c + 1]];
-            if members.is_empty() {
-                return;
-            }
-            let mut sum = vec![0.0f64; dim];
-            for &i in members {
-                for (s, &v) in sum.iter_mut().zip(x.row(i)) {
-                    *s += v as f64;
-                }
-            }
-            let inv = 1.0 / members.len() as f64;
-            for (o, s) in cent.iter_mut().zip(&sum) {
+            let inv = 1.0 / counts[c] as f64;
+            for (j, o) in cent.iter_mut().enumerate() {
+                let s = partial.iter().fold(0.0f64, |s, p| s + p[c * dim + j]);
                 *o = (s * inv) as f32;
             }
         });
     counts
 }
 
-/// Gives every empty cluster half of the largest one (faiss's split).
+/// Parts of [`update`]: 8, fewer where 8 sets of `nlist × dim` f64 sums would
+/// pass 64 MiB.
+fn update_parts(nlist: usize, dim: usize) -> usize {
+    const BUDGET: usize = 64 << 20;
+    (BUDGET / (nlist * dim * 8).max(1)).clamp(1, 8)
+}
+
 fn split_empty(centroids: &mut Matrix<f32>, counts: &mut [usize]) {
     const EPS: f32 = 1.0 / 1024.0;
     let dim = centroids.dim();
@@ -254,6 +273,58 @@ mod tests {
     use super::*;
     use crate::search::data::synthetic;
     use crate::search::DType;
+
+    #[test]
+    fn update_is_the_mean_of_part_sums_in_row_order() {
+        let (n, dim, nlist) = (3001, 37, 9);
+        let mut rng = Rng::new(5);
+        let x: Vec<f32> = (0..n * dim).map(|_| rng.normal() as f32 * 3.0).collect();
+        let x = Matrix::new(x, n, dim).unwrap();
+        // Cluster 4 stays empty.
+        let assign: Vec<u32> = (0..n)
+            .map(|_| match rng.below(nlist as u64 - 1) as u32 {
+                c if c >= 4 => c + 1,
+                c => c,
+            })
+            .collect();
+        let old = Matrix::new(vec![0.5f32; nlist * dim], nlist, dim).unwrap();
+        let parts = update_parts(nlist, dim);
+        assert_eq!(parts, 8);
+        let mut by_threads = Vec::new();
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut got = old.clone();
+            let counts = pool.install(|| update(&x, &assign, &mut got));
+            for (c, &count) in counts.iter().enumerate() {
+                let members: Vec<usize> = (0..n).filter(|&i| assign[i] == c as u32).collect();
+                assert_eq!(count, members.len());
+                for j in 0..dim {
+                    let want = if members.is_empty() {
+                        old.row(c)[j]
+                    } else {
+                        let s = (0..parts).fold(0.0f64, |s, p| {
+                            let part = members
+                                .iter()
+                                .filter(|&&i| i >= n * p / parts && i < n * (p + 1) / parts);
+                            s + part.fold(0.0f64, |s, &i| s + x.row(i)[j] as f64)
+                        });
+                        (s * (1.0 / members.len() as f64)) as f32
+                    };
+                    assert_eq!(
+                        got.row(c)[j].to_bits(),
+                        want.to_bits(),
+                        "cluster {c} dim {j}"
+                    );
+                }
+            }
+            by_threads.push(got);
+        }
+        assert_eq!(by_threads[0], by_threads[1]);
+        assert_eq!(update_parts(65536, 128), 1);
+    }
 
     #[test]
     fn sample_is_distinct_sorted_and_seeded() {

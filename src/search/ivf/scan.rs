@@ -25,7 +25,9 @@ use super::lanes::{fold_f32, fold_f32_pair, fold_i32, Fold};
 use super::layout::{f32x4_to_dim_major, to_dim_major, GROUP};
 use super::topk::TopK;
 use super::{IvfError, IvfIndex};
-use crate::search::cpu::{ensure_threads, finalize_cosine, nan_to_inf, padded, Element};
+use crate::search::cpu::{
+    ensure_threads, finalize_cosine, nan_to_inf, padded, sq_norm_f32, Element,
+};
 use crate::search::{DType, Filter, Matrix, Metric, Neighbors, SearchError, Vectors};
 
 /// What to search for in an IVF index (the metric is the index's).
@@ -169,7 +171,7 @@ macro_rules! float_elem {
             }
             #[inline(always)]
             fn norm(v: &[f32]) -> f32 {
-                v.iter().fold(0.0f32, |a, &x| x.mul_add(x, a))
+                sq_norm_f32(v)
             }
             #[inline(always)]
             fn group(g: &GroupArgs<'_, f32>, out: &mut [f32; GROUP], simd: bool) {
