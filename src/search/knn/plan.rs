@@ -84,6 +84,11 @@ pub const MAX_DIM: usize = 1 << 17;
 /// accumulator (33025), and squared norms below 0x7F80_0000 (32896 · 255²)
 /// never look like a NaN when carried as f32 bits in the aux array.
 pub const MAX_DIM_U8: usize = 32896;
+// The largest such dim: one more reaches the first NaN pattern.
+const _: () = assert!(
+    (MAX_DIM_U8 as u64) * 255 * 255 < 0x7F80_0000
+        && (MAX_DIM_U8 as u64 + 1) * 255 * 255 >= 0x7F80_0000
+);
 
 /// The two kernels of one search and their shape.
 #[derive(Debug, Clone)]
@@ -360,8 +365,6 @@ mod tests {
         assert!(pick(SM90, DType::F16, 10, 0).is_none());
         assert!(pick_shape(DType::U8, 10, 32897).is_none());
         assert!(pick_shape(DType::U8, 10, 32896).is_some());
-        // 32896 · 255² is below the first NaN bit pattern; one more is not.
-        assert!(32896 * 255 * 255 < 0x7F80_0000 && 32897 * 255 * 255 >= 0x7F80_0000);
         assert!(pick_shape(DType::I8, u32::MAX as usize, 8).is_none());
         assert!(pick_shape(DType::I8, 10, 0).is_none());
         assert!(pick_shape(DType::I8, 0, 8).is_none());
