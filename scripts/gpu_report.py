@@ -138,11 +138,12 @@ def render(r, summary=False):
     s = r.get("searches") or []
     if s:
         lines.append("## `fraglink search --device gpu` (n 100000, dim 128, nq 1000, k 10)\n")
-        lines.append("| metric | dtype | filter | exit | route | recall | QPS |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+        lines.append("| metric | dtype | filter | exit | route | kernel | recall | QPS |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for x in s:
             lines.append(f"| {x.get('metric')} | {x.get('dtype')} | {x.get('filter')} | {x.get('exit')} | "
-                         f"{fmt(x.get('route'))} | {fmt(x.get('recall'))} | {fmt(x.get('qps'))} |")
+                         f"{fmt(x.get('route'))} | {fmt(x.get('gpu_kernel'))} | {fmt(x.get('recall'))} | "
+                         f"{fmt(x.get('qps'))} |")
         lines.append("")
     b = r.get("bench") or {}
     figs = b.get("figures") or []

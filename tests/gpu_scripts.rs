@@ -90,7 +90,16 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
     assert!(floor(1) < floor(100) && floor(100) <= floor(10_000));
 
     let results = dir.path().join("results.json");
-    std::fs::write(&results, serde_json::json!({ "peers": doc }).to_string()).unwrap();
+    // One line of the search matrix, as gpu-run.sh collects it.
+    let search = serde_json::json!([{
+        "metric": "l2", "dtype": "f16", "filter": "none", "exit": 0, "route": "gpu",
+        "gpu_kernel": "knn_tile_f16_f16_q32_k32", "recall": 1.0, "qps": 1000.0
+    }]);
+    std::fs::write(
+        &results,
+        serde_json::json!({ "peers": doc, "searches": search }).to_string(),
+    )
+    .unwrap();
     let md = dir.path().join("GPU.md");
     python(
         &[
@@ -104,6 +113,11 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
     );
     let md = std::fs::read_to_string(&md).unwrap();
     assert!(md.contains("Exact k-NN against torch and CuPy"), "{md}");
+    // The search matrix names the kernel that served each search.
+    assert!(
+        md.contains("| route | kernel |") && md.contains("knn_tile_f16_f16_q32_k32"),
+        "{md}"
+    );
     assert!(
         md.contains("fraglink kernel") && md.contains("tensor cores / scan"),
         "{md}"
