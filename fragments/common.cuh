@@ -79,6 +79,13 @@ FRAGLINK_HD FRAGLINK_INLINE float sub_rn(float a, float b) {
   return a - b;
 #endif
 }
+FRAGLINK_HD FRAGLINK_INLINE float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
 FRAGLINK_HD FRAGLINK_INLINE float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);

@@ -122,15 +122,7 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ data, const int64_t* _
             candidate = scan::key_less(key, id, s_dist[k - 1], s_id[k - 1]);
           }
         }
-        if (__syncthreads_or(candidate)) {
-          for (int i = CAP + tid; i < S; i += BLOCK) {
-            const bool mine = (i == CAP + tid) && candidate;
-            s_dist[i] = mine ? key : inf;
-            s_id[i] = mine ? id : invalid;
-          }
-          __syncthreads();
-          scan::bitonic_sort<S, BLOCK>(s_dist, s_id);
-        }
+        scan::offer_tile<CAP, S, BLOCK>(s_dist, s_id, candidate, key, id);
       }
     }
     const uint64_t out = q * k;

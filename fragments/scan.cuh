@@ -173,6 +173,26 @@ __device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
   }
 }
 
+// The block-wide top-k step shared by every scan: thread t offers key (d, id) when
+// `candidate` (it beats the current k-th best key). If any thread of the block
+// offers one, the offers go to the scratch slots [CAP, CAP + BLOCK), the rest of the
+// scratch is reset to the sentinel, and a bitonic sort of all S slots restores "best
+// CAP keys, sorted" in [0, CAP). Must be called by all threads of the block.
+template <int CAP, int S, int BLOCK, typename Idx>
+__device__ FRAGLINK_INLINE void offer_tile(float* s_dist, Idx* s_id, bool candidate, float d, Idx id) {
+  static_assert(S - CAP >= BLOCK, "scratch must hold one candidate per thread");
+  if (__syncthreads_or(candidate)) {
+    const int tid = static_cast<int>(threadIdx.x);
+    for (int i = CAP + tid; i < S; i += BLOCK) {
+      const bool mine = (i == CAP + tid) && candidate;
+      s_dist[i] = mine ? d : pos_inf();
+      s_id[i] = mine ? id : idx_abi<Idx>::invalid;
+    }
+    __syncthreads();
+    bitonic_sort<S, BLOCK>(s_dist, s_id);
+  }
+}
+
 // Low bits of a pointer that must be zero for `align`-byte alignment (a power of two).
 template <int ALIGN>
 __device__ FRAGLINK_INLINE uint64_t misaligned_bits(const void* p) {
@@ -249,15 +269,7 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
         id = static_cast<Idx>(row);
         candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
       }
-      if (__syncthreads_or(candidate)) {
-        for (int i = CAP + tid; i < S; i += BLOCK) {
-          const bool mine = (i == CAP + tid) && candidate;
-          s_dist[i] = mine ? d : inf;
-          s_id[i] = mine ? id : invalid;
-        }
-        __syncthreads();
-        bitonic_sort<S, BLOCK>(s_dist, s_id);
-      }
+      offer_tile<CAP, S, BLOCK>(s_dist, s_id, candidate, d, id);
     }
 
     const uint64_t out = q * k;

@@ -138,11 +138,12 @@ def render(r, summary=False):
     s = r.get("searches") or []
     if s:
         lines.append("## `fraglink search --device gpu` (n 100000, dim 128, nq 1000, k 10)\n")
-        lines.append("| metric | dtype | filter | exit | route | recall | QPS |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+        lines.append("| metric | dtype | filter | exit | route | kernel | recall | QPS |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for x in s:
             lines.append(f"| {x.get('metric')} | {x.get('dtype')} | {x.get('filter')} | {x.get('exit')} | "
-                         f"{fmt(x.get('route'))} | {fmt(x.get('recall'))} | {fmt(x.get('qps'))} |")
+                         f"{fmt(x.get('route'))} | {fmt(x.get('gpu_kernel'))} | {fmt(x.get('recall'))} | "
+                         f"{fmt(x.get('qps'))} |")
         lines.append("")
     b = r.get("bench") or {}
     figs = b.get("figures") or []
@@ -169,8 +170,9 @@ def render(r, summary=False):
             for n in c["sides"]:
                 if n not in names:
                     names.append(n)
-        lines.append("| dtype | nq | k | " + " | ".join(names) + " | fraglink / best peer | floor QPS (bound) |")
-        lines.append("| --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- | --- |")
+        lines.append("| dtype | nq | k | " + " | ".join(names)
+                     + " | fraglink kernel | fraglink / best peer | goal (met) | tensor cores / scan | floor QPS (bound) |")
+        lines.append("| --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- | --- | --- | --- | --- |")
         for c in p["cases"]:
             cells = []
             for n in names:
@@ -181,8 +183,12 @@ def render(r, summary=False):
                     cells.append("error")
                 else:
                     cells.append(f"{fmt(s_.get('qps'))} ({fmt(s_.get('recall'))})")
+            kernel = (c["sides"].get("fraglink") or {}).get("gpu_kernel")
+            target = c.get("goal")
+            met = f"{fmt(target)} ({fmt(c.get('goal_met'))})" if target is not None else "—"
             lines.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | " + " | ".join(cells)
-                         + f" | {fmt(c.get('fraglink_vs_best_peer'))} | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
+                         + f" | {fmt(kernel)} | {fmt(c.get('fraglink_vs_best_peer'))} | {met}"
+                         + f" | {fmt(c.get('tensor_core_vs_scan'))} | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

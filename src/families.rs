@@ -8,6 +8,7 @@ use crate::link::prelink::PlanFamily;
 pub const PLAN_FAMILIES: &[PlanFamily] = &[
     crate::search::plan::SCAN_FAMILY,
     crate::search::ivf::gpu::IVF_SCAN_FAMILY,
+    crate::search::knn::KNN_FAMILY,
 ];
 
 /// The family called `name`.

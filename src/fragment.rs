@@ -31,6 +31,16 @@ impl FragmentInfo {
         self.params.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
 
+    /// Whether some LTO-IR of this fragment links for the real arch
+    /// `target` (a fragment with a minimum arch has none for older GPUs).
+    pub fn links_for(&self, target: crate::build::Arch) -> bool {
+        self.archs.iter().any(|a| {
+            crate::build::Arch::parse(a, "catalog")
+                .map(|b| b.links_for(target))
+                .unwrap_or(false)
+        })
+    }
+
     /// The kernels of the LTO-IR built for `arch` (as named in `archs`).
     pub fn entries_for(&self, arch: &str) -> Option<&'static [&'static str]> {
         self.entries

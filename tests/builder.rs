@@ -252,3 +252,57 @@ fn a_name_expression_that_names_nothing_is_a_fragment_error() {
         .to_string();
     assert!(e.contains("good_float") && e.contains("missing"), "{e}");
 }
+
+/// A matrix key with each entry's minimum arch (`Family::min_arch_key`)
+/// and a family-wide minimum (`Family::min_arch`): each fragment is
+/// compiled and recorded for the build's archs from its minimum on, and a
+/// minimum above every arch of the build is an error naming the fragment.
+#[test]
+fn minimum_archs_filter_each_fragments_archs() {
+    let dir = project(&[("good.cu.j2", GOOD)]);
+    std::fs::write(
+        dir.path().join("m.json"),
+        r#"{"_v": [{"ctype": "float", "min_arch": "80"}, {"ctype": "double"}]}"#,
+    )
+    .unwrap();
+    let r = builder(dir.path(), &["compute_75", "compute_80", "sm_90"])
+        .family(family("good", "good.cu.j2").min_arch_key("min_arch"))
+        .compile()
+        .unwrap();
+    let archs_of = |name: &str| -> Vec<String> {
+        let f = r.fragments.iter().find(|f| f.name == name).unwrap();
+        f.recorded.entries.iter().map(|(a, _)| a.clone()).collect()
+    };
+    assert_eq!(archs_of("good_float"), ["compute_80", "sm_90"]);
+    assert_eq!(
+        archs_of("good_double"),
+        ["compute_75", "compute_80", "sm_90"]
+    );
+    let registry = std::fs::read_to_string(&r.registry).unwrap();
+    assert!(
+        registry.contains("archs: &[\"compute_80\", \"sm_90\"]"),
+        "{registry}"
+    );
+
+    // A family minimum above every arch of the build.
+    let e = builder(dir.path(), &["compute_75", "compute_80"])
+        .family(family("good", "good.cu.j2").min_arch(90))
+        .compile()
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, BuildError::MinArch(_)), "{msg}");
+    for want in ["good_float", "sm_90", "compute_75, compute_80"] {
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
+    // A value that is no compute capability.
+    std::fs::write(
+        dir.path().join("m.json"),
+        r#"{"ctype": "float", "min_arch": "ampere"}"#,
+    )
+    .unwrap();
+    let e = builder(dir.path(), &["compute_75"])
+        .family(family("good", "good.cu.j2").min_arch_key("min_arch"))
+        .compile()
+        .unwrap_err();
+    assert!(e.to_string().contains("`min_arch` = \"ampere\""), "{e}");
+}

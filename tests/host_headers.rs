@@ -43,6 +43,9 @@ const DRIVER: &str = r#"
 #ifdef FRAGLINK_IVF
 #include "ivf_layout.cuh"
 #endif
+#ifndef FRAGLINK_VIA_ABI
+#include "knn_bounds.cuh"
+#endif
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -222,6 +225,38 @@ int main() {
       print_rows(n, [&](unsigned long r) { return fraglink_filter_u32(bits, 3u, static_cast<uint32_t>(r)); });
       print_rows(n, [&](unsigned long r) { return fraglink_filter_i64(bits, 0u, static_cast<int64_t>(r)); });
       print_rows(n, [&](unsigned long r) { return fraglink_filter_u32(nullptr, 0u, static_cast<uint32_t>(r)); });
+#endif
+#ifndef FRAGLINK_VIA_ABI
+    } else if (k == "knn_consts") {
+      // knn_bounds.cuh: the four bound constants of (dim, precision).
+      unsigned long dim = 0;
+      int prec = 0;
+      if (std::scanf("%lu %d", &dim, &prec) != 2) return 7;
+      const fraglink::knn::bound_consts c = fraglink::knn::make_bound_consts(static_cast<uint32_t>(dim), prec);
+      std::printf("%lu %lu %lu %lu\n", static_cast<unsigned long>(bits_of(c.c_l2)),
+                  static_cast<unsigned long>(bits_of(c.c_ip)), static_cast<unsigned long>(bits_of(c.c_cos)),
+                  static_cast<unsigned long>(bits_of(c.abs)));
+    } else if (k == "knn_float") {
+      // metric, dim, precision, then dot q0 q1 x0 x1 as bits: lo hi bits.
+      int metric = 0, prec = 0;
+      unsigned long dim = 0;
+      float v[5];
+      if (std::scanf("%d %lu %d", &metric, &dim, &prec) != 3) return 8;
+      for (float& f : v) {
+        if (!read_value(&f)) return 9;
+      }
+      const fraglink::knn::bound_consts c = fraglink::knn::make_bound_consts(static_cast<uint32_t>(dim), prec);
+      float lo = 0.0f, hi = 0.0f;
+      fraglink::knn::float_bounds(metric, c, v[0], v[1], v[2], v[3], v[4], &lo, &hi);
+      std::printf("%lu %lu\n", static_cast<unsigned long>(bits_of(lo)), static_cast<unsigned long>(bits_of(hi)));
+    } else if (k == "knn_int") {
+      int metric = 0;
+      long long dot = 0;
+      unsigned long qq = 0, xx = 0;
+      if (std::scanf("%d %lld %lu %lu", &metric, &dot, &qq, &xx) != 4) return 10;
+      const float d = fraglink::knn::int_distance(metric, static_cast<int64_t>(dot), static_cast<uint32_t>(qq),
+                                                  static_cast<uint32_t>(xx));
+      std::printf("%lu\n", static_cast<unsigned long>(bits_of(d)));
 #endif
     } else {
       return 6;
@@ -526,6 +561,69 @@ fn describe(p: &Pair) -> String {
         s.push('…');
     }
     s
+}
+
+/// fragments/knn_bounds.cuh, compiled for the host, against its Rust twin
+/// (`fraglink::search::knn::bounds`) bit for bit: the bound constants for
+/// many dims and every precision, the float bounds of random and extreme
+/// inputs for every metric, and the integer distances.
+#[test]
+fn knn_bounds_match_their_rust_twin() {
+    use fraglink::search::knn::bounds::{bound_consts, float_bounds, int_distance};
+    use fraglink::search::knn::Precision;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile(dir.path(), "driver_knn", &[], &[]);
+    let metric_code = |m: Metric| match m {
+        Metric::L2 => 0,
+        Metric::InnerProduct => 1,
+        Metric::Cosine => 2,
+    };
+    let mut rng = Rng::new(1010);
+    let dims = [1u32, 2, 7, 64, 128, 1000, 4096, 1 << 17];
+    let mut input = String::new();
+    let mut want = Vec::new();
+    for dim in dims {
+        for p in Precision::ALL {
+            writeln!(input, "knn_consts {dim} {}", p.code()).unwrap();
+            let c = bound_consts(dim, p);
+            want.push(format!(
+                "{} {} {} {}",
+                c.c_l2.to_bits(),
+                c.c_ip.to_bits(),
+                c.c_cos.to_bits(),
+                c.abs.to_bits()
+            ));
+            for m in Metric::ALL {
+                for _ in 0..20 {
+                    let mut v = [0f32; 5];
+                    for x in v.iter_mut() {
+                        *x = f32_value(&mut rng).abs();
+                    }
+                    v[0] = f32_value(&mut rng);
+                    write!(input, "knn_float {} {dim} {}", metric_code(m), p.code()).unwrap();
+                    for x in v {
+                        write!(input, " {}", x.to_bits()).unwrap();
+                    }
+                    input.push('\n');
+                    let (lo, hi) = float_bounds(m, &c, v[0], (v[1], v[2]), (v[3], v[4]));
+                    want.push(format!("{} {}", lo.to_bits(), hi.to_bits()));
+                }
+            }
+        }
+    }
+    for m in Metric::ALL {
+        for _ in 0..200 {
+            let dot = rng.next_u64() as i64 >> 33;
+            let (qq, xx) = (rng.next_u32() >> 1, rng.next_u32() >> rng.below(32));
+            writeln!(input, "knn_int {} {dot} {qq} {xx}", metric_code(m)).unwrap();
+            want.push(int_distance(m, dot, qq, xx).to_bits().to_string());
+        }
+    }
+    let got = run(&exe, &input);
+    assert_eq!(got.len(), want.len(), "driver output lines");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "record {i}");
+    }
 }
 
 #[test]

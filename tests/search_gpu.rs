@@ -226,7 +226,19 @@ fn an_index_uploaded_once_answers_every_batch_like_the_cpu() {
             let (base, queries) = synthetic(n, dim, 40, dtype, 11);
             let index = gpu.upload(&base).unwrap();
             assert_eq!((index.dtype(), index.rows(), index.dim()), (dtype, n, dim));
-            assert_eq!(index.device_bytes(), base.size_bytes() as u64);
+            // The rows, and the row norms of the tensor-core path where the
+            // device has a variant for the dtype (12 bytes a float row, 4 an
+            // integer one).
+            let norms = index.device_bytes() - base.size_bytes() as u64;
+            let per_row = if matches!(dtype, DType::F32 | DType::F16) {
+                12
+            } else {
+                4
+            };
+            assert!(
+                norms == 0 || norms == per_row * n as u64,
+                "{dtype}: {norms}"
+            );
             let uploads = gpu.transfer().stats().bytes_to_device;
             let mut moved = 0u64;
             let mut last_bits: Option<Vec<u32>> = None;
@@ -248,7 +260,12 @@ fn an_index_uploaded_once_answers_every_batch_like_the_cpu() {
                         for (i, b) in batches(40).into_iter().enumerate() {
                             let part = queries.slice_rows(b.start, b.end);
                             let want = search_cpu(&base, &part, &params).unwrap();
-                            let got = index.search(&part, &params).unwrap().neighbors;
+                            let found = index.search(&part, &params).unwrap();
+                            if found.knn.is_some() {
+                                // The queries' norms (aux0, aux1).
+                                moved += 8 * part.rows() as u64;
+                            }
+                            let got = found.neighbors;
                             let what = format!(
                                 "{dtype} n {n} dim {dim} {metric} filter {fraction} k {k} batch {b:?}"
                             );
@@ -303,9 +320,21 @@ fn the_base_is_uploaded_once_not_per_search() {
     let (t0, p0) = (gpu.transfer().stats(), gpu.pool().stats());
     let index = gpu.upload(&base).unwrap();
     let (t1, p1) = (gpu.transfer().stats(), gpu.pool().stats());
-    assert_eq!(t1.bytes_to_device - t0.bytes_to_device, base_bytes);
-    assert_eq!(p1.allocations - p0.allocations, 1, "one dataset allocation");
-    assert_eq!(p1.current_bytes, base_bytes, "only the rows are resident");
+    // The rows, and (where the device has a TF32 variant) their norms:
+    // squared norm, norm and inverse norm, three f32 allocations.
+    let norms = index.device_bytes() - base_bytes;
+    assert!(norms == 0 || norms == 12 * 20_000, "{norms}");
+    let resident = base_bytes + norms;
+    assert_eq!(t1.bytes_to_device - t0.bytes_to_device, resident);
+    assert_eq!(
+        p1.allocations - p0.allocations,
+        if norms == 0 { 1 } else { 4 },
+        "the dataset and its norms"
+    );
+    assert_eq!(
+        p1.current_bytes, resident,
+        "only the rows and norms are resident"
+    );
     assert!(index.upload_time() > std::time::Duration::ZERO);
 
     let k = 10;
@@ -329,9 +358,11 @@ fn the_base_is_uploaded_once_not_per_search() {
         let before = gpu.transfer().stats();
         let got = index.search(&part, &params).unwrap();
         let after = gpu.transfer().stats();
+        // The tensor-core path also sends the queries' two norms.
+        let qnorms = if got.knn.is_some() { 8 * 8 } else { 0 };
         assert_eq!(
             after.bytes_to_device - before.bytes_to_device,
-            part.size_bytes() as u64 + extra,
+            part.size_bytes() as u64 + extra + qnorms,
             "search {i}: only the queries (and a changed filter) go up"
         );
         assert_eq!(
@@ -345,7 +376,7 @@ fn the_base_is_uploaded_once_not_per_search() {
         // kept filter bits) stay.
         let live = gpu.pool().stats().current_bytes;
         assert!(
-            live == base_bytes || live == base_bytes + filter_bytes,
+            live == resident || live == resident + filter_bytes,
             "search {i}: {live} bytes live"
         );
     }
@@ -387,19 +418,25 @@ fn the_router_uploads_once_for_all_batches_and_searches() {
                     Filter::Bitset(b) => 4 * b.words.len() as u64,
                     Filter::None => 0,
                 };
+                // The tensor-core path also sends the queries' two norms.
+                let qn = [0, 8 * 64];
                 let queries_bytes = queries.size_bytes() as u64;
                 if first {
                     assert!(r.upload_seconds > 0.0, "{what}");
-                    assert_eq!(
-                        sent,
-                        base.size_bytes() as u64 + queries_bytes + bits,
-                        "{what}"
+                    // The rows and, where the device takes the tensor-core
+                    // path, their norms.
+                    let resident = index.resident().unwrap().device_bytes();
+                    assert!(
+                        qn.iter()
+                            .any(|q| sent == resident + queries_bytes + bits + q),
+                        "{what}: {sent}"
                     );
                 } else {
                     assert_eq!(r.upload_seconds, 0.0, "{what}");
                     // At most one filter upload across the 10 batches.
                     assert!(
-                        sent == queries_bytes || sent == queries_bytes + bits,
+                        qn.iter()
+                            .any(|q| sent == queries_bytes + q || sent == queries_bytes + bits + q),
                         "{what}: {sent} bytes sent for {queries_bytes} bytes of queries"
                     );
                 }

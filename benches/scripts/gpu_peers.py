@@ -12,12 +12,23 @@ out of memory on the distance matrix):
   torch.cdist+topk     torch.cdist (p=2) then topk
   cupy.mm+argpartition the CuPy equivalent of the first
   fraglink             `fraglink search --device gpu --json` (its QPS excludes
-                       nothing it does per call; its recall must be 1.0)
+                       nothing it does per call; its recall must be 1.0): the
+                       tensor-core candidates + exact re-rank path where the
+                       planner takes it (`gpu_kernel` names what ran)
+  fraglink/scan        the same with FRAGLINK_GPU_KNN=0: the exact scan kernel,
+                       to see where it still wins
 
 Recall is against the exact answer computed in float64 on the GPU. Each
 case also gets its floor: the larger of the bytes it must read at the
 measured device bandwidth and the FLOPs at the unit's peak (the note names
-which). Writes one JSON document.
+which). Each case records the issue's goal for it (fraglink / best peer at
+least 1.0 at nq = 10 000 and 1.5 at nq <= 100) and whether it was met.
+Writes one JSON document.
+
+`--dry-run` imports neither torch, numpy nor CuPy and runs nothing: it writes
+the same document with every case's shape, floor (at `--bandwidth`) and goal
+but no sides, so the plumbing into scripts/gpu_report.py can be checked on a
+machine without a GPU (tests/gpu_scripts.rs does).
 """
 import argparse
 import json
@@ -27,13 +38,22 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import torch
+np = None
+torch = None
+cp = None
 
-try:
-    import cupy as cp
-except Exception:  # noqa: BLE001 - CuPy is optional
-    cp = None
+
+def load_libraries():
+    """numpy, torch and (optionally) CuPy: only a real run needs them."""
+    global np, torch, cp
+    import numpy
+    import torch as torch_
+    np, torch = numpy, torch_
+    try:
+        import cupy
+        cp = cupy
+    except Exception:  # noqa: BLE001 - CuPy is optional
+        cp = None
 
 BATCH = 1000
 # H100 SXM peaks (dense): f32 FMA 67 TFLOP/s, TF32 tensor 495, f16 tensor 990.
@@ -121,22 +141,65 @@ def measure_bandwidth():
     return 2 * a.numel() / secs
 
 
-def run_fraglink(bin_, base, queries, gt, k, dtype):
+def goal(nq):
+    """The issue's target ratio fraglink / best peer for a case, or None."""
+    if nq >= 10_000:
+        return 1.0
+    if nq <= 100:
+        return 1.5
+    return None
+
+
+def run_fraglink(bin_, base, queries, gt, k, dtype, knn=True):
     cmd = [bin_, "search", "--device", "gpu", "--json", "--base", base, "--queries", queries,
            "--groundtruth", gt, "--k", str(k), "--metric", "l2", "--dtype", dtype]
+    env = dict(os.environ, FRAGLINK_GPU_KNN="1" if knn else "0")
     started = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
     if p.returncode != 0:
         return {"error": p.stderr.strip()[-500:], "exit": p.returncode}
     d = json.loads(p.stdout)
     return {"qps": d.get("qps"), "recall": d.get("recall"), "route": d.get("route"),
-            "upload_ms": d.get("upload_ms"), "process_wall_s": wall}
+            "gpu_kernel": d.get("gpu_kernel"), "upload_ms": d.get("upload_ms"),
+            "process_wall_s": wall}
+
+
+def finish_case(case):
+    """Ratios and the goal of a case whose sides are measured."""
+    peers = [s.get("qps") or 0 for n, s in case["sides"].items() if not n.startswith("fraglink")]
+    best = max(peers, default=0)
+    fq = case["sides"].get("fraglink", {}).get("qps")
+    sq = case["sides"].get("fraglink/scan", {}).get("qps")
+    case["fraglink_vs_best_peer"] = (fq / best) if (fq and best) else None
+    case["tensor_core_vs_scan"] = (fq / sq) if (fq and sq) else None
+    r = case["fraglink_vs_best_peer"]
+    case["goal_met"] = None if (case["goal"] is None or r is None) else r >= case["goal"]
+
+
+def dry_run(a, nqs, ks):
+    """The document's shape without running anything (module docs)."""
+    out = {"device": None, "dry_run": True, "n": a.n, "dim": a.dim, "batch": BATCH,
+           "bandwidth_gbps": a.bandwidth / 1e9, "cases": []}
+    for dtype in a.dtypes.split(","):
+        elem = 4 if dtype == "f32" else 2
+        unit = "f16" if dtype == "f16" else "f32"
+        for nq in nqs:
+            for k in ks:
+                fl, bound = floor_seconds(a.n, a.dim, nq, elem, unit, a.bandwidth)
+                case = {"dtype": dtype, "nq": nq, "k": k, "sides": {}, "floor_qps": nq / fl,
+                        "floor_bound": bound, "goal": goal(nq)}
+                finish_case(case)
+                out["cases"].append(case)
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"dry run: {len(out['cases'])} cases written to {a.out}")
+    return 0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--fraglink", required=True)
+    ap.add_argument("--fraglink", help="the fraglink binary (required unless --dry-run)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=128)
@@ -144,14 +207,23 @@ def main():
     ap.add_argument("--k", default="10,100")
     ap.add_argument("--dtypes", default="f32,f16")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="write the cases' shapes, floors and goals only (no GPU, no torch)")
+    ap.add_argument("--bandwidth", type=float, default=3.35e12,
+                    help="bytes/s for --dry-run's floors (default: H100 SXM HBM3)")
     a = ap.parse_args()
+    nqs = [int(v) for v in a.nq.split(",")]
+    ks = [int(v) for v in a.k.split(",")]
+    if a.dry_run:
+        return dry_run(a, nqs, ks)
+    if not a.fraglink:
+        ap.error("--fraglink is required")
+    load_libraries()
     torch.manual_seed(1234)
     dev = torch.cuda.get_device_name()
     bandwidth = measure_bandwidth()
     out = {"device": dev, "torch": torch.__version__, "cupy": cp.__version__ if cp else None,
            "n": a.n, "dim": a.dim, "batch": BATCH, "bandwidth_gbps": bandwidth / 1e9, "cases": []}
-    nqs = [int(v) for v in a.nq.split(",")]
-    ks = [int(v) for v in a.k.split(",")]
     tmp = tempfile.mkdtemp(prefix="fraglink-peers-")
     for dtype in a.dtypes.split(","):
         tdt = {"f32": torch.float32, "f16": torch.float16}[dtype]
@@ -175,7 +247,7 @@ def main():
                         f.write(np.int32(k).tobytes())
                         f.write(row.tobytes())
                 elem = 4 if dtype == "f32" else 2
-                case = {"dtype": dtype, "nq": nq, "k": k, "sides": {}}
+                case = {"dtype": dtype, "nq": nq, "k": k, "sides": {}, "goal": goal(nq)}
                 unit = "f16" if dtype == "f16" else "f32"
                 fl, bound = floor_seconds(a.n, a.dim, nq, elem, unit, bandwidth)
                 case["floor_qps"] = nq / fl
@@ -208,14 +280,15 @@ def main():
                     if cp is not None:
                         cp.get_default_memory_pool().free_all_blocks()
                 case["sides"]["fraglink"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype)
-                best = max((s.get("qps") or 0) for n_, s in case["sides"].items() if n_ != "fraglink")
-                fq = case["sides"]["fraglink"].get("qps")
-                case["fraglink_vs_best_peer"] = (fq / best) if (fq and best) else None
+                case["sides"]["fraglink/scan"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype,
+                                                              knn=False)
+                finish_case(case)
                 out["cases"].append(case)
                 # Written after every case, so a late failure keeps the rest.
                 with open(a.out, "w") as f:
                     json.dump(out, f, indent=1)
-                print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer")}),
+                print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer",
+                                                          "tensor_core_vs_scan", "goal", "goal_met")}),
                       flush=True)
         del x, x64, xf, qall
         torch.cuda.empty_cache()

@@ -210,8 +210,8 @@ pub fn cache_key(ctx: &CompileContext<'_>, r: &Rendered) -> String {
             field(text.as_bytes());
         }
     }
-    for arch in ctx.archs {
-        for o in fragment_options(ctx, r, *arch) {
+    for arch in fragment_archs(ctx, r) {
+        for o in fragment_options(ctx, r, arch) {
             if Some(&o) != std_include.as_ref() {
                 field(o.as_bytes());
             }
@@ -333,6 +333,16 @@ fn compile_arch(
     ))
 }
 
+/// The archs `r` is compiled for: its own list ([`Rendered::archs`]), or
+/// every arch of the build when that is empty.
+pub fn fragment_archs(ctx: &CompileContext<'_>, r: &Rendered) -> Vec<Arch> {
+    if r.archs.is_empty() {
+        ctx.archs.to_vec()
+    } else {
+        r.archs.clone()
+    }
+}
+
 /// Every arch of one fragment into one fatbin; every failing arch reported.
 fn build_fatbin(
     ctx: &CompileContext<'_>,
@@ -350,7 +360,7 @@ fn build_fatbin(
     let mut errors = Vec::new();
     let mut recorded = Recorded::default();
     let mut lowered_from: Option<Arch> = None;
-    for arch in ctx.archs {
+    for arch in &fragment_archs(ctx, r) {
         let (lto, lowered, symbols) = match compile_arch(ctx, r, *arch, source_path) {
             Ok(x) => x,
             Err(e) => {

@@ -3,7 +3,8 @@
 
 use super::Family;
 
-/// The metric, filter, scan and IVF-Flat scan families, with paths relative to the crate root.
+/// The metric, filter, scan, IVF-Flat scan and tensor-core k-NN (candidates,
+/// re-rank) families, with paths relative to the crate root.
 pub fn vector_search() -> Vec<Family> {
     vec![
         Family::new("metric", "MetricFragment")
@@ -33,6 +34,24 @@ pub fn vector_search() -> Vec<Family> {
             .tag("dtype", "DataType")
             .tag("order", "SortOrder")
             .constant("veclen", "u32")
+            .constant("capacity", "u32"),
+        // Tensor-core candidates (fragments/knn_tile.cuh): TF32 needs sm_80,
+        // so each entry's `min_arch` decides which archs it is built for.
+        Family::new("knn_tile", "KnnTileFragment")
+            .matrix("matrices/knn_tile.json")
+            .template("templates/knn_tile.cu.j2")
+            .name_format("knn_tile_{{ dtype }}_{{ precision }}_q{{ qtile }}_k{{ capacity }}")
+            .min_arch_key("min_arch")
+            .tag("dtype", "DataType")
+            .tag("precision", "Precision")
+            .constant("qtile", "u32")
+            .constant("capacity", "u32")
+            .constant("min_arch", "u32"),
+        Family::new("knn_rerank", "KnnRerankFragment")
+            .matrix("matrices/knn_rerank.json")
+            .template("templates/knn_rerank.cu.j2")
+            .name_format("knn_rerank_{{ dtype }}_k{{ capacity }}")
+            .tag("dtype", "DataType")
             .constant("capacity", "u32"),
     ]
 }

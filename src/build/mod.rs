@@ -35,6 +35,7 @@ pub mod compile;
 pub mod families;
 pub mod lint;
 pub mod matrix;
+pub mod min_arch;
 pub mod options;
 pub mod ptx;
 pub mod render;
@@ -86,6 +87,8 @@ pub enum BuildError {
     },
     #[error(transparent)]
     Arch(#[from] arch::ArchError),
+    #[error(transparent)]
+    MinArch(#[from] min_arch::MinArchError),
     #[error("loading the CUDA libraries found at {origin}: {source}")]
     Load {
         origin: String,
@@ -122,6 +125,9 @@ pub struct Family {
     plain: bool,
     expressions: Vec<String>,
     settings: compile::FamilyCompile,
+    /// [`min_arch`](Self::min_arch) and [`min_arch_key`](Self::min_arch_key).
+    min_arch: Option<u32>,
+    min_arch_key: Option<String>,
 }
 
 impl Family {
@@ -138,7 +144,22 @@ impl Family {
             plain: false,
             expressions: Vec::new(),
             settings: compile::FamilyCompile::default(),
+            min_arch: None,
+            min_arch_key: None,
         }
+    }
+    /// Every fragment of the family needs compute capability `number` (×10:
+    /// 80 for sm_80) or newer: it is built only for the build's archs from
+    /// `number` on ([`min_arch`] module).
+    pub fn min_arch(mut self, number: u32) -> Self {
+        self.min_arch = Some(number);
+        self
+    }
+    /// Matrix key `key` gives each entry's minimum compute capability (×10,
+    /// `"80"`); entries without the key have none beyond the family's.
+    pub fn min_arch_key(mut self, key: impl Into<String>) -> Self {
+        self.min_arch_key = Some(key.into());
+        self
     }
     /// A plain CUDA source compiled as is, instead of a template: no
     /// template engine reads it (so `float z[1] = {{0.0f}};` is C++), and
@@ -535,7 +556,19 @@ impl Builder {
                 expressions: &fam.expressions,
             })
             .collect();
-        let rendered = render::render_all(&sources)?;
+        let mut rendered = render::render_all(&sources)?;
+        // Each fragment's archs: the build's, from its minimum on.
+        for r in &mut rendered {
+            let fam = &self.families[r.family_index];
+            let min = min_arch::fragment_min(
+                &r.name,
+                &fam.name,
+                fam.min_arch,
+                fam.min_arch_key.as_deref(),
+                &r.entry,
+            )?;
+            r.archs = min_arch::check(&r.name, &fam.name, &archs, min)?;
+        }
 
         let own_includes: Vec<PathBuf> =
             self.include_dirs.iter().map(|d| self.resolve(d)).collect();
@@ -634,7 +667,7 @@ impl Builder {
                 family: r.family.clone(),
                 name: r.name.clone(),
                 entry: r.entry.clone(),
-                archs: archs.iter().map(|a| a.to_string()).collect(),
+                archs: r.archs.iter().map(|a| a.to_string()).collect(),
                 fatbin_file: format!("fatbins/{}.fatbin", r.name),
                 fatbin_len: c.fatbin_len,
                 hash: c.hash.clone(),

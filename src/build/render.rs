@@ -25,6 +25,10 @@ pub struct Rendered {
     /// Rendered C++ name expressions (`quantize<float>`) whose mangled names
     /// the build records.
     pub expressions: Vec<String>,
+    /// The archs it is compiled for: the build's from its minimum on
+    /// ([`super::min_arch`]), set by the builder after rendering; empty means
+    /// every arch of the build.
+    pub archs: Vec<super::arch::Arch>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -235,6 +239,7 @@ pub fn render_all(families: &[FamilySource<'_>]) -> Result<Vec<Rendered>, Render
                 source,
                 defines,
                 expressions,
+                archs: Vec::new(),
             });
         }
     }

@@ -647,12 +647,7 @@ impl LinkRuntime {
         self.settle_memory()?;
         let mut inputs: Vec<Input> = Vec::new();
         for f in plan.static_fragments() {
-            let covered = f.archs.iter().any(|a| {
-                crate::build::arch::Arch::parse(a, "catalog")
-                    .map(|b| b.links_for(arch))
-                    .unwrap_or(false)
-            });
-            if !covered {
+            if !f.links_for(arch) {
                 return Err(LinkError::ArchNotCovered {
                     fragment: f.name.to_string(),
                     arch: arch.to_string(),

@@ -1115,7 +1115,7 @@ fn shard_count(n_qblocks: usize, n_rows: usize, rb: usize) -> usize {
 
 // ----- floats ---------------------------------------------------------------------
 
-trait FloatElem: Element {
+pub(crate) trait FloatElem: Element {
     fn widen(src: &[Self], dst: &mut [f32]);
     fn as_f32(src: &[Self]) -> Option<&[f32]>;
 }
@@ -1158,10 +1158,10 @@ impl FloatElem for u8 {
 
 /// Squared-norm limits of "normal" vectors (module docs).
 const MAX_SQ: f64 = 1.2676506002282294e30; // 2^100
-const MIN_SQ_COSINE: f64 = 8.673617379884035e-19; // 2^-60
+pub(crate) const MIN_SQ_COSINE: f64 = 8.673617379884035e-19; // 2^-60
 
 /// Per-vector data of the float path: `None` = special.
-fn float_info<T: FloatElem>(v: &[T], metric: Metric, buf: &mut Vec<f32>) -> Option<f64> {
+pub(crate) fn float_info<T: FloatElem>(v: &[T], metric: Metric, buf: &mut Vec<f32>) -> Option<f64> {
     buf.resize(v.len(), 0.0);
     T::widen(v, buf);
     // Squares of f32 values cannot overflow f64, so the sum is non-finite iff
@@ -1532,7 +1532,7 @@ fn block_places(
 
 // ----- integers -------------------------------------------------------------------
 
-trait IntElem: Element {
+pub(crate) trait IntElem: Element {
     /// Inner-dimension chunk over which an f32 GEMM of these values is exact.
     const CHUNK: usize;
     fn widen(src: &[Self], dst: &mut [f32]);

@@ -54,6 +54,12 @@ pub enum GpuSearchError {
     /// misaligned row); found before anything is uploaded or launched.
     #[error(transparent)]
     Scan(#[from] ScanArgError),
+    /// An environment variable with a value it does not take.
+    #[error("{variable} = `{value}`: expected 1/true/yes/on or 0/false/no/off")]
+    Env {
+        variable: &'static str,
+        value: String,
+    },
 }
 
 impl GpuSearchError {
@@ -66,8 +72,15 @@ impl GpuSearchError {
 #[derive(Debug)]
 pub struct GpuSearch {
     pub neighbors: Neighbors,
+    /// The exact scan's plan (validated for every search; it ran unless
+    /// `knn` is set).
     pub plan: ScanPlan,
+    /// The link of the kernel that ran: the scan, or the tensor-core
+    /// candidate kernel when `knn` is set.
     pub linked: Linked,
+    /// The tensor-core candidates + exact re-rank variant that served the
+    /// search ([`crate::search::knn`]), `None` when the scan did.
+    pub knn: Option<crate::search::knn::KnnPlan>,
     /// [`GpuIndex::search`]: query upload, launches, result download.
     /// [`GpuSearcher::search`]: the base's upload as well.
     pub elapsed: Duration,
@@ -131,7 +144,7 @@ impl GpuSearcher {
         GpuIndex::upload(self, base)
     }
 
-    pub(super) fn launcher(&self, linked: &Linked) -> Result<Arc<Launcher>, GpuError> {
+    pub(crate) fn launcher(&self, linked: &Linked) -> Result<Arc<Launcher>, GpuError> {
         let mut map = self.launchers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(l) = map.get(&linked.key) {
             return Ok(l.clone());
@@ -176,6 +189,7 @@ impl GpuSearcher {
                 },
                 plan: p,
                 linked,
+                knn: None,
                 elapsed: started.elapsed(),
             });
         }
@@ -267,17 +281,7 @@ impl GpuSearcher {
         }
         let distances = t.download_vec(&d_dists)?;
         let ids = match (&d_ids32, &d_ids64) {
-            (Some(ids), _) => t
-                .download_vec(ids)?
-                .into_iter()
-                .map(|i| {
-                    if i == u32::MAX {
-                        Neighbors::PAD_ID
-                    } else {
-                        i as i64
-                    }
-                })
-                .collect(),
+            (Some(ids), _) => widen_ids(t.download_vec(ids)?),
             (_, Some(ids)) => t.download_vec(ids)?,
             _ => unreachable!("one id buffer exists"),
         };
@@ -290,9 +294,23 @@ impl GpuSearcher {
     }
 }
 
+/// u32 result ids as the API's i64, the u32 padding id (all ones) as
+/// [`Neighbors::PAD_ID`].
+pub(crate) fn widen_ids(ids: Vec<u32>) -> Vec<i64> {
+    ids.into_iter()
+        .map(|i| {
+            if i == u32::MAX {
+                Neighbors::PAD_ID
+            } else {
+                i as i64
+            }
+        })
+        .collect()
+}
+
 /// Device copies of a [`Vectors`], typed by its dtype (f16 travels as its
 /// bits: the kernel reads `__half`, which is 16 plain bits).
-pub(super) enum DeviceVectors {
+pub(crate) enum DeviceVectors {
     F32(crate::gpu::GpuBuffer<f32>),
     F16(crate::gpu::GpuBuffer<u16>),
     I8(crate::gpu::GpuBuffer<i8>),
@@ -303,7 +321,7 @@ impl DeviceVectors {
     /// Elements `elems` of the buffer as the scan's pointer argument
     /// `name`, its alignment checked (typed) from the offset here and from
     /// the real address by the launcher.
-    pub(super) fn push_rows<'a>(
+    pub(crate) fn push_rows<'a>(
         &'a self,
         args: &mut KernelArgs<'a>,
         contract: &ScanContract,
@@ -334,7 +352,7 @@ impl DeviceVectors {
 
 /// An output window of the scan as pointer argument `name` (`out_ids` or
 /// `out_dists`), alignment checked like [`DeviceVectors::push_rows`].
-fn push_output<'a, T: cudarc::driver::DeviceRepr>(
+pub(crate) fn push_output<'a, T: cudarc::driver::DeviceRepr>(
     args: &mut KernelArgs<'a>,
     contract: &ScanContract,
     name: &'static str,
@@ -348,7 +366,7 @@ fn push_output<'a, T: cudarc::driver::DeviceRepr>(
 
 /// A device copy of `v` in its own dtype (f16 as its bits, read in place:
 /// no host-side conversion copy).
-pub(super) fn upload_vectors(
+pub(crate) fn upload_vectors(
     t: &Transfer,
     pool: &MemoryPool,
     v: &Vectors,

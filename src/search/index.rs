@@ -4,10 +4,16 @@
 //! (device → host).
 //!
 //! The rows stay in their own dtype (f32, f16 as its 16 bits, i8, u8): the
-//! scan kernels read them as they are, so nothing is converted per search.
-//! The kernels compute every metric from the rows alone (cosine's norms
-//! included, in the same pass, fragments/README.md), so the index holds the
-//! rows and nothing else. A bitset filter is a search parameter: it is
+//! kernels read them as they are, so nothing is converted per search.
+//! Beside the rows the index holds their norms ([`KnnRows`]: squared norm,
+//! norm and inverse norm per row, 12 bytes; the exact squared norm for
+//! integers, 4 bytes), computed once on the host at upload, for the
+//! tensor-core path: candidates from tensor-core dot products with a proven
+//! margin, then an exact re-rank ([`crate::search::knn`]). A search takes
+//! that path when the device, the workload and the data allow it
+//! ([`crate::search::knn::choose`]: TF32 needs sm_80, k ≤ 128, no "special"
+//! row or query, `FRAGLINK_GPU_KNN` not off) and the exact scan otherwise;
+//! both give the same results. A bitset filter is a search parameter: it is
 //! uploaded when it first appears and kept while the following searches pass
 //! the same bits (query batches of one search do), replaced when they differ.
 //!
@@ -39,6 +45,8 @@ use crate::gpu::{GpuBuffer, GpuError};
 use super::gpu::{
     upload_vectors, DeviceVectors, GpuSearch, GpuSearchError, GpuSearcher, MAX_QUERIES_PER_LAUNCH,
 };
+use super::knn::gpu::{enabled_by_env, KnnRows, KnnSearch};
+use super::knn::norms::Norms;
 use super::plan::{plan, ScanPlan};
 use super::{DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
 
@@ -172,6 +180,8 @@ pub struct GpuIndex {
     gpu: GpuSearcher,
     shape: IndexShape,
     data: DeviceVectors,
+    /// Row norms for the tensor-core path (`None` for shapes it never takes).
+    knn: Option<KnnRows>,
     upload: Duration,
     bits: Mutex<Option<ResidentBits>>,
 }
@@ -192,10 +202,12 @@ impl GpuIndex {
         shape.check_searchable()?;
         let started = Instant::now();
         let data = upload_vectors(gpu.transfer(), gpu.pool(), base)?;
+        let knn = KnnRows::upload(gpu.transfer(), gpu.pool(), base, gpu.context().arch())?;
         Ok(GpuIndex {
             gpu: gpu.clone(),
             shape,
             data,
+            knn,
             upload: started.elapsed(),
             bits: Mutex::new(None),
         })
@@ -217,12 +229,13 @@ impl GpuIndex {
         self.shape.dim
     }
 
-    /// Bytes of the resident rows (what the upload moved).
+    /// Bytes of the resident rows and their norms (what the upload moved).
     pub fn device_bytes(&self) -> u64 {
-        self.shape.size_bytes()
+        self.shape.size_bytes() + self.knn.as_ref().map_or(0, KnnRows::device_bytes)
     }
 
-    /// Wall time of the one-time upload (allocation and copy, synchronised).
+    /// Wall time of the one-time upload (norms on the host, allocation and
+    /// copies, synchronised).
     pub fn upload_time(&self) -> Duration {
         self.upload
     }
@@ -237,7 +250,8 @@ impl GpuIndex {
     /// the results back; never the rows. Bad input (a dtype or dim other than
     /// the index's, `k` = 0 or beyond the scan capacities, a filter of another
     /// length) is a typed error naming the value, found before anything
-    /// moves. `elapsed` covers the query upload, the launches and the download.
+    /// moves. `elapsed` covers the query upload, the launches and the download
+    /// (and, on the tensor-core path, the queries' norms on the host).
     pub fn search(
         &self,
         queries: &Vectors,
@@ -245,9 +259,17 @@ impl GpuIndex {
     ) -> Result<GpuSearch, GpuSearchError> {
         let started = Instant::now();
         let p = self.shape.plan(queries, params)?;
+        let (nq, k) = (queries.rows(), params.k);
+        if nq > 0 {
+            if let Some(found) = self.search_knn(queries, params, &p)? {
+                return Ok(GpuSearch {
+                    elapsed: started.elapsed(),
+                    ..found
+                });
+            }
+        }
         let linked = p.planner().link_for(self.gpu.context().arch())?;
         let launcher = self.gpu.launcher(&linked)?;
-        let (nq, k) = (queries.rows(), params.k);
         let neighbors = if nq == 0 {
             Neighbors {
                 nq,
@@ -274,8 +296,64 @@ impl GpuIndex {
             neighbors,
             plan: p,
             linked,
+            knn: None,
             elapsed: started.elapsed(),
         })
+    }
+
+    /// The tensor-core path, when it can serve this search (module docs):
+    /// `None` leaves it to the scan. `plan` is the validated scan plan.
+    fn search_knn(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+        plan: &ScanPlan,
+    ) -> Result<Option<GpuSearch>, GpuSearchError> {
+        let Some(rows) = self.knn.as_ref() else {
+            return Ok(None);
+        };
+        let Some(aux) = rows.aux(params.metric) else {
+            return Ok(None);
+        };
+        if !enabled_by_env()? {
+            return Ok(None);
+        }
+        let Some(kp) = super::knn::choose(&super::knn::KnnRequest {
+            device: self.gpu.context().arch(),
+            dtype: self.shape.dtype,
+            metric: params.metric,
+            filter: params.filter.fragment_name(),
+            n_rows: self.shape.rows,
+            dim: self.shape.dim,
+            nq: queries.rows(),
+            k: params.k,
+            precision: None,
+        }) else {
+            return Ok(None);
+        };
+        let qnorms = Norms::of(queries);
+        if qnorms.any_special(params.metric) {
+            return Ok(None);
+        }
+        let bits = self.resident_bits(&params.filter)?;
+        let search = KnnSearch {
+            gpu: &self.gpu,
+            plan: &kp,
+            data: &self.data,
+            rows: aux,
+            n_rows: self.shape.rows,
+            dim: self.shape.dim,
+            bits: bits.as_deref(),
+            k: params.k,
+        };
+        let (neighbors, linked) = search.run(queries, &qnorms, params.metric)?;
+        Ok(Some(GpuSearch {
+            neighbors,
+            plan: plan.clone(),
+            linked,
+            knn: Some(kp),
+            elapsed: Duration::ZERO,
+        }))
     }
 
     /// The device copy of `filter`'s bits (`None` without a bitset): the

@@ -86,6 +86,10 @@ pub struct Routed {
     /// the search then fell back to the CPU); 0 when the base was resident
     /// already or the model chose the CPU.
     pub upload_seconds: f64,
+    /// The GPU kernel that served the search (its last batch): the
+    /// tensor-core candidate kernel (`knn_tile_*`) or the exact scan
+    /// (`scan_*`); `None` on the CPU.
+    pub gpu_kernel: Option<&'static str>,
 }
 
 /// Searches on the best target.
@@ -182,10 +186,21 @@ impl Searcher {
         queries: &Vectors,
         params: &SearchParams,
         batch: usize,
+        kernel: &std::cell::Cell<Option<&'static str>>,
     ) -> Result<Neighbors, GpuSearchError> {
+        let search = |part: &Vectors| {
+            let found = index.search(part, params)?;
+            kernel.set(Some(
+                found
+                    .knn
+                    .as_ref()
+                    .map_or(found.plan.scan.name, |k| k.tile.name),
+            ));
+            Ok::<_, GpuSearchError>(found.neighbors)
+        };
         let nq = queries.rows();
         if batch >= nq {
-            return Ok(index.search(queries, params)?.neighbors);
+            return search(queries);
         }
         let mut out = Neighbors {
             nq,
@@ -197,7 +212,7 @@ impl Searcher {
         while start < nq {
             let end = (start + batch).min(nq);
             let part = queries.slice_rows(start, end);
-            let r = index.search(&part, params)?.neighbors;
+            let r = search(&part)?;
             out.ids.extend(r.ids);
             out.distances.extend(r.distances);
             start = end;
@@ -298,12 +313,13 @@ impl SearchIndex<'_> {
         };
         let started = Instant::now();
         let nq = queries.rows();
+        let kernel = std::cell::Cell::new(None);
         let result = run_with_fallback(
             choice.target,
             &choice.reason,
             BatchPolicy::new(nq.min(s.max_batch).max(1), 1),
             |batch| match gpu {
-                Some(Ok(index)) => Searcher::gpu_batched(index, queries, params, batch)
+                Some(Ok(index)) => Searcher::gpu_batched(index, queries, params, batch, &kernel)
                     .map(Ok)
                     .map_err(GpuTry::Search),
                 Some(Err(e)) => Err(GpuTry::Upload(e)),
@@ -327,6 +343,10 @@ impl SearchIndex<'_> {
             fell_back: result.fell_back,
             seconds,
             upload_seconds: upload.as_secs_f64(),
+            gpu_kernel: match result.target_used {
+                Target::Gpu => kernel.get(),
+                Target::Cpu => None,
+            },
         })
     }
 }

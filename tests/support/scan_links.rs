@@ -1,7 +1,8 @@
 //! Linking whole scan families and checking every cubin (the brute-force
 //! `scan` family and IVF-Flat's `ivf_scan` share the launch contract: 128
 //! threads per block, a shared-memory top-k of `capacity + 128` slots rounded
-//! up to a power of two, each a distance and an id).
+//! up to a power of two, each a distance and an id; the tensor-core k-NN
+//! families use [`link_each_checked`] with their own shared memory).
 
 use fraglink::build::Arch;
 use fraglink::fragments;
@@ -34,46 +35,68 @@ pub fn family_plans(family: &str, metric: &str, filter: &str) -> Vec<Planner> {
 }
 
 /// Links `plans` for `arch` on 4 threads and checks each cubin: a CUDA ELF
-/// with the entry as a kernel, no spills and no stack, 1 to 64 registers
-/// (128 threads per block), and the shared memory the capacity implies.
-pub fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
+/// with the entry as a kernel, no spills and no stack, 1 to `max_registers`
+/// registers (at most 512 for the 128 threads per block every fraglink
+/// kernel launches with), and the static shared memory `shared_of(plan)`.
+/// Returns `(entry, registers)` per plan, in order.
+pub fn link_each_checked(
+    rt: &LinkRuntime,
+    plans: &[Planner],
+    arch: Arch,
+    max_registers: u32,
+    shared_of: impl Fn(&Planner) -> u32 + Sync,
+) -> Vec<(String, u32)> {
+    let shared_of = &shared_of;
     std::thread::scope(|s| {
-        for chunk in plans.chunks(plans.len().div_ceil(4)) {
-            s.spawn(move || {
-                for p in chunk {
-                    let l = rt
-                        .link(p, arch)
-                        .unwrap_or_else(|e| panic!("{} for {arch}: {e}", p.entry()));
-                    let info = check_cubin(&l.kernel.cubin, p.entry()).unwrap();
-                    assert_eq!(info.machine, 190);
-                    assert!(info.entry_is_kernel, "{}", p.entry());
-                    let m = &l.kernel.metadata;
-                    assert_eq!(
-                        (m.spill_stores, m.spill_loads, m.stack_bytes),
-                        (0, 0, 0),
-                        "{} {arch}: {m:?}",
-                        p.entry()
-                    );
-                    // The launcher uses 128 threads per block (fragments/README.md).
-                    assert!(m.registers >= 1 && m.registers * 128 <= 65536, "{m:?}");
-                    assert!(
-                        m.registers <= 64,
-                        "{} {arch}: {} registers",
-                        p.entry(),
-                        m.registers
-                    );
-                    let scan = p.static_fragments()[0];
-                    let cap: u32 = scan.param("capacity").unwrap().parse().unwrap();
-                    let idx_bytes = if idx_of(scan) == "i64" { 8 } else { 4 };
-                    let slots = (cap + 128).next_power_of_two();
-                    assert_eq!(
-                        m.shared_bytes,
-                        Some(slots * (4 + idx_bytes)),
-                        "{}",
-                        p.entry()
-                    );
-                }
-            });
-        }
+        let handles: Vec<_> = plans
+            .chunks(plans.len().div_ceil(4).max(1))
+            .map(|chunk| {
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    for p in chunk {
+                        let l = rt
+                            .link(p, arch)
+                            .unwrap_or_else(|e| panic!("{} for {arch}: {e}", p.entry()));
+                        let info = check_cubin(&l.kernel.cubin, p.entry()).unwrap();
+                        assert_eq!(info.machine, 190);
+                        assert!(info.entry_is_kernel, "{}", p.entry());
+                        let m = &l.kernel.metadata;
+                        assert_eq!(
+                            (m.spill_stores, m.spill_loads, m.stack_bytes),
+                            (0, 0, 0),
+                            "{} {arch}: {m:?}",
+                            p.entry()
+                        );
+                        // The launchers use 128 threads per block.
+                        assert!(m.registers >= 1 && m.registers * 128 <= 65536, "{m:?}");
+                        assert!(
+                            m.registers <= max_registers,
+                            "{} {arch}: {} registers",
+                            p.entry(),
+                            m.registers
+                        );
+                        assert_eq!(m.shared_bytes, Some(shared_of(p)), "{} {arch}", p.entry());
+                        out.push((p.entry().to_string(), m.registers));
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+/// [`link_each_checked`] for the scan families: at most 64 registers, and the
+/// shared memory the capacity implies.
+pub fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
+    link_each_checked(rt, plans, arch, 64, |p| {
+        let scan = p.static_fragments()[0];
+        let cap: u32 = scan.param("capacity").unwrap().parse().unwrap();
+        let idx_bytes = if idx_of(scan) == "i64" { 8 } else { 4 };
+        let slots = (cap + 128).next_power_of_two();
+        slots * (4 + idx_bytes)
     });
 }

@@ -71,9 +71,13 @@ fn jobs(args: &PrelinkArgs) -> Result<Vec<(Planner, Arch)>, String> {
         None => PLAN_FAMILIES.iter().collect(),
     };
     let arch = fixed()?;
+    // A family's plans that cannot exist on this arch (fragments with a
+    // minimum arch above it, e.g. the TF32 k-NN variants below sm_80) are
+    // not prelinked: no search would ever ask for them there.
     Ok(families
         .iter()
         .flat_map(|f| f.plans())
+        .filter(|p| p.static_fragments().iter().all(|f| f.links_for(arch)))
         .map(|p| (p, arch))
         .collect())
 }

@@ -389,6 +389,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
             "reason": routed.reason,
             "fell_back": routed.fell_back,
             "fragments": fragments,
+            "gpu_kernel": routed.gpu_kernel,
             "link": link.as_ref().map(link_json),
             "plan_error": gpu_plan.as_ref().err().map(|e| e.to_string()),
             "qps": qps,
@@ -425,6 +426,9 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         routed.reason,
         if routed.fell_back { " (fell back)" } else { "" }
     );
+    if let Some(k) = routed.gpu_kernel {
+        println!("ran        {k}");
+    }
     match (&gpu_plan, &link) {
         (Ok(_), Some(l)) => {
             let m = &l.kernel.metadata;

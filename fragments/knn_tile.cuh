@@ -1,0 +1,524 @@
+// fraglink fragments — exact k-NN from tensor-core candidates (families `knn_tile`
+// and `knn_rerank`).
+//
+// Device-only. Two kernels, each linked with one metric fragment of its dtype
+// (knn_tile also with one filter_*_u32 fragment), exactly like the scan family:
+//
+// knn_tile<T, PREC, QT, CAP> — candidates. Grid = (query tiles, row chunks): block
+//   (x, y) takes queries [QT x, QT x + QT) and rows [chunk_rows y, chunk_rows (y + 1)),
+//   so a small batch (nq = 1) still spreads over every SM (the "small batch split").
+//   Four warps; per row iteration the block covers QT queries x RT rows (RT = 64 for
+//   QT = 16, 32 for QT = 32), each warp one 16 x 16 tile of dot products from the
+//   tensor cores (WMMA: f16 -> f32 accumulation, TF32 or 3xTF32 for f32, s8/u8 ->
+//   s32). K is consumed in chunks of 64 bytes staged in shared memory (zero padded,
+//   so any dim works), laid out in slabs of one MMA K step so every fragment load is
+//   32-byte aligned. From each dot product and the precomputed norms (knn_bounds.cuh)
+//   a pair gets lo <= d <= hi (integers: lo = hi = d). The select is fused: per query
+//   a shared buffer of BUF = CAP + RT (lo, hi, id) entries takes the rows with
+//   lo < T, T an upper bound of the k-th smallest key of the chunk so far; the
+//   distance matrix is never written. When a buffer holds more than CAP entries a
+//   warp compacts it: T = min(T, k-th smallest hi of the buffer), keep lo <= T; if
+//   more than CAP remain (many equal distances), the members' exact distances come
+//   from the linked metric's in-order fold and the exact best k by (d, id) stay
+//   (lo = hi = d). At the chunk's end the same compaction (down to <= CAP) and the
+//   entries go to out_{count, lo, hi, ids}[(q * n_chunks + chunk) * CAP + j].
+//   Why no true neighbour is lost: a row is dropped only (a) at insertion with
+//   lo >= T, T justified by k rows of the same chunk with smaller ids (T changes only
+//   between iterations, and iterations go up in id) whose hi <= T, so k keys
+//   (d', id') < (d, id) exist; (b) at compaction with lo > T: k members have
+//   d' <= hi' <= T < lo <= d; (c) by the exact reduction: k members precede it by
+//   exact key. src/search/cpu.rs uses the same rules.
+//
+// knn_rerank<T, CAP> — merge and exact re-rank, one block per query (grid-stride):
+//   pass 1: U = the k-th smallest hi over all chunks' candidates (a block-wide top-k of
+//   (hi, id) keys, scan.cuh's offer_tile); pass 2: every candidate with lo <= U gets
+//   its exact distance from the linked metric (the in-order fold of the scan kernel,
+//   NaN -> +inf) and the k smallest (d, id) keys are the result, padded with
+//   (+inf, 0xFFFFFFFF) as the scan pads. A candidate with lo > U has k candidates
+//   with d' <= hi' <= U < lo <= d. So results equal the scan kernel's and the CPU
+//   path's bit for bit.
+//
+// Not handled here (the host routes such searches to the scan kernel): rows or
+// queries that are "special" for the bounds (knn_bounds.cuh), k > CAP, n_rows >=
+// 2^32 - 1 (ids are u32), dim beyond knn::dim_supported, u8 dim > 32896.
+#pragma once
+
+#include <mma.h>
+
+#include "knn_bounds.cuh"
+#include "scan.cuh"
+
+// Threads per block of both kernels (blockDim = (128, 1, 1) exactly).
+#define FRAGLINK_KNN_BLOCK 128
+
+namespace fraglink {
+namespace knn {
+
+namespace wmma = nvcuda::wmma;
+
+// ----- the tensor-core step per (element type, precision) ------------------------
+// `a`: 16 query rows, `b`: 16 dataset rows, both one K slab of K elements per row
+// (row r at r * K), 32-byte aligned. Adds the 16 x 16 dot products to `acc`.
+template <typename T, int PREC>
+struct mma;
+
+// m16n16k16 with the inputs as they are: f16 -> f32, s8/u8 -> s32.
+template <typename E, typename Acc>
+struct mma_k16 {
+  static constexpr int K = 16;
+  typedef E staged;
+  typedef Acc acc_t;
+  typedef wmma::fragment<wmma::accumulator, 16, 16, 16, Acc> acc_frag;
+  static __device__ FRAGLINK_INLINE void step(acc_frag& acc, const staged* a, const staged* b) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> fb;
+    wmma::load_matrix_sync(fa, a, K);
+    wmma::load_matrix_sync(fb, b, K);
+    wmma::mma_sync(acc, fa, fb, acc);
+  }
+};
+template <>
+struct mma<__half, precision_f16> : mma_k16<__half, float> {};
+template <>
+struct mma<int8_t, precision_int> : mma_k16<signed char, int> {};
+template <>
+struct mma<uint8_t, precision_int> : mma_k16<unsigned char, int> {};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// TF32 (sm_80+). THREE = 3xTF32: x = hi + lo, acc += lo_a hi_b + hi_a lo_b + hi_a hi_b.
+template <bool THREE>
+struct mma_tf32 {
+  static constexpr int K = 8;
+  typedef float staged;
+  typedef float acc_t;
+  typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc_frag;
+  typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> a_frag;
+  typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> b_frag;
+  template <typename F>
+  static __device__ FRAGLINK_INLINE void split(const F& x, F& hi, F& lo) {
+#pragma unroll
+    for (int i = 0; i < x.num_elements; ++i) {
+      const float h = wmma::__float_to_tf32(x.x[i]);
+      hi.x[i] = h;
+      lo.x[i] = wmma::__float_to_tf32(__fsub_rn(x.x[i], h));
+    }
+  }
+  static __device__ FRAGLINK_INLINE void step(acc_frag& acc, const staged* a, const staged* b) {
+    a_frag fa;
+    b_frag fb;
+    wmma::load_matrix_sync(fa, a, K);
+    wmma::load_matrix_sync(fb, b, K);
+    if (THREE) {
+      a_frag ah, al;
+      b_frag bh, bl;
+      split(fa, ah, al);
+      split(fb, bh, bl);
+      wmma::mma_sync(acc, al, bh, acc);
+      wmma::mma_sync(acc, ah, bl, acc);
+      wmma::mma_sync(acc, ah, bh, acc);
+    } else {
+#pragma unroll
+      for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = wmma::__float_to_tf32(fa.x[i]);
+#pragma unroll
+      for (int i = 0; i < fb.num_elements; ++i) fb.x[i] = wmma::__float_to_tf32(fb.x[i]);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+  }
+};
+template <>
+struct mma<float, precision_tf32> : mma_tf32<false> {};
+template <>
+struct mma<float, precision_tf32x3> : mma_tf32<true> {};
+#endif
+
+// ----- the linked metric, recognised --------------------------------------------
+template <typename T>
+__device__ FRAGLINK_INLINE T small_value(int v);
+template <>
+__device__ FRAGLINK_INLINE float small_value<float>(int v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ FRAGLINK_INLINE __half small_value<__half>(int v) {
+  return __int2half_rn(v);
+}
+template <>
+__device__ FRAGLINK_INLINE int8_t small_value<int8_t>(int v) {
+  return static_cast<int8_t>(v);
+}
+template <>
+__device__ FRAGLINK_INLINE uint8_t small_value<uint8_t>(int v) {
+  return static_cast<uint8_t>(v);
+}
+
+template <typename T>
+__device__ FRAGLINK_INLINE float probe(int q, int x) {
+  typedef scan::metric_abi<T> M;
+  typename M::state s;
+  M::init(&s);
+  M::accumulate(&s, small_value<T>(q), small_value<T>(x));
+  return M::finalize(&s);
+}
+
+// Which metric the program linked, from its value on the one-element pair
+// q = (1), x = (2): l2 1, inner_product -2, cosine 0. With -lto the probe folds to
+// a constant, so this costs nothing (one call site of each metric function: more
+// probes made nvJitLink's inliner give up on some variants, which then spilled).
+// Anything else (a user metric) is metric_unknown and the kernel refuses to run.
+template <typename T>
+__device__ FRAGLINK_INLINE int linked_metric() {
+  const float v = probe<T>(1, 2);
+  if (v == 1.0f) return metric_l2;
+  if (v == -2.0f) return metric_inner_product;
+  if (v == 0.0f) return metric_cosine;
+  return metric_unknown;
+}
+
+// The reference distance (scan.cuh's in-order fold), NaN -> +inf.
+template <typename T>
+__device__ FRAGLINK_INLINE float exact_distance(const T* q, const T* x, uint32_t dim) {
+  const float d = scan::distance<T, 1>(q, x, dim);
+  return d != d ? scan::pos_inf() : d;
+}
+
+// ----- one query's candidate buffer, compacted by one warp -----------------------
+struct buffer {
+  float* lo;
+  float* hi;
+  uint32_t* id;
+  uint32_t* count;
+  float* thr;
+};
+
+// Lanes' own ranks of entries i = lane + 32 j (j < SLOTS) among the m entries by
+// `less(i', i)`; -1 for i >= m.
+template <int SLOTS, typename Less>
+__device__ FRAGLINK_INLINE void ranks(uint32_t m, uint32_t lane, Less less, int (&r)[SLOTS]) {
+#pragma unroll
+  for (int j = 0; j < SLOTS; ++j) {
+    const uint32_t i = lane + 32u * static_cast<uint32_t>(j);
+    int rank = -1;
+    if (i < m) {
+      rank = 0;
+      for (uint32_t o = 0; o < m; ++o) rank += less(o, i) ? 1 : 0;
+    }
+    r[j] = rank;
+  }
+}
+
+// Keeps the entries with lo <= T (order preserved); returns the new count.
+__device__ FRAGLINK_INLINE uint32_t keep_below(const buffer& b, uint32_t m, float t, uint32_t lane) {
+  uint32_t out = 0;
+  for (uint32_t base = 0; base < m; base += 32) {
+    const uint32_t i = base + lane;
+    const bool valid = i < m;
+    const float lo = valid ? b.lo[i] : 0.0f;
+    const float hi = valid ? b.hi[i] : 0.0f;
+    const uint32_t id = valid ? b.id[i] : 0u;
+    const bool keep = valid && lo <= t;
+    const uint32_t mask = __ballot_sync(0xffffffffu, keep);
+    __syncwarp();
+    if (keep) {
+      const uint32_t pos = out + static_cast<uint32_t>(__popc(mask & ((1u << lane) - 1u)));
+      b.lo[pos] = lo;
+      b.hi[pos] = hi;
+      b.id[pos] = id;
+    }
+    out += static_cast<uint32_t>(__popc(mask));
+    __syncwarp();
+  }
+  return out;
+}
+
+// Compacts one query's buffer (called by a whole warp when *count > k): T =
+// min(T, k-th smallest hi), keep lo <= T; if more than CAP remain, replace them by
+// the exact best k. Ends with *count <= CAP.
+template <typename T, int BUF, int CAP>
+__device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qrow, const T* dataset, uint32_t dim) {
+  constexpr int SLOTS = (BUF + 31) / 32;
+  const uint32_t lane = threadIdx.x & 31u;
+  uint32_t m = *b.count;
+  int r[SLOTS];
+  ranks<SLOTS>(m, lane, [&](uint32_t o, uint32_t i) { return b.hi[o] < b.hi[i] || (b.hi[o] == b.hi[i] && o < i); },
+               r);
+  float kth = scan::pos_inf();
+#pragma unroll
+  for (int j = 0; j < SLOTS; ++j) {
+    if (r[j] == static_cast<int>(k) - 1) kth = b.hi[lane + 32u * static_cast<uint32_t>(j)];
+  }
+  // Exactly one lane found it; the others hold +inf.
+  for (int off = 16; off > 0; off >>= 1) kth = fminf(kth, __shfl_xor_sync(0xffffffffu, kth, off));
+  const float t = fminf(*b.thr, kth);
+  __syncwarp();
+  m = keep_below(b, m, t, lane);
+  if (m > static_cast<uint32_t>(CAP)) {
+    // Many equal bounds: decide by exact distances.
+    for (uint32_t i = lane; i < m; i += 32) {
+      const float d = exact_distance<T>(qrow, dataset + static_cast<uint64_t>(b.id[i]) * dim, dim);
+      b.lo[i] = d;
+      b.hi[i] = d;
+    }
+    __syncwarp();
+    ranks<SLOTS>(m, lane, [&](uint32_t o, uint32_t i) { return scan::key_less(b.lo[o], b.id[o], b.lo[i], b.id[i]); },
+                 r);
+    float d[SLOTS];
+    uint32_t id[SLOTS];
+#pragma unroll
+    for (int j = 0; j < SLOTS; ++j) {
+      const uint32_t i = lane + 32u * static_cast<uint32_t>(j);
+      d[j] = i < m ? b.lo[i] : 0.0f;
+      id[j] = i < m ? b.id[i] : 0u;
+    }
+    __syncwarp();
+    float last = -scan::pos_inf();
+#pragma unroll
+    for (int j = 0; j < SLOTS; ++j) {
+      if (r[j] >= 0 && r[j] < static_cast<int>(k)) {
+        b.lo[r[j]] = d[j];
+        b.hi[r[j]] = d[j];
+        b.id[r[j]] = id[j];
+        if (r[j] == static_cast<int>(k) - 1) last = d[j];
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) last = fmaxf(last, __shfl_xor_sync(0xffffffffu, last, off));
+    m = k;
+    if (lane == 0) *b.thr = fminf(t, last);
+  } else if (lane == 0) {
+    *b.thr = t;
+  }
+  if (lane == 0) *b.count = m;
+  __syncwarp();
+}
+
+// Stages rows [row0, row0 + ROWS) x elements [k0, k0 + KC) of a row-major matrix
+// into `dst` as K-element slabs (slab s, row r at s * ROWS * K + r * K), zero
+// outside the matrix. All threads of the block take part.
+template <int ROWS, int KC, int K, typename T>
+__device__ FRAGLINK_INLINE void stage(T* dst, const T* __restrict__ src, uint64_t rows, uint64_t row0, uint32_t dim,
+                                      uint32_t k0) {
+  for (int t = static_cast<int>(threadIdx.x); t < ROWS * KC; t += FRAGLINK_KNN_BLOCK) {
+    const int r = t / KC;
+    const int j = t % KC;
+    const uint64_t row = row0 + static_cast<uint64_t>(r);
+    const uint32_t col = k0 + static_cast<uint32_t>(j);
+    T v = small_value<T>(0);
+    if (row < rows && col < dim) v = src[row * dim + col];
+    dst[(j / K) * ROWS * K + r * K + (j % K)] = v;
+  }
+}
+
+// The contract the kernel checks by itself (as scan.cuh's launch_ok): block shape,
+// 1 <= k <= CAP, a recognised metric, a supported dim, chunks that cover every row
+// (chunk_rows * gridDim.y >= n_rows: a row left out would be a silently wrong
+// answer), aligned pointers. The same for every thread: a violating launch writes
+// nothing.
+template <typename T, int CAP>
+__device__ FRAGLINK_INLINE bool tile_launch_ok(int metric, uint32_t n_rows, uint32_t dim, uint32_t k,
+                                               uint32_t chunk_rows, const void* const* ptrs4, int n4) {
+  uint64_t bad = 0;
+  for (int i = 0; i < n4; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
+  return bad == 0 && metric != metric_unknown && dim_supported(dim) && k != 0 && k <= static_cast<uint32_t>(CAP) &&
+         static_cast<uint64_t>(chunk_rows) * gridDim.y >= n_rows && blockDim.x == FRAGLINK_KNN_BLOCK &&
+         blockDim.y == 1 && blockDim.z == 1;
+}
+
+// ----- the candidate kernel ------------------------------------------------------
+template <typename T, int PREC, int QT, int CAP>
+__device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T* __restrict__ queries,
+                                         const uint32_t* __restrict__ filter_bits, const float* __restrict__ row_aux0,
+                                         const float* __restrict__ row_aux1, const float* __restrict__ query_aux0,
+                                         const float* __restrict__ query_aux1, uint32_t n_rows, uint32_t dim,
+                                         uint32_t n_queries, uint32_t k, uint32_t chunk_rows,
+                                         uint32_t* __restrict__ out_count, float* __restrict__ out_lo,
+                                         float* __restrict__ out_hi, uint32_t* __restrict__ out_ids) {
+  typedef mma<T, PREC> M;
+  typedef typename M::staged S;
+  static_assert(sizeof(S) == sizeof(T), "rows are staged as they are");
+  constexpr int K = M::K;
+  constexpr int WARPS = FRAGLINK_KNN_BLOCK / 32;
+  static_assert(QT == 16 || QT == 32, "query tile: 16 or 32");
+  constexpr int WQ = QT / 16;          // warps along the queries
+  constexpr int WR = WARPS / WQ;       // warps along the rows
+  constexpr int RT = 16 * WR;          // rows per iteration
+  constexpr int BUF = CAP + RT;        // one iteration adds at most RT entries
+  constexpr int KC = 64 / static_cast<int>(sizeof(S));  // elements per staged chunk
+  static_assert(KC % K == 0, "a chunk is whole MMA steps");
+
+  __shared__ __align__(32) T s_q[QT * KC];
+  __shared__ __align__(32) T s_x[RT * KC];
+  __shared__ __align__(32) typename M::acc_t s_acc[WARPS][256];
+  __shared__ float s_lo[QT][BUF];
+  __shared__ float s_hi[QT][BUF];
+  __shared__ uint32_t s_id[QT][BUF];
+  __shared__ uint32_t s_count[QT];
+  __shared__ float s_thr[QT];
+  __shared__ float s_qa0[QT];
+  __shared__ float s_qa1[QT];
+
+  const int metric = linked_metric<T>();
+  const void* ptrs4[] = {row_aux0, row_aux1, query_aux0, query_aux1, out_count, out_lo, out_hi, out_ids,
+                         filter_bits};
+  if (!tile_launch_ok<T, CAP>(metric, n_rows, dim, k, chunk_rows, ptrs4, 9)) return;
+
+  const uint32_t tid = threadIdx.x;
+  const uint32_t warp = tid / 32;
+  const uint32_t lane = tid & 31u;
+  const uint32_t wq = warp % WQ;
+  const uint32_t wr = warp / WQ;
+  const uint32_t n_chunks = gridDim.y;
+  const uint32_t chunk = blockIdx.y;
+  const uint64_t row_begin = static_cast<uint64_t>(chunk) * chunk_rows;
+  const uint64_t row_end_u = row_begin + chunk_rows;
+  const uint64_t row_end = row_end_u < n_rows ? row_end_u : n_rows;
+  const bound_consts bc = make_bound_consts(dim, PREC);
+
+  for (uint64_t tile = blockIdx.x; tile * QT < n_queries; tile += gridDim.x) {
+    const uint64_t q0 = tile * QT;
+    for (uint32_t i = tid; i < QT; i += FRAGLINK_KNN_BLOCK) {
+      const uint64_t q = q0 + i;
+      s_count[i] = 0;
+      s_thr[i] = scan::pos_inf();
+      s_qa0[i] = q < n_queries ? query_aux0[q] : 0.0f;
+      s_qa1[i] = q < n_queries ? query_aux1[q] : 0.0f;
+    }
+    __syncthreads();
+    for (uint64_t r0 = row_begin; r0 < row_end; r0 += RT) {
+      typename M::acc_frag acc;
+      wmma::fill_fragment(acc, static_cast<typename M::acc_t>(0));
+      for (uint32_t k0 = 0; k0 < dim; k0 += KC) {
+        stage<QT, KC, K>(s_q, queries, n_queries, q0, dim, k0);
+        stage<RT, KC, K>(s_x, dataset, row_end, r0, dim, k0);
+        __syncthreads();
+#pragma unroll
+        for (int s = 0; s < KC / K; ++s) {
+          M::step(acc, s_q + s * QT * K + wq * 16 * K, s_x + s * RT * K + wr * 16 * K);
+        }
+        __syncthreads();
+      }
+      wmma::store_matrix_sync(s_acc[warp], acc, 16, wmma::mem_row_major);
+      __syncwarp();
+      // Lane pairs: 16 consecutive lanes take 16 consecutive rows of one query.
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        const uint32_t e = lane + 32u * static_cast<uint32_t>(p);
+        const uint32_t ql = wq * 16 + e / 16;
+        const uint64_t q = q0 + ql;
+        const uint64_t row = r0 + wr * 16 + e % 16;
+        if (q >= n_queries || row >= row_end ||
+            !scan::idx_abi<uint32_t>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<uint32_t>(row))) {
+          continue;
+        }
+        float lo;
+        float hi;
+        if (PREC == precision_int) {
+          const float d = int_distance(metric, static_cast<int64_t>(s_acc[warp][e]), __float_as_uint(s_qa0[ql]),
+                                       __float_as_uint(row_aux0[row]));
+          lo = d;
+          hi = d;
+        } else {
+          float_bounds(metric, bc, static_cast<float>(s_acc[warp][e]), s_qa0[ql], s_qa1[ql], row_aux0[row],
+                       row_aux1[row], &lo, &hi);
+        }
+        if (lo < s_thr[ql]) {
+          const uint32_t slot = atomicAdd(&s_count[ql], 1u);
+          s_lo[ql][slot] = lo;
+          s_hi[ql][slot] = hi;
+          s_id[ql][slot] = static_cast<uint32_t>(row);
+        }
+      }
+      __syncthreads();
+      const bool last = r0 + RT >= row_end;
+      for (uint32_t ql = warp; ql < QT; ql += WARPS) {
+        const uint32_t limit = last ? k : static_cast<uint32_t>(CAP);
+        if (s_count[ql] > limit) {
+          const buffer b = {s_lo[ql], s_hi[ql], s_id[ql], &s_count[ql], &s_thr[ql]};
+          compact<T, BUF, CAP>(b, k, queries + (q0 + ql) * dim, dataset, dim);
+        }
+      }
+      __syncthreads();
+    }
+    // Out: per (query, chunk) its count and up to CAP entries.
+    for (uint32_t ql = warp; ql < QT; ql += WARPS) {
+      const uint64_t q = q0 + ql;
+      if (q >= n_queries) continue;
+      const uint64_t slot = q * n_chunks + chunk;
+      const uint32_t m = s_count[ql];
+      if (lane == 0) out_count[slot] = m;
+      for (uint32_t i = lane; i < m; i += 32) {
+        out_lo[slot * CAP + i] = s_lo[ql][i];
+        out_hi[slot * CAP + i] = s_hi[ql][i];
+        out_ids[slot * CAP + i] = s_id[ql][i];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// ----- merge and exact re-rank ---------------------------------------------------
+template <typename T, int CAP>
+__device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const T* __restrict__ queries,
+                                           const uint32_t* __restrict__ cand_count,
+                                           const float* __restrict__ cand_lo, const float* __restrict__ cand_hi,
+                                           const uint32_t* __restrict__ cand_ids, uint32_t dim, uint32_t n_queries,
+                                           uint32_t n_chunks, uint32_t k, uint32_t* __restrict__ out_ids,
+                                           float* __restrict__ out_dists) {
+  constexpr int BLOCK = FRAGLINK_KNN_BLOCK;
+  constexpr int S = scan::next_pow2(CAP + BLOCK);
+  __shared__ float s_key[S];
+  __shared__ uint32_t s_id[S];
+
+  const void* ptrs4[] = {cand_count, cand_lo, cand_hi, cand_ids, out_ids, out_dists};
+  uint64_t bad = 0;
+  for (int i = 0; i < 6; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
+  if (bad != 0 || k == 0 || k > static_cast<uint32_t>(CAP) || blockDim.x != BLOCK || blockDim.y != 1 ||
+      blockDim.z != 1) {
+    return;
+  }
+  const uint32_t tid = threadIdx.x;
+  const float inf = scan::pos_inf();
+  const uint64_t slots = static_cast<uint64_t>(n_chunks) * CAP;
+
+  for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {
+    const T* __restrict__ qrow = queries + q * dim;
+    float u = inf;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int i = static_cast<int>(tid); i < S; i += BLOCK) {
+        s_key[i] = inf;
+        s_id[i] = scan::idx_abi<uint32_t>::invalid;
+      }
+      __syncthreads();
+      for (uint64_t tile = 0; tile < slots; tile += BLOCK) {
+        const uint64_t s = tile + tid;
+        float key = inf;
+        uint32_t id = scan::idx_abi<uint32_t>::invalid;
+        bool candidate = false;
+        if (s < slots) {
+          const uint64_t c = q * n_chunks + s / CAP;
+          if (s % CAP < cand_count[c]) {
+            const uint64_t at = c * CAP + s % CAP;
+            id = cand_ids[at];
+            if (pass == 0) {
+              key = cand_hi[at];
+              candidate = true;
+            } else if (cand_lo[at] <= u) {
+              key = exact_distance<T>(qrow, dataset + static_cast<uint64_t>(id) * dim, dim);
+              candidate = true;
+            }
+            candidate = candidate && scan::key_less(key, id, s_key[k - 1], s_id[k - 1]);
+          }
+        }
+        scan::offer_tile<CAP, S, BLOCK>(s_key, s_id, candidate, key, id);
+      }
+      u = s_key[k - 1];
+      __syncthreads();
+    }
+    for (uint32_t j = tid; j < k; j += BLOCK) {
+      out_ids[q * k + j] = s_id[j];
+      out_dists[q * k + j] = s_key[j];
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace knn
+}  // namespace fraglink

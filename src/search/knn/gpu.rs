@@ -1,0 +1,240 @@
+//! The tensor-core path of [`GpuIndex::search`](crate::search::GpuIndex):
+//! the row norms the index keeps ([`KnnRows`], uploaded once with the
+//! rows) and one search through the two kernels (fragments/README.md, "The
+//! tensor-core k-NN kernels"): candidates per (query tile, row chunk), then
+//! merge and exact re-rank per query. Results equal the scan's and the CPU
+//! path's bit for bit; searches the bounds do not cover never get here
+//! ([`KnnRows::aux`], [`super::choose`]).
+
+use crate::gpu::launch::ScanContract;
+use crate::gpu::{GpuBuffer, GpuError, KernelArgs, LaunchConfig, MemoryPool, Transfer};
+use crate::link::Linked;
+use crate::search::gpu::{push_output, widen_ids, DeviceVectors, GpuSearchError, GpuSearcher};
+use crate::search::{Metric, Neighbors, Vectors};
+
+use super::norms::Norms;
+use super::plan::{KnnPlan, KNN_BLOCK, MAX_DIM};
+
+/// Queries per launch pair: bounds the candidate buffers
+/// (`batch × chunks × capacity × 12` bytes, about 19 MB at 4096 × 3 × 128).
+pub const KNN_BATCH: usize = 4096;
+
+/// Per-row values of the candidate kernel, resident beside the rows.
+pub struct KnnRows {
+    /// l2's aux0: |x|² (integers: the exact squared norm's u32 bits).
+    sq: GpuBuffer<f32>,
+    /// |x| (floats only): l2's aux1, inner product's aux0/aux1.
+    norm: Option<GpuBuffer<f32>>,
+    /// 1/|x| (floats only): cosine's aux0/aux1.
+    inv: Option<GpuBuffer<f32>>,
+    /// Some row is special for every metric / for cosine (knn_bounds.cuh).
+    special: bool,
+    special_cosine: bool,
+}
+
+impl std::fmt::Debug for KnnRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KnnRows")
+            .field("special", &self.special)
+            .field("special_cosine", &self.special_cosine)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KnnRows {
+    /// Computes the norms of `base` on the host and uploads them; `None`
+    /// for shapes no variant takes (no rows, ids beyond u32, `dim` outside
+    /// the bounds' range) and dtypes without a variant for `device` (f32
+    /// before sm_80): their searches never leave the scan.
+    pub fn upload(
+        t: &Transfer,
+        pool: &MemoryPool,
+        base: &Vectors,
+        device: crate::build::Arch,
+    ) -> Result<Option<Self>, GpuError> {
+        let (n, dim) = (base.rows(), base.dim());
+        if n == 0 || n >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
+            return Ok(None);
+        }
+        if !super::plan::available(device, base.dtype()) {
+            return Ok(None);
+        }
+        let norms = Norms::of(base);
+        let (sq, norm) = norms.aux(Metric::L2);
+        let sq = t.upload_new(pool, &sq)?;
+        let (norm, inv) = match &norms {
+            Norms::Int(_) => (None, None),
+            Norms::Float(_) => (
+                Some(t.upload_new(pool, &norm)?),
+                Some(t.upload_new(pool, &norms.aux(Metric::Cosine).0)?),
+            ),
+        };
+        Ok(Some(KnnRows {
+            sq,
+            norm,
+            inv,
+            special: norms.any_special(Metric::L2),
+            special_cosine: norms.any_special(Metric::Cosine),
+        }))
+    }
+
+    /// Device bytes held.
+    pub fn device_bytes(&self) -> u64 {
+        let n = self.sq.len() as u64 * 4;
+        n * (1 + u64::from(self.norm.is_some()) + u64::from(self.inv.is_some()))
+    }
+
+    /// The `(row_aux0, row_aux1)` buffers for `metric`, `None` when some row
+    /// is special for it.
+    pub fn aux(&self, metric: Metric) -> Option<(&GpuBuffer<f32>, &GpuBuffer<f32>)> {
+        if self.special || (metric == Metric::Cosine && self.special_cosine) {
+            return None;
+        }
+        match (metric, &self.norm, &self.inv) {
+            (_, None, _) | (_, _, None) => Some((&self.sq, &self.sq)),
+            (Metric::L2, Some(n), _) => Some((&self.sq, n)),
+            (Metric::InnerProduct, Some(n), _) => Some((n, n)),
+            (Metric::Cosine, _, Some(i)) => Some((i, i)),
+        }
+    }
+}
+
+/// The launch-invariant arguments of one search.
+pub(crate) struct KnnSearch<'a> {
+    pub(crate) gpu: &'a GpuSearcher,
+    pub(crate) plan: &'a KnnPlan,
+    pub(crate) data: &'a DeviceVectors,
+    pub(crate) rows: (&'a GpuBuffer<f32>, &'a GpuBuffer<f32>),
+    pub(crate) n_rows: usize,
+    pub(crate) dim: usize,
+    pub(crate) bits: Option<&'a GpuBuffer<u32>>,
+    pub(crate) k: usize,
+}
+
+impl KnnSearch<'_> {
+    /// Exact k-NN of `queries` (none special: the caller checked `qnorms`),
+    /// in batches of [`KNN_BATCH`]. Returns the results and the candidate
+    /// kernel's link.
+    pub(crate) fn run(
+        &self,
+        queries: &Vectors,
+        qnorms: &Norms,
+        metric: Metric,
+    ) -> Result<(Neighbors, Linked), GpuSearchError> {
+        let arch = self.gpu.context().arch();
+        let tile_link = self.plan.tile_planner().link_for(arch)?;
+        let rerank_link = self.plan.rerank_planner().link_for(arch)?;
+        let tile = self.gpu.launcher(&tile_link)?;
+        let rerank = self.gpu.launcher(&rerank_link)?;
+        let (t, pool) = (self.gpu.transfer(), self.gpu.pool());
+        let nq = queries.rows();
+        let (qa0, qa1) = qnorms.aux(metric);
+        let contract = ScanContract {
+            elem_bytes: self.plan.dtype.size() as u32,
+            veclen: 1,
+            id_bytes: 4,
+            capacity: self.plan.capacity,
+        };
+        let sms = self.gpu.context().info().sm_count;
+        let cap = self.plan.capacity as usize;
+        let (k, dim) = (self.k, self.dim);
+        let mut ids = Vec::with_capacity(nq * k);
+        let mut distances = Vec::with_capacity(nq * k);
+        for b0 in (0..nq).step_by(KNN_BATCH) {
+            let b1 = (b0 + KNN_BATCH).min(nq);
+            let nb = b1 - b0;
+            let part = queries.slice_rows(b0, b1);
+            let d_q = crate::search::gpu::upload_vectors(t, pool, &part)?;
+            let d_qa0 = t.upload_new(pool, &qa0[b0..b1])?;
+            let d_qa1 = t.upload_new(pool, &qa1[b0..b1])?;
+            let (n_chunks, chunk_rows) = self.plan.chunks(self.n_rows, nb, sms);
+            let slots = nb * n_chunks as usize;
+            let mut c_count = pool.alloc::<u32>(slots)?;
+            let mut c_lo = pool.alloc::<f32>(slots * cap)?;
+            let mut c_hi = pool.alloc::<f32>(slots * cap)?;
+            let mut c_ids = pool.alloc::<u32>(slots * cap)?;
+            {
+                let tiles = nb.div_ceil(self.plan.qtile as usize) as u32;
+                let cfg = LaunchConfig::new((tiles, n_chunks, 1), (KNN_BLOCK, 1, 1));
+                let mut a = KernelArgs::new();
+                self.data
+                    .push_rows(&mut a, &contract, "dataset", 0..self.n_rows * dim)?;
+                d_q.push_rows(&mut a, &contract, "queries", 0..nb * dim)?;
+                match self.bits {
+                    Some(b) => a.input(b)?.require_alignment(4, "filter_bits"),
+                    None => a.null_ptr(),
+                };
+                a.input(self.rows.0)?.input(self.rows.1)?;
+                a.input(&d_qa0)?.input(&d_qa1)?;
+                a.value(self.n_rows as u32)
+                    .value(dim as u32)
+                    .value(nb as u32)
+                    .value(k as u32)
+                    .value(chunk_rows);
+                a.output(c_count.view_mut())?
+                    .output(c_lo.view_mut())?
+                    .output(c_hi.view_mut())?
+                    .output(c_ids.view_mut())?;
+                // SAFETY: arguments in the order and types of knn_tile's
+                // contract (fragments/README.md); counts fit their u32
+                // parameters (n_rows < 2^32 - 1 and dim ≤ 2^17 by the plan,
+                // nb ≤ KNN_BATCH, k ≤ capacity); the outputs hold
+                // nb × n_chunks (× capacity) elements; sizes and alignments
+                // are checked by the launcher.
+                unsafe { tile.launch(&cfg, &mut a)? };
+            }
+            let mut o_ids = pool.alloc::<u32>(nb * k)?;
+            let mut o_dists = pool.alloc::<f32>(nb * k)?;
+            {
+                let cfg = LaunchConfig::new((nb as u32, 1, 1), (KNN_BLOCK, 1, 1));
+                let mut a = KernelArgs::new();
+                self.data
+                    .push_rows(&mut a, &contract, "dataset", 0..self.n_rows * dim)?;
+                d_q.push_rows(&mut a, &contract, "queries", 0..nb * dim)?;
+                a.input(&c_count)?
+                    .input(&c_lo)?
+                    .input(&c_hi)?
+                    .input(&c_ids)?;
+                a.value(dim as u32)
+                    .value(nb as u32)
+                    .value(n_chunks)
+                    .value(k as u32);
+                push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
+                push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
+                // SAFETY: knn_rerank's contract; the candidate buffers are
+                // the ones knn_tile just filled for the same nb × n_chunks
+                // slots, launched on the same stream.
+                unsafe { rerank.launch(&cfg, &mut a)? };
+            }
+            ids.extend(widen_ids(t.download_vec(&o_ids)?));
+            distances.extend(t.download_vec(&o_dists)?);
+        }
+        Ok((
+            Neighbors {
+                nq,
+                k,
+                ids,
+                distances,
+            },
+            tile_link,
+        ))
+    }
+}
+
+/// `FRAGLINK_GPU_KNN`: whether the tensor-core path may serve searches
+/// (default on; `0`/`false`/`no`/`off` leave every search to the exact scan,
+/// e.g. to compare the two). Any other value is an error naming it.
+pub fn enabled_by_env() -> Result<bool, GpuSearchError> {
+    const VAR: &str = "FRAGLINK_GPU_KNN";
+    match std::env::var(VAR) {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" | "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" => Ok(false),
+            _ => Err(GpuSearchError::Env {
+                variable: VAR,
+                value: v,
+            }),
+        },
+    }
+}

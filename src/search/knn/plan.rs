@@ -1,0 +1,422 @@
+//! Which tensor-core k-NN variant a search uses, if any: a small pure
+//! function of the device arch, the workload and the catalog.
+//!
+//! Rules ([`choose`]), each a reason to keep the exact scan instead (`None`):
+//! - the dtype's precision must exist for the device: f16 (f16 MMA) and
+//!   i8/u8 (integer MMA) from sm_75, f32 (TF32) from sm_80 — the variant's
+//!   `min_arch`, and the fragment must be built for an arch that links there;
+//! - `k` ≤ the largest capacity (128); the smallest capacity ≥ k is used;
+//! - row ids are u32 (`n_rows < 2³² − 1`), `1 ≤ dim ≤ 2¹⁷` (knn_bounds.cuh),
+//!   u8 `dim ≤ 32896` (the s32 accumulator stays exact, and the exact squared
+//!   norm, carried as f32 bits, stays below the NaN bit patterns).
+//!
+//! Precision for f32: 3xTF32 by default (its margin, dominated by the
+//! accumulation allowance 3·dim·2⁻²⁰, is about 10× narrower than TF32's 2⁻⁸
+//! at dim 128, so fewer candidates reach the exact re-rank); plain TF32 only
+//! when asked ([`KnnRequest::precision`]), e.g. by a benchmark — which one is faster is
+//! for the GPU benchmark to say. Query tile: 32 when k ≤ 32 and
+//! there are at least 64 queries (half the row reads per query), else 16.
+//! Row chunks ([`chunks`]): enough blocks for 4 per SM, so that nq = 1 still
+//! fills the GPU (the small-batch split), never chunks shorter than one
+//! row iteration.
+
+use crate::build::Arch;
+use crate::fragment::FragmentInfo;
+use crate::fragments;
+use crate::link::prelink::PlanFamily;
+use crate::link::Planner;
+
+use super::super::plan::FILTERS;
+use super::super::{DType, Metric};
+
+/// Dot-product precision of a candidate kernel (the `precision` matrix key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    F16,
+    Tf32,
+    Tf32x3,
+    Int,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 4] = [
+        Precision::F16,
+        Precision::Tf32,
+        Precision::Tf32x3,
+        Precision::Int,
+    ];
+
+    /// The matrix value (`tf32x3`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F16 => "f16",
+            Precision::Tf32 => "tf32",
+            Precision::Tf32x3 => "tf32x3",
+            Precision::Int => "int",
+        }
+    }
+
+    /// knn_bounds.cuh's `precision_kind`.
+    pub fn code(self) -> i32 {
+        match self {
+            Precision::F16 => 0,
+            Precision::Tf32 => 1,
+            Precision::Tf32x3 => 2,
+            Precision::Int => 3,
+        }
+    }
+
+    /// The default precision of `dtype`.
+    pub fn default_for(dtype: DType) -> Precision {
+        match dtype {
+            DType::F32 => Precision::Tf32x3,
+            DType::F16 => Precision::F16,
+            DType::I8 | DType::U8 => Precision::Int,
+        }
+    }
+}
+
+/// Threads per block of both kernels.
+pub const KNN_BLOCK: u32 = 128;
+/// Largest `dim` the bounds admit (knn_bounds.cuh `dim_supported`).
+pub const MAX_DIM: usize = 1 << 17;
+/// Largest u8 `dim` on this path: dot products below 2³¹ fit the s32
+/// accumulator (33025), and squared norms below 0x7F80_0000 (32896 · 255²)
+/// never look like a NaN when carried as f32 bits in the aux array.
+pub const MAX_DIM_U8: usize = 32896;
+// The largest such dim: one more reaches the first NaN pattern.
+const _: () = assert!(
+    (MAX_DIM_U8 as u64) * 255 * 255 < 0x7F80_0000
+        && (MAX_DIM_U8 as u64 + 1) * 255 * 255 >= 0x7F80_0000
+);
+
+/// The two kernels of one search and their shape.
+#[derive(Debug, Clone)]
+pub struct KnnPlan {
+    pub tile: &'static FragmentInfo,
+    pub rerank: &'static FragmentInfo,
+    pub metric: &'static FragmentInfo,
+    pub filter: &'static FragmentInfo,
+    pub dtype: DType,
+    pub precision: Precision,
+    pub qtile: u32,
+    pub capacity: u32,
+}
+
+impl KnnPlan {
+    /// Rows one block iteration covers (4 warps, 16 × 16 tiles each).
+    pub fn row_tile(&self) -> u32 {
+        16 * (4 / (self.qtile / 16))
+    }
+
+    /// The candidate kernel: tile + metric + filter.
+    pub fn tile_planner(&self) -> Planner {
+        Planner::new(self.tile.name)
+            .add_fragment(self.tile)
+            .add_fragment(self.metric)
+            .add_fragment(self.filter)
+    }
+
+    /// The merge + re-rank kernel: rerank + metric.
+    pub fn rerank_planner(&self) -> Planner {
+        Planner::new(self.rerank.name)
+            .add_fragment(self.rerank)
+            .add_fragment(self.metric)
+    }
+
+    /// Row chunks of a launch over `n_rows` rows for `nq` queries on a
+    /// device with `sms` multiprocessors: `(n_chunks, chunk_rows)`.
+    pub fn chunks(&self, n_rows: usize, nq: usize, sms: u32) -> (u32, u32) {
+        chunks(n_rows, nq, self.qtile, self.row_tile(), sms)
+    }
+}
+
+/// `(n_chunks, chunk_rows)`: at least `4 × sms` blocks over query tiles ×
+/// chunks where the rows allow, each chunk a whole number of row tiles.
+pub fn chunks(n_rows: usize, nq: usize, qtile: u32, row_tile: u32, sms: u32) -> (u32, u32) {
+    let rt = row_tile.max(1) as usize;
+    let tiles = nq.div_ceil(qtile.max(1) as usize).max(1);
+    let target = 4 * sms.max(1) as usize;
+    let max_chunks = n_rows.div_ceil(rt).max(1);
+    // grid.y holds at most 65535 chunks.
+    let want = target.div_ceil(tiles).clamp(1, max_chunks.min(65_535));
+    let chunk_rows = n_rows.div_ceil(want).div_ceil(rt).max(1) * rt;
+    let n_chunks = n_rows.div_ceil(chunk_rows).max(1);
+    (n_chunks as u32, chunk_rows as u32)
+}
+
+fn param_u32(f: &FragmentInfo, key: &str) -> Option<u32> {
+    f.param(key)?.parse().ok()
+}
+
+/// The candidate kernels of `dtype` at `precision` that link for `device`.
+fn tiles(
+    device: Arch,
+    dtype: DType,
+    precision: Precision,
+) -> impl Iterator<Item = &'static FragmentInfo> {
+    fragments::catalog().iter().copied().filter(move |f| {
+        f.family == "knn_tile"
+            && f.param("dtype") == Some(dtype.name())
+            && f.param("precision") == Some(precision.name())
+            && f.links_for(device)
+    })
+}
+
+/// Whether some variant of `dtype`'s default precision links for `device`
+/// (the index keeps row norms only then).
+pub fn available(device: Arch, dtype: DType) -> bool {
+    tiles(device, dtype, Precision::default_for(dtype))
+        .next()
+        .is_some()
+}
+
+/// One search as the planner sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct KnnRequest<'a> {
+    pub device: Arch,
+    pub dtype: DType,
+    pub metric: Metric,
+    /// `none` or `bitset`.
+    pub filter: &'a str,
+    pub n_rows: usize,
+    pub dim: usize,
+    pub nq: usize,
+    pub k: usize,
+    /// `None`: the dtype's default ([`Precision::default_for`]).
+    pub precision: Option<Precision>,
+}
+
+/// The variant for a search, or `None` when the exact scan must serve it
+/// (module docs).
+pub fn choose(r: &KnnRequest<'_>) -> Option<KnnPlan> {
+    let (dtype, dim, k) = (r.dtype, r.dim, r.k);
+    let precision = r.precision.unwrap_or(Precision::default_for(dtype));
+    if k == 0 || r.n_rows == 0 || r.n_rows >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
+        return None;
+    }
+    if dtype == DType::U8 && dim > MAX_DIM_U8 {
+        return None;
+    }
+    let tiles: Vec<&'static FragmentInfo> = tiles(r.device, dtype, precision).collect();
+    let capacity = tiles
+        .iter()
+        .filter_map(|f| param_u32(f, "capacity"))
+        .filter(|&c| c as usize >= k)
+        .min()?;
+    let qtile = if capacity <= 32 && k <= 32 && r.nq >= 64 {
+        32
+    } else {
+        16
+    };
+    let tile = tiles.iter().copied().find(|f| {
+        param_u32(f, "capacity") == Some(capacity) && param_u32(f, "qtile") == Some(qtile)
+    })?;
+    assemble(tile, r.metric, r.filter)
+}
+
+/// The plan of candidate kernel `tile` with `metric` and `filter`: its
+/// re-rank, metric and filter fragments from the catalog (`None` when one
+/// is missing or the tile lacks a key).
+fn assemble(tile: &'static FragmentInfo, metric: Metric, filter: &str) -> Option<KnnPlan> {
+    let dtype = tile.param("dtype")?.parse::<DType>().ok()?;
+    let p = tile.param("precision")?;
+    let precision = Precision::ALL.into_iter().find(|x| x.name() == p)?;
+    let (qtile, capacity) = (param_u32(tile, "qtile")?, param_u32(tile, "capacity")?);
+    Some(KnnPlan {
+        tile,
+        rerank: fragments::find(&format!("knn_rerank_{}_k{capacity}", dtype.name()))?,
+        metric: fragments::find(&format!(
+            "metric_{}_{}",
+            metric.fragment_name(),
+            dtype.name()
+        ))?,
+        filter: fragments::find(&format!("filter_{filter}_u32"))?,
+        dtype,
+        precision,
+        qtile,
+        capacity,
+    })
+}
+
+/// Every plan [`choose`] can produce, over every device of the build's
+/// archs: each knn_tile variant with each metric and filter.
+pub fn all_plans() -> Vec<KnnPlan> {
+    let mut out = Vec::new();
+    for tile in fragments::catalog().iter().copied() {
+        if tile.family != "knn_tile" {
+            continue;
+        }
+        for metric in Metric::ALL {
+            for filter in FILTERS {
+                out.extend(assemble(tile, metric, filter));
+            }
+        }
+    }
+    out
+}
+
+/// The tensor-core k-NN family, for prelinking (`fraglink prelink --family knn`):
+/// both kernels of every plan.
+pub const KNN_FAMILY: PlanFamily = PlanFamily::new(
+    "knn",
+    "tensor-core k-NN: candidate kernel (knn_tile x metric x filter) and its merge + exact re-rank (knn_rerank x metric)",
+    || {
+        let mut v: Vec<Planner> = Vec::new();
+        for p in all_plans() {
+            v.push(p.tile_planner());
+            v.push(p.rerank_planner());
+        }
+        // A re-rank plan serves every tile variant of its dtype and capacity.
+        let mut seen = std::collections::HashSet::new();
+        v.retain(|p| {
+            let names: Vec<&str> = p.static_fragments().iter().map(|f| f.name).collect();
+            seen.insert(names.join("+"))
+        });
+        v
+    },
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SM75: Arch = Arch::sm(75);
+    const SM80: Arch = Arch::sm(80);
+    const SM90: Arch = Arch::sm(90);
+
+    fn req(
+        device: Arch,
+        dtype: DType,
+        n_rows: usize,
+        dim: usize,
+        nq: usize,
+        k: usize,
+    ) -> KnnRequest<'static> {
+        KnnRequest {
+            device,
+            dtype,
+            metric: Metric::L2,
+            filter: "none",
+            n_rows,
+            dim,
+            nq,
+            k,
+            precision: None,
+        }
+    }
+
+    fn pick(a: Arch, d: DType, nq: usize, k: usize) -> Option<KnnPlan> {
+        choose(&req(a, d, 1_000_000, 128, nq, k))
+    }
+
+    fn pick_shape(d: DType, n_rows: usize, dim: usize) -> Option<KnnPlan> {
+        choose(&req(SM90, d, n_rows, dim, 1, 1))
+    }
+
+    #[test]
+    fn precision_follows_dtype_and_arch() {
+        assert!(!available(SM75, DType::F32) && available(SM80, DType::F32));
+        assert!(available(SM75, DType::F16) && available(SM75, DType::U8));
+        assert!(pick(SM75, DType::F32, 1, 10).is_none(), "TF32 needs sm_80");
+        let p = pick(SM80, DType::F32, 1, 10).unwrap();
+        assert_eq!(
+            (p.precision, p.tile.name),
+            (Precision::Tf32x3, "knn_tile_f32_tf32x3_q16_k32")
+        );
+        assert_eq!(
+            pick(SM75, DType::F16, 1, 10).unwrap().precision,
+            Precision::F16
+        );
+        assert_eq!(
+            pick(SM90, DType::I8, 1, 10).unwrap().precision,
+            Precision::Int
+        );
+        let t = choose(&KnnRequest {
+            metric: Metric::Cosine,
+            filter: "bitset",
+            precision: Some(Precision::Tf32),
+            ..req(SM90, DType::F32, 10, 8, 1, 1)
+        })
+        .unwrap();
+        assert_eq!(t.tile.name, "knn_tile_f32_tf32_q16_k32");
+        assert_eq!(t.filter.name, "filter_bitset_u32");
+        assert_eq!(t.metric.name, "metric_cosine_f32");
+        assert!(choose(&KnnRequest {
+            precision: Some(Precision::Int),
+            ..req(SM90, DType::F32, 10, 8, 1, 1)
+        })
+        .is_none());
+    }
+
+    #[test]
+    fn capacity_tile_and_limits() {
+        let p = pick(SM90, DType::F16, 10_000, 10).unwrap();
+        assert_eq!((p.qtile, p.capacity, p.row_tile()), (32, 32, 32));
+        assert_eq!(p.rerank.name, "knn_rerank_f16_k32");
+        let p = pick(SM90, DType::F16, 10, 10).unwrap();
+        assert_eq!((p.qtile, p.capacity, p.row_tile()), (16, 32, 64));
+        let p = pick(SM90, DType::F16, 10_000, 100).unwrap();
+        assert_eq!((p.qtile, p.capacity), (16, 128));
+        assert!(
+            pick(SM90, DType::F16, 10, 129).is_none(),
+            "k > 128: the scan"
+        );
+        assert!(pick(SM90, DType::F16, 10, 0).is_none());
+        assert!(pick_shape(DType::U8, 10, 32897).is_none());
+        assert!(pick_shape(DType::U8, 10, 32896).is_some());
+        assert!(pick_shape(DType::I8, u32::MAX as usize, 8).is_none());
+        assert!(pick_shape(DType::I8, 10, 0).is_none());
+        assert!(pick_shape(DType::I8, 0, 8).is_none());
+        assert!(pick_shape(DType::F32, 10, MAX_DIM + 1).is_none());
+    }
+
+    #[test]
+    fn small_batches_split_rows_over_the_sms() {
+        // nq = 1 on 132 SMs: 528 chunks of 1 895 rows → rounded to 1 920.
+        let (n, rows) = chunks(1_000_000, 1, 16, 64, 132);
+        assert_eq!(rows % 64, 0);
+        assert!(n as usize * rows as usize >= 1_000_000);
+        assert!((500..=528).contains(&n), "{n}");
+        // Many queries: one chunk.
+        assert_eq!(
+            chunks(1_000_000, 10_000, 16, 64, 132),
+            (1, 1_000_000u32.div_ceil(64) * 64)
+        );
+        // Tiny bases: never a chunk shorter than a row tile.
+        assert_eq!(chunks(10, 1, 16, 64, 132), (1, 64));
+        assert_eq!(chunks(0, 1, 16, 64, 132), (1, 64));
+        // A huge device never asks for more chunks than grid.y holds.
+        assert!(chunks(1 << 31, 1, 16, 64, 1 << 20).0 <= 65_535);
+    }
+
+    #[test]
+    fn the_enumerator_is_exactly_what_choose_reaches() {
+        let mut reached = Vec::new();
+        for a in [SM75, SM80, SM90] {
+            for d in DType::ALL {
+                for p in Precision::ALL {
+                    for m in Metric::ALL {
+                        for f in FILTERS {
+                            for nq in [1, 1000] {
+                                for k in [1, 32, 100] {
+                                    let r = KnnRequest {
+                                        metric: m,
+                                        filter: f,
+                                        precision: Some(p),
+                                        ..req(a, d, 1000, 64, nq, k)
+                                    };
+                                    if let Some(x) = choose(&r) {
+                                        reached.push(x.tile_planner());
+                                        reached.push(x.rerank_planner());
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        KNN_FAMILY.check_against(reached).unwrap();
+    }
+}

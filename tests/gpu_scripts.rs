@@ -1,0 +1,130 @@
+//! The GPU machine's Python side, checked here without a GPU, torch or
+//! numpy: benches/scripts/gpu_peers.py (the exact k-NN comparison with torch
+//! and CuPy that scripts/gpu-run.sh runs) and scripts/gpu_report.py (which
+//! puts its results into GPU.md) compile, the comparison's `--dry-run`
+//! writes every case of the grid with its floor and goal, and the
+//! report renders that document.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+fn python(args: &[&str], cwd: &Path) -> String {
+    let o = Command::new("python3")
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .unwrap_or_else(|e| panic!("python3 is needed for this test: {e}"));
+    assert!(
+        o.status.success(),
+        "python3 {args:?}: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
+    let root = support::manifest_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let peers_py = root.join("benches/scripts/gpu_peers.py");
+    let report_py = root.join("scripts/gpu_report.py");
+    // Byte-compiled into the temp dir, so the checkout stays clean.
+    for (src, name) in [(&peers_py, "a.pyc"), (&report_py, "b.pyc")] {
+        let code = "import py_compile,sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)";
+        let out = dir.path().join(name);
+        python(
+            &["-c", code, src.to_str().unwrap(), out.to_str().unwrap()],
+            &root,
+        );
+    }
+    let peers = dir.path().join("peers.json");
+    python(
+        &[
+            peers_py.to_str().unwrap(),
+            "--dry-run",
+            "--out",
+            peers.to_str().unwrap(),
+        ],
+        &root,
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&peers).unwrap()).unwrap();
+    assert_eq!(
+        (
+            doc["n"].as_u64(),
+            doc["dim"].as_u64(),
+            doc["batch"].as_u64()
+        ),
+        (Some(1_000_000), Some(128), Some(1000))
+    );
+    let cases = doc["cases"].as_array().unwrap();
+    // f32, f16 × nq 1, 100, 10 000 × k 10, 100.
+    assert_eq!(cases.len(), 12);
+    for c in cases {
+        let nq = c["nq"].as_u64().unwrap();
+        let goal = c["goal"].as_f64();
+        assert_eq!(
+            goal,
+            if nq >= 10_000 { Some(1.0) } else { Some(1.5) },
+            "{c}"
+        );
+        assert!(c["floor_qps"].as_f64().unwrap() > 0.0, "{c}");
+        let bound = c["floor_bound"].as_str().unwrap();
+        assert!(bound == "memory" || bound.ends_with("FLOPs"), "{c}");
+        assert!(
+            c["goal_met"].is_null(),
+            "nothing measured, nothing met: {c}"
+        );
+    }
+    // More queries per batch pass over the rows: a higher QPS floor.
+    let floor = |nq: u64| {
+        cases
+            .iter()
+            .find(|c| c["dtype"] == "f32" && c["nq"] == nq)
+            .unwrap()["floor_qps"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(floor(1) < floor(100) && floor(100) <= floor(10_000));
+
+    let results = dir.path().join("results.json");
+    // One line of the search matrix, as gpu-run.sh collects it.
+    let search = serde_json::json!([{
+        "metric": "l2", "dtype": "f16", "filter": "none", "exit": 0, "route": "gpu",
+        "gpu_kernel": "knn_tile_f16_f16_q32_k32", "recall": 1.0, "qps": 1000.0
+    }]);
+    std::fs::write(
+        &results,
+        serde_json::json!({ "peers": doc, "searches": search }).to_string(),
+    )
+    .unwrap();
+    let md = dir.path().join("GPU.md");
+    python(
+        &[
+            report_py.to_str().unwrap(),
+            "md",
+            results.to_str().unwrap(),
+            "--out",
+            md.to_str().unwrap(),
+        ],
+        &root,
+    );
+    let md = std::fs::read_to_string(&md).unwrap();
+    assert!(md.contains("Exact k-NN against torch and CuPy"), "{md}");
+    // The search matrix names the kernel that served each search.
+    assert!(
+        md.contains("| route | kernel |") && md.contains("knn_tile_f16_f16_q32_k32"),
+        "{md}"
+    );
+    assert!(
+        md.contains("fraglink kernel") && md.contains("tensor cores / scan"),
+        "{md}"
+    );
+    let rows = md
+        .lines()
+        .filter(|l| l.starts_with("| f32 |") || l.starts_with("| f16 |"))
+        .count();
+    assert_eq!(rows, 12, "{md}");
+}

@@ -1,0 +1,201 @@
+//! The tensor-core k-NN path on a GPU (`cargo test -- --ignored`, run by
+//! scripts/gpu-run.sh from the nextest archive): a device-resident index
+//! serves searches through knn_tile + knn_rerank where the planner allows,
+//! and every result equals the CPU path's bit for bit — every dtype ×
+//! metric, k ∈ {1, 10, 100}, nq ∈ {1, 100, 1000}, filters, duplicate rows
+//! and ties, and the row split of small batches. Without a GPU these tests
+//! only compile.
+
+use fraglink::build::Arch;
+use fraglink::gpu::GpuContext;
+use fraglink::search::cpu::search_cpu;
+use fraglink::search::data::synthetic;
+use fraglink::search::gpu::GpuSearcher;
+use fraglink::search::knn;
+use fraglink::search::{Bitset, DType, Filter, Metric, SearchParams, Vectors};
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::I8, DType::U8];
+
+fn searcher() -> GpuSearcher {
+    GpuSearcher::new(GpuContext::default().expect("a CUDA GPU")).unwrap()
+}
+
+/// Whether the planner gives this search to the tensor-core path on `arch`.
+fn expects_knn(
+    arch: Arch,
+    dtype: DType,
+    metric: Metric,
+    n: usize,
+    dim: usize,
+    nq: usize,
+    k: usize,
+) -> bool {
+    knn::choose(&knn::KnnRequest {
+        device: arch,
+        dtype,
+        metric,
+        filter: "none",
+        n_rows: n,
+        dim,
+        nq,
+        k,
+        precision: None,
+    })
+    .is_some()
+}
+
+fn check(
+    gpu: &GpuSearcher,
+    base: &Vectors,
+    queries: &Vectors,
+    params: &SearchParams,
+    want_knn: bool,
+    what: &str,
+) {
+    let index = gpu.upload(base).unwrap();
+    let found = index.search(queries, params).unwrap();
+    assert_eq!(found.knn.is_some(), want_knn, "{what}: path");
+    let want = search_cpu(base, queries, params).unwrap();
+    assert!(
+        found.neighbors.bitwise_eq(&want),
+        "{what}: first difference at {:?}",
+        found.neighbors.first_difference(&want)
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tensor_core_path_equals_cpu_on_every_dtype_metric_k_and_batch() {
+    let gpu = searcher();
+    let arch = gpu.context().arch();
+    let (n, dim) = (20_000, 96);
+    for dtype in DTYPES {
+        let (base, queries) = synthetic(n, dim, 1000, dtype, 21);
+        for metric in [Metric::L2, Metric::InnerProduct, Metric::Cosine] {
+            for nq in [1, 100, 1000] {
+                let part = queries.slice_rows(0, nq);
+                for k in [1, 10, 100] {
+                    let params = SearchParams::new(k, metric);
+                    let want_knn = expects_knn(arch, dtype, metric, n, dim, nq, k);
+                    check(
+                        &gpu,
+                        &base,
+                        &part,
+                        &params,
+                        want_knn,
+                        &format!("{dtype} {metric} nq {nq} k {k}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn filters_odd_dims_and_tiny_bases_equal_cpu() {
+    let gpu = searcher();
+    let arch = gpu.context().arch();
+    for dtype in DTYPES {
+        for (n, dim) in [(5000, 33), (37, 7), (3000, 128)] {
+            let (base, queries) = synthetic(n, dim, 70, dtype, 5);
+            for fraction in [0.5, 0.01] {
+                let filter = Filter::Bitset(Bitset::random(n, fraction, 9));
+                for metric in [Metric::L2, Metric::Cosine] {
+                    let params = SearchParams::new(10, metric).with_filter(filter.clone());
+                    let want_knn = expects_knn(arch, dtype, metric, n, dim, 70, 10);
+                    check(
+                        &gpu,
+                        &base,
+                        &queries,
+                        &params,
+                        want_knn,
+                        &format!("{dtype} n {n} dim {dim} filter {fraction}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn duplicate_rows_and_ties_go_through_the_exact_reduction() {
+    // 3 distinct rows repeated 4000 times: every bound ties, every chunk's
+    // buffer overflows its capacity, and ties must resolve by smaller id.
+    let gpu = searcher();
+    let arch = gpu.context().arch();
+    let dim = 16;
+    let protos: [Vec<f32>; 3] = [
+        vec![1.0; 16],
+        vec![0.5; 16],
+        (0..16).map(|j| j as f32 / 8.0).collect(),
+    ];
+    let base: Vec<f32> = (0..12_000).flat_map(|i| protos[i % 3].clone()).collect();
+    let queries: Vec<f32> = (0..8)
+        .flat_map(|i| {
+            protos[i % 3]
+                .iter()
+                .map(move |v| v + i as f32 * 0.01)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let as_dtype = |v: &[f32], dtype: DType| -> Vectors {
+        match dtype {
+            DType::F32 => Vectors::f32(v.to_vec(), dim).unwrap(),
+            DType::F16 => {
+                Vectors::f16(v.iter().map(|&x| half::f16::from_f32(x)).collect(), dim).unwrap()
+            }
+            DType::I8 => Vectors::i8(v.iter().map(|&x| (x * 50.0) as i8).collect(), dim).unwrap(),
+            DType::U8 => Vectors::u8(v.iter().map(|&x| (x * 100.0) as u8).collect(), dim).unwrap(),
+        }
+    };
+    for dtype in DTYPES {
+        let (b, q) = (as_dtype(&base, dtype), as_dtype(&queries, dtype));
+        for metric in [Metric::L2, Metric::InnerProduct, Metric::Cosine] {
+            for k in [1, 32, 100] {
+                let params = SearchParams::new(k, metric);
+                let want_knn = expects_knn(arch, dtype, metric, 12_000, dim, 8, k);
+                check(
+                    &gpu,
+                    &b,
+                    &q,
+                    &params,
+                    want_knn,
+                    &format!("duplicates {dtype} {metric} k {k}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn special_rows_and_large_k_stay_on_the_exact_scan() {
+    let gpu = searcher();
+    let (base, queries) = synthetic(2000, 32, 10, DType::F32, 3);
+    // k beyond the largest capacity (128): the scan (capacity 256).
+    check(
+        &gpu,
+        &base,
+        &queries,
+        &SearchParams::new(200, Metric::L2),
+        false,
+        "k 200",
+    );
+    // A NaN row makes every row set special for the bounds.
+    let Vectors::F32(m) = &base else {
+        unreachable!()
+    };
+    let mut data = m.data().to_vec();
+    data[5] = f32::NAN;
+    let special = Vectors::f32(data, 32).unwrap();
+    check(
+        &gpu,
+        &special,
+        &queries,
+        &SearchParams::new(10, Metric::L2),
+        false,
+        "NaN row",
+    );
+}

@@ -1,0 +1,112 @@
+//! Every tensor-core k-NN variant (fragments/knn_tile.cuh) links through its
+//! planner for each arch it declares (`min_arch`: f16 and integer MMA from
+//! sm_75, TF32 from sm_80; sm_90 for all), with zero spills, no stack, a
+//! register count that fits the 128-thread launch and the static shared
+//! memory the layout in knn_tile.cuh implies. Real nvJitLink, no GPU needed.
+//! Prints registers per variant per arch (`--nocapture`).
+
+mod support;
+
+use fraglink::build::Arch;
+use fraglink::link::{LinkRuntime, Planner, RuntimeConfig};
+use fraglink::search::knn::plan::all_plans;
+use support::scan_links::link_each_checked;
+
+fn runtime() -> LinkRuntime {
+    LinkRuntime::new(RuntimeConfig {
+        memory_capacity: 1024,
+        disk: None,
+    })
+    .unwrap()
+}
+
+fn param(p: &Planner, key: &str) -> u32 {
+    p.static_fragments()[0].param(key).unwrap().parse().unwrap()
+}
+
+fn elem_bytes(p: &Planner) -> u32 {
+    match p.static_fragments()[0].param("dtype").unwrap() {
+        "f32" => 4,
+        "f16" => 2,
+        _ => 1,
+    }
+}
+
+/// knn_tile's static shared memory: query and row staging (64 bytes per
+/// row each), 4 warps' 16 × 16 accumulators, QT buffers of CAP + RT (lo, hi,
+/// id) entries, per query its count, threshold and two norms (integers use
+/// one: the compiler drops the other).
+fn tile_shared(p: &Planner) -> u32 {
+    let (qt, cap) = (param(p, "qtile"), param(p, "capacity"));
+    let rt = 16 * (4 / (qt / 16));
+    assert_eq!(64 % elem_bytes(p), 0);
+    let words = if elem_bytes(p) == 1 { 3 } else { 4 };
+    64 * (qt + rt) + 4 * 4 * 256 + 12 * qt * (cap + rt) + 4 * words * qt
+}
+
+/// knn_rerank's: scan.cuh's block top-k, next_pow2(CAP + 128) (f32, u32) keys.
+fn rerank_shared(p: &Planner) -> u32 {
+    (param(p, "capacity") + 128).next_power_of_two() * 8
+}
+
+/// The tile plans (every metric and filter) whose variant needs at most `arch`.
+fn tile_plans(arch: Arch) -> Vec<Planner> {
+    all_plans()
+        .into_iter()
+        .filter(|p| p.tile.param("min_arch").unwrap().parse::<u32>().unwrap() <= arch.number)
+        .map(|p| p.tile_planner())
+        .collect()
+}
+
+fn rerank_plans() -> Vec<Planner> {
+    let mut v: Vec<Planner> = all_plans().iter().map(|p| p.rerank_planner()).collect();
+    v.sort_by_key(|a| a.fragment_names());
+    v.dedup_by(|a, b| a.fragment_names() == b.fragment_names());
+    v
+}
+
+#[test]
+fn every_knn_tile_variant_links_spill_free_for_its_archs() {
+    let rt = runtime();
+    // 15 variants × 3 metrics × 2 filters; the f32 ones (6) need sm_80.
+    assert_eq!(tile_plans(Arch::sm(90)).len(), 15 * 6);
+    assert_eq!(tile_plans(Arch::sm(75)).len(), 9 * 6);
+    for arch in [Arch::sm(75), Arch::sm(80), Arch::sm(90)] {
+        let plans = tile_plans(arch);
+        let regs = link_each_checked(&rt, &plans, arch, 255, tile_shared);
+        let mut seen = std::collections::BTreeMap::new();
+        for (entry, r) in regs {
+            let e = seen.entry(entry).or_insert((r, r));
+            e.0 = e.0.min(r);
+            e.1 = e.1.max(r);
+        }
+        for (entry, (lo, hi)) in seen {
+            println!("{arch} {entry}: {lo}-{hi} registers, 0 spills");
+        }
+    }
+}
+
+#[test]
+fn tf32_variants_do_not_exist_before_sm80() {
+    let rt = runtime();
+    let p = all_plans()
+        .into_iter()
+        .find(|p| p.tile.name == "knn_tile_f32_tf32x3_q16_k32")
+        .unwrap();
+    assert_eq!(p.tile.archs, ["compute_80", "sm_90"]);
+    let e = rt.link(&p.tile_planner(), Arch::sm(75)).unwrap_err();
+    assert!(e.to_string().contains("knn_tile_f32_tf32x3_q16_k32"), "{e}");
+}
+
+#[test]
+fn every_knn_rerank_variant_links_spill_free() {
+    let rt = runtime();
+    let plans = rerank_plans();
+    // 4 dtypes × 2 capacities × 3 metrics.
+    assert_eq!(plans.len(), 24);
+    for arch in [Arch::sm(75), Arch::sm(80), Arch::sm(90)] {
+        for (entry, r) in link_each_checked(&rt, &plans, arch, 64, rerank_shared) {
+            println!("{arch} {entry}: {r} registers, 0 spills");
+        }
+    }
+}
