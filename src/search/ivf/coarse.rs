@@ -98,10 +98,12 @@ fn gemm_probes(index: &IvfIndex, queries: &Vectors, nprobe: usize) -> Result<Vec
     let Vectors::F32(qm) = qf.as_ref() else {
         unreachable!("queries widened to f32 above")
     };
-    Ok(nearest_rows(&index.centroids, qm, index.metric.metric, nprobe)?
-        .into_iter()
-        .map(|l| l as i64)
-        .collect())
+    Ok(
+        nearest_rows(&index.centroids, qm, index.metric.metric, nprobe)?
+            .into_iter()
+            .map(|l| l as i64)
+            .collect(),
+    )
 }
 
 /// [`probe_lists`] by the 32-lane folds.
