@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from search_bench import (exact_ids, read_fvecs, recall, run_measured, summary, thread_env,  # noqa: E402
+from search_bench import (enough_reps, exact_ids, read_fvecs, recall, run_measured, summary, thread_env,  # noqa: E402
                           write_fvecs, write_ivecs)
 
 
@@ -118,12 +118,11 @@ def run_main(a):
                 rep["other"].append(other)
             rep["quiet"] = max(rep["other"]) <= a.busy_max
             reps.append(rep)
-            quiet = [r for r in reps if r["quiet"]]
             print(f"  ivf {threads} thread(s) rep {attempt + 1}: build faiss "
                   + ", ".join(f"{n} {r['build_seconds']:.2f} s" for n, r in rep["faiss"].items())
                   + f"; fraglink {rep['build']['build_seconds']:.2f} s; other work "
                   + f"{max(rep['other']):.0f}% of the CPUs" + ("" if rep["quiet"] else " (busy)"), file=sys.stderr)
-            if len(quiet) >= a.reps or (attempt + 1 >= a.reps and len(quiet) + (a.reps * 3 - attempt - 1) < a.reps):
+            if enough_reps(reps, a.reps, attempt):
                 break
         quiet = [r for r in reps if r["quiet"]]
         used = quiet if len(quiet) >= a.reps else reps

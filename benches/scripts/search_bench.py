@@ -138,6 +138,13 @@ def machine_jiffies():
     return sum(v), v[3] + v[4]
 
 
+def enough_reps(reps, wanted, attempt):
+    """Whether a case stops repeating after `attempt` (0-based, of at most 3 × wanted): it has
+    `wanted` quiet repetitions, or the attempts left could no longer bring it there."""
+    quiet = sum(1 for r in reps if r["quiet"])
+    return quiet >= wanted or (attempt + 1 >= wanted and quiet + (wanted * 3 - attempt - 1) < wanted)
+
+
 def run_measured(cmd, env):
     """Runs cmd; returns (its JSON output, % of the CPUs other work used meanwhile)."""
     hz = os.sysconf("SC_CLK_TCK")
@@ -224,12 +231,11 @@ def run_case(a, me, dtype, metric, threads, base_p, q_p, exact, exact_p):
         rep["other"].append(other)
         rep["quiet"] = max(rep["other"]) <= a.busy_max
         reps.append(rep)
-        quiet = [r for r in reps if r["quiet"]]
         print(f"  search {label} rep {attempt + 1}: faiss "
               + ", ".join(f"{n} {r['search_ms']:.1f} ms" for n, r in rep["faiss"].items())
               + f"; fraglink {out['search_ms']:.1f} ms; other work {max(rep['other']):.0f}% of the CPUs"
               + ("" if rep["quiet"] else " (busy)"), file=sys.stderr)
-        if len(quiet) >= a.reps or (attempt + 1 >= a.reps and len(quiet) + (a.reps * 3 - attempt - 1) < a.reps):
+        if enough_reps(reps, a.reps, attempt):
             break
     quiet = [r for r in reps if r["quiet"]]
     used = quiet if len(quiet) >= a.reps else reps
