@@ -4,6 +4,7 @@
 use half::f16;
 use rayon::prelude::*;
 
+use super::coarse::CoarseLanes;
 use super::kmeans::{self, KMeansParams};
 use super::layout::{check_veclen, default_veclen, pack, padded_rows, unpack_row};
 use super::{IvfError, MetricSpec};
@@ -126,6 +127,8 @@ pub struct IvfIndex {
     /// `nlist × dim`, f32 whatever the element type.
     pub(crate) centroids: Matrix<f32>,
     pub(crate) lists: ListStore,
+    /// The centroids laid out for the coarse step's lane folds (on first use).
+    pub(crate) coarse: CoarseLanes,
 }
 
 impl IvfIndex {
@@ -301,5 +304,6 @@ pub fn build_index(base: &Vectors, p: &IvfBuildParams) -> Result<IvfIndex, IvfEr
         seed: p.seed,
         centroids,
         lists,
+        coarse: CoarseLanes::default(),
     })
 }

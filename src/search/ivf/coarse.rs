@@ -18,9 +18,13 @@
 //!
 //! Measured here (2000 queries, 1024 × 128 centroids, one thread, medians of
 //! 7): nprobe 1: GEMM 7.9 ms, lanes 14.0 ms; 4: 10.6 / 14.5; 16: 24.6 / 21.9;
-//! 64: 63.1 / 45.7.
+//! 64: 63.1 / 45.7. Below [`GEMM_MIN_QUERIES`] queries the lanes take every
+//! `nprobe`: `search_cpu`'s fixed costs per call (classifying and packing all
+//! centroids, its tasks) are about 0.1 ms, a one-query fold of 1024 × 128
+//! centroids a few µs (the lanes are laid out once per index and kept).
 
 use std::borrow::Cow;
+use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
@@ -35,9 +39,22 @@ use crate::search::Vectors;
 
 /// Centroids as dimension-major groups of 32 (zero-padded) and their squared
 /// norms by the fold (cosine's `xx`).
+#[derive(Debug, Clone)]
 struct Lanes {
     groups: Vec<f32>,
     norms: Vec<f32>,
+}
+
+/// An index's [`Lanes`], laid out on first use and kept (a copy of the
+/// centroids: laying them out per search cost more than a one-query search's
+/// folds). Derived from the centroids, so it never makes two indexes differ.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CoarseLanes(OnceLock<Lanes>);
+
+impl PartialEq for CoarseLanes {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 fn lanes(index: &IvfIndex) -> Lanes {
@@ -70,6 +87,11 @@ fn simd() -> bool {
 /// Largest `nprobe` the coarse step leaves to `search_cpu` (module docs).
 pub const GEMM_MAX_NPROBE: usize = 8;
 
+/// Fewest queries the coarse step leaves to `search_cpu`: below, its fixed
+/// costs per search (classifying every centroid, packing, tasks) outweigh
+/// folding every centroid exactly (module docs).
+pub const GEMM_MIN_QUERIES: usize = 32;
+
 /// The probed lists of every query (`nq × nprobe`, row-major, each query's
 /// lists in no particular order; `nprobe` clamped to `1..=nlist`),
 /// multithreaded.
@@ -78,7 +100,7 @@ pub fn probe_lists(
     queries: &Vectors,
     nprobe: usize,
 ) -> Result<Vec<i64>, IvfError> {
-    if nprobe.clamp(1, index.nlist()) <= GEMM_MAX_NPROBE {
+    if nprobe.clamp(1, index.nlist()) <= GEMM_MAX_NPROBE && queries.rows() >= GEMM_MIN_QUERIES {
         gemm_probes(index, queries, nprobe)
     } else {
         lane_probes(index, queries, nprobe)
@@ -118,7 +140,7 @@ fn lane_probes(index: &IvfIndex, queries: &Vectors, nprobe: usize) -> Result<Vec
     }
     let nprobe = nprobe.clamp(1, nlist);
     ensure_threads();
-    let l = lanes(index);
+    let l = index.coarse.0.get_or_init(|| lanes(index));
     let simd = simd();
     let mut out = vec![-1i64; queries.rows() * nprobe];
     out.par_chunks_mut(nprobe)
@@ -193,6 +215,13 @@ mod tests {
                         sets(&probe_lists(&index, &queries, nprobe).unwrap(), nprobe),
                         sets(&want.ids, nprobe),
                         "{metric} {dtype} {nprobe}"
+                    );
+                    // Fewer than GEMM_MIN_QUERIES queries: the lanes at every nprobe.
+                    let few = queries.slice_rows(0, 5);
+                    assert_eq!(
+                        probe_lists(&index, &few, nprobe).unwrap(),
+                        want.ids[..5 * nprobe],
+                        "{metric} {dtype} {nprobe} (5 queries)"
                     );
                 }
             }

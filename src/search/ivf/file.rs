@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 
+use super::coarse::CoarseLanes;
 use super::build::{with_lists, List};
 use super::layout::{check_veclen, padded_rows};
 use super::{IvfIndex, ListStore, MetricSpec, PostProcess};
@@ -353,5 +354,6 @@ fn parse(path: &Path, b: &[u8]) -> Result<IvfIndex, IndexFileError> {
         seed,
         centroids,
         lists: store,
+        coarse: CoarseLanes::default(),
     })
 }
