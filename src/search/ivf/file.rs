@@ -29,8 +29,8 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 
-use super::coarse::CoarseLanes;
 use super::build::{with_lists, List};
+use super::coarse::CoarseLanes;
 use super::layout::{check_veclen, padded_rows};
 use super::{IvfIndex, ListStore, MetricSpec, PostProcess};
 use crate::search::data::{read_bytes, DataError};
