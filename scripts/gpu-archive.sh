@@ -25,6 +25,7 @@ testdata=${FRAGLINK_TESTDATA:-$root/../shared/testdata}
 
 command -v cargo-nextest >/dev/null || { echo "error: cargo-nextest is not installed (cargo install cargo-nextest --locked)" >&2; exit 1; }
 command -v xz >/dev/null || { echo "error: xz is not installed" >&2; exit 1; }
+command -v zstd >/dev/null || { echo "error: zstd is not installed" >&2; exit 1; }
 test -d "$testdata/cuvs-matrices" || { echo "error: test data not found at $testdata (set FRAGLINK_TESTDATA)" >&2; exit 1; }
 
 rm -rf "$out"
@@ -43,6 +44,13 @@ registry=$(ls -t "$CARGO_TARGET_DIR"/release/build/fraglink-*/out/fraglink_regis
 rm -rf "$CARGO_TARGET_DIR/release/fraglink-gen"
 cp -r "$(dirname "$registry")/gen" "$CARGO_TARGET_DIR/release/fraglink-gen"
 cargo nextest archive --release --archive-file "$out/fraglink-tests.tar.zst"
+# Every test binary links the library and with it the whole embedded fragment
+# set (3 MB of fatbins since the knn families), so the archive holds dozens of
+# copies of the same bytes. nextest's own zstd frame (8 MB window) cannot see
+# one copy from the next; a 128 MB window (--long=27, which zstd decoders —
+# nextest's included — accept by default) stores each once: 65 MB -> 12 MB.
+zstd -dc "$out/fraglink-tests.tar.zst" | zstd -q --long=27 -19 -T0 -o "$out/fraglink-tests.long.tar.zst"
+mv "$out/fraglink-tests.long.tar.zst" "$out/fraglink-tests.tar.zst"
 cp -r "$testdata" "$out/testdata"
 xz -9 -T0 -c "$(command -v cargo-nextest)" >"$out/cargo-nextest.xz"
 git rev-parse HEAD >"$out/commit" 2>/dev/null || true
