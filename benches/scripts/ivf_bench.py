@@ -16,6 +16,8 @@ exact neighbours.
 
     ivf_bench.py run --fraglink target/release/fraglink --work DIR --reps 3 --out F.json
     ivf_bench.py faiss --base B --queries Q --nlist N --nprobes 1,4 --k K --threads T --truth G
+    ivf_bench.py small --fraglink target/release/fraglink --work DIR --out F.json   (small batches,
+        on the files and index a `run` left in DIR)
 """
 import argparse
 import json
@@ -167,6 +169,40 @@ def run_main(a):
                   f"  recall faiss {r['faiss_recall']['median']:.4f} fraglink {r['fraglink_recall']['median']:.4f}")
 
 
+def small_main(a):
+    """Small batches: faiss IndexIVFFlat.search in a loop against `fraglink search --repeat`,
+    on the files a `run` left in --work (its base, queries and fraglink index), nq queries at a
+    time from the start of the queries file; medians of --repeat searches per side."""
+    import faiss
+    base_p, q_p = os.path.join(a.work, "base.fvecs"), os.path.join(a.work, "queries.fvecs")
+    index_p = os.path.join(a.work, "fraglink.ivf")
+    base, queries = read_fvecs(base_p), read_fvecs(q_p)
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(base.shape[1]), base.shape[1], a.nlist, faiss.METRIC_L2)
+    index.train(base)
+    index.add(base)
+    index.nprobe = a.nprobe
+    rows = []
+    for threads in a.threads:
+        faiss.omp_set_num_threads(threads)
+        for nq in (int(x) for x in a.nqs.split(",")):
+            part = os.path.join(a.work, f"queries_{nq}.fvecs")
+            write_fvecs(part, queries[:nq])
+            runs = []
+            for _ in range(a.repeat):
+                t = time.perf_counter()
+                index.search(queries[:nq], a.k)
+                runs.append(time.perf_counter() - t)
+            cmd = [a.fraglink, "search", "--index", index_p, "--queries", part, "--nprobe", str(a.nprobe),
+                   "--k", str(a.k), "--repeat", str(a.repeat), "--json"]
+            ours, other = run_measured(cmd, thread_env(threads))
+            rows.append({"threads": threads, "nq": nq, "faiss_ms": statistics.median(runs) * 1e3,
+                         "fraglink_ms": ours["search_ms"], "other_busy_pct": other})
+            print(f"threads {threads} nq {nq}: faiss {rows[-1]['faiss_ms']:.3f} ms, fraglink "
+                  f"{rows[-1]['fraglink_ms']:.3f} ms (medians of {a.repeat}; other work {other:.0f}%)")
+    with open(a.out, "w") as f:
+        json.dump({"nprobe": a.nprobe, "k": a.k, "repeat": a.repeat, "rows": rows}, f, indent=1)
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -198,8 +234,18 @@ def main():
     f.add_argument("--threads", type=int, required=True)
     f.add_argument("--truth", required=True)
     f.add_argument("--search-reps", type=int, default=1)
+    sm = sub.add_parser("small")
+    sm.add_argument("--fraglink", required=True)
+    sm.add_argument("--work", required=True, help="a `run`'s --work (its files and index are used)")
+    sm.add_argument("--out", required=True)
+    sm.add_argument("--nlist", type=int, default=1024)
+    sm.add_argument("--nprobe", type=int, default=4)
+    sm.add_argument("--k", type=int, default=10)
+    sm.add_argument("--nqs", default="1,10,100")
+    sm.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    sm.add_argument("--repeat", type=int, default=30)
     a = p.parse_args()
-    (run_main if a.cmd == "run" else faiss_main)(a)
+    {"run": run_main, "faiss": faiss_main, "small": small_main}[a.cmd](a)
 
 
 if __name__ == "__main__":
