@@ -49,18 +49,24 @@ def read_ivecs(path):
     return raw.reshape(-1, k + 1)[:, 1:].copy()
 
 
+def faiss_ivf(base, nlist):
+    """faiss IndexIVFFlat (IndexFlatL2 quantizer, default training) over base, and the seconds
+    its train + add took."""
+    import faiss
+    d = base.shape[1]
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist, faiss.METRIC_L2)
+    t = time.perf_counter()
+    index.train(base)
+    index.add(base)
+    return index, time.perf_counter() - t
+
+
 def faiss_main(a):
     import faiss
     faiss.omp_set_num_threads(a.threads)
     base, queries = read_fvecs(a.base), read_fvecs(a.queries)
     truth = read_ivecs(a.truth)
-    d = base.shape[1]
-    quantizer = faiss.IndexFlatL2(d)
-    index = faiss.IndexIVFFlat(quantizer, d, a.nlist, faiss.METRIC_L2)
-    t = time.perf_counter()
-    index.train(base)
-    index.add(base)
-    build = time.perf_counter() - t
+    index, build = faiss_ivf(base, a.nlist)
     out = {"build_seconds": build, "faiss": faiss.__version__, "threads": faiss.omp_get_max_threads(),
            "niter": index.cp.niter, "searches": []}
     for p in a.nprobes.split(","):
@@ -177,9 +183,7 @@ def small_main(a):
     base_p, q_p = os.path.join(a.work, "base.fvecs"), os.path.join(a.work, "queries.fvecs")
     index_p = os.path.join(a.work, "fraglink.ivf")
     base, queries = read_fvecs(base_p), read_fvecs(q_p)
-    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(base.shape[1]), base.shape[1], a.nlist, faiss.METRIC_L2)
-    index.train(base)
-    index.add(base)
+    index, _ = faiss_ivf(base, a.nlist)
     index.nprobe = a.nprobe
     rows = []
     for threads in a.threads:

@@ -259,13 +259,13 @@ fn assign_all(
     centroids: &Matrix<f32>,
     spec: MetricSpec,
 ) -> Result<Vec<u32>, IvfError> {
-    if let Vectors::F32(_) = base {
-        return kmeans::assign(centroids, base, spec.metric);
+    if let Vectors::F32(m) = base {
+        return kmeans::assign(centroids, m, spec.metric);
     }
     let mut out = Vec::with_capacity(base.rows());
     for start in (0..base.rows()).step_by(ASSIGN_CHUNK) {
         let idx: Vec<usize> = (start..(start + ASSIGN_CHUNK).min(base.rows())).collect();
-        let chunk = Vectors::F32(kmeans::gather_f32(base, &idx));
+        let chunk = kmeans::gather_f32(base, &idx);
         out.extend(kmeans::assign(centroids, &chunk, spec.metric)?);
     }
     Ok(out)

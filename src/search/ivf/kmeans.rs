@@ -10,7 +10,7 @@
 //!   `nlist` sequential passes over the data, which would cost more than all
 //!   Lloyd iterations together; on a sub-sample it is a small fraction.
 //! - **Lloyd iterations**: the assignment step is an exact nearest-centroid
-//!   search with the index metric, [`search_cpu`] with `k = 1` (GEMM-selected
+//!   search with the index metric, [`search_cpu`](crate::search::search_cpu) with `k = 1` (GEMM-selected
 //!   candidates, exact re-rank: the same machinery as brute force, multithreaded);
 //!   the update step is the mean of each cluster's members summed in f64 (rows
 //!   streamed in order by a fixed number of parts, the parts' sums added in
@@ -28,7 +28,7 @@ use rayon::prelude::*;
 use super::IvfError;
 use crate::search::cpu::nearest_rows;
 use crate::search::data::Rng;
-use crate::search::{search_cpu, Matrix, Metric, SearchParams, Vectors};
+use crate::search::{Matrix, Metric, Vectors};
 
 /// Training rows per list used by k-means++ seeding (a sub-sample of the
 /// training set).
@@ -132,19 +132,17 @@ fn kmeans_pp(x: &Matrix<f32>, nlist: usize, rng: &mut Rng) -> Matrix<f32> {
 }
 
 /// Nearest centroid of every row of `x` (exact, by `metric`: the row
-/// [`search_cpu`] with `k = 1` returns; f32 rows skip the distances no one
-/// reads, [`nearest_rows`]).
-pub fn assign(centroids: &Matrix<f32>, x: &Vectors, metric: Metric) -> Result<Vec<u32>, IvfError> {
-    if let Vectors::F32(m) = x {
-        return Ok(nearest_rows(centroids, m, metric, 1)?
-            .into_iter()
-            .map(|i| i as u32)
-            .collect());
-    }
-    let cents = Vectors::F32(centroids.clone());
-    let res = search_cpu(&cents, x, &SearchParams::new(1, metric))?;
-    // k = 1 ≤ nlist rows: no padding, every id is a centroid.
-    Ok(res.ids.iter().map(|&i| i as u32).collect())
+/// [`search_cpu`](crate::search::search_cpu) with `k = 1` returns, without the distances no one reads:
+/// [`nearest_rows`]).
+pub fn assign(
+    centroids: &Matrix<f32>,
+    x: &Matrix<f32>,
+    metric: Metric,
+) -> Result<Vec<u32>, IvfError> {
+    Ok(nearest_rows(centroids, x, metric, 1)?
+        .into_iter()
+        .map(|i| i as u32)
+        .collect())
 }
 
 /// Means of the clusters; the counts come back beside them. Empty clusters
@@ -257,7 +255,7 @@ pub fn train(base: &Vectors, p: &KMeansParams) -> Result<Matrix<f32>, IvfError> 
     let mut centroids = kmeans_pp(&pp, p.nlist, &mut rng);
     let mut prev: Option<Vec<u32>> = None;
     for _ in 0..p.iterations {
-        let a = assign(&centroids, &train, p.metric)?;
+        let a = assign(&centroids, tm, p.metric)?;
         if prev.as_ref() == Some(&a) {
             break;
         }
