@@ -84,7 +84,8 @@ struct mma<int8_t, precision_int> : mma_k16<signed char, int> {};
 template <>
 struct mma<uint8_t, precision_int> : mma_k16<unsigned char, int> {};
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// On the host only under tests/support/simt (the kernel emulator).
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(FRAGLINK_HOST_SIMT)
 // TF32 (sm_80+). THREE = 3xTF32: x = hi + lo, acc += lo_a hi_b + hi_a lo_b + hi_a hi_b.
 template <bool THREE>
 struct mma_tf32 {
@@ -100,7 +101,7 @@ struct mma_tf32 {
     for (int i = 0; i < x.num_elements; ++i) {
       const float h = wmma::__float_to_tf32(x.x[i]);
       hi.x[i] = h;
-      lo.x[i] = wmma::__float_to_tf32(__fsub_rn(x.x[i], h));
+      lo.x[i] = wmma::__float_to_tf32(sub_rn(x.x[i], h));
     }
   }
   static __device__ FRAGLINK_INLINE void step(acc_frag& acc, const staged* a, const staged* b) {

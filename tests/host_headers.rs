@@ -266,73 +266,21 @@ int main() {
 }
 "#;
 
-fn repo() -> PathBuf {
-    support::manifest_dir()
-}
-
-/// CUDA's headers, found at run time the way run-time NVRTC finds them (so
-/// the test also runs from an archive on another machine).
-fn cuda_includes() -> Vec<PathBuf> {
-    let nvrtc = fraglink::sys::Nvrtc::open(None).ok();
-    match fraglink::sys::loader::cuda_include_dirs(nvrtc.as_ref().map(|n| n.path())) {
-        Ok((dirs, _)) => dirs,
-        Err(tried) => panic!("CUDA headers not found; tried {}", tried.join("; ")),
-    }
-}
-
-/// The build script's output directory: the run-time `OUT_DIR` (nextest sets
-/// it, remapped, when running from an archive), else the build-time one.
-fn out_dir() -> PathBuf {
-    std::env::var_os("OUT_DIR")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| env!("OUT_DIR").into())
-}
-
-fn cxx() -> String {
-    std::env::var("CXX").unwrap_or_else(|_| "g++".into())
-}
+use support::host_cxx::gen_dir;
 
 /// Compiles `sources` (+ the driver) into `out` with the README's flags.
 fn compile(dir: &Path, out: &str, defines: &[&str], sources: &[PathBuf]) -> PathBuf {
-    let compiler = cxx();
-    match Command::new(&compiler).arg("--version").output() {
-        Ok(o) if o.status.success() => {}
-        _ => panic!(
-            "host_headers needs a C++17 compiler: `{compiler}` was not found or does not run \
-             (install g++, e.g. `apt-get install g++`, or set CXX)"
-        ),
-    }
     let driver = dir.join("driver.cpp");
     if !driver.exists() {
         std::fs::write(&driver, DRIVER).unwrap();
     }
     let exe = dir.join(out);
-    let mut cmd = Command::new(&compiler);
-    cmd.args(["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror"]);
-    cmd.arg("-I").arg(repo().join("fragments"));
-    for inc in cuda_includes() {
-        cmd.arg("-I").arg(inc);
-    }
-    cmd.arg("-I").arg(repo().join("fragments/host"));
-    for d in defines {
-        cmd.arg(format!("-D{d}"));
-    }
-    cmd.arg("-x").arg("c++").arg(&driver);
-    for s in sources {
-        cmd.arg(s);
-    }
-    cmd.arg("-o").arg(&exe);
-    let o = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
-    assert!(
-        o.status.success(),
-        "compiling the fragment headers for the host failed.\ncommand: {cmd:?}\n\
-         CUDA include dirs: {:?}\nstderr:\n{}",
-        cuda_includes(),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let defines: Vec<String> = defines.iter().map(|d| format!("-D{d}")).collect();
+    let mut extra = vec!["-O2"];
+    extra.extend(defines.iter().map(String::as_str));
+    let mut srcs = vec![driver];
+    srcs.extend_from_slice(sources);
+    support::host_cxx::compile(&exe, &[], &extra, &srcs);
     exe
 }
 
@@ -709,15 +657,7 @@ fn check_header_mode(defines: &[&str]) {
 /// The rendered fragment sources of this build, through their extern "C" ABI.
 #[test]
 fn rendered_fragments_match_through_the_abi() {
-    // From an archive (scripts/gpu-archive.sh) the rendered sources travel
-    // beside the CLI, since nextest does not archive this crate's OUT_DIR.
-    let gen = [
-        out_dir().join("gen"),
-        support::fraglink_bin().with_file_name("fraglink-gen"),
-    ]
-    .into_iter()
-    .find(|d| d.is_dir())
-    .expect("rendered fragment sources: neither OUT_DIR/gen nor fraglink-gen beside the CLI");
+    let gen = gen_dir();
     let dir = tempfile::tempdir().unwrap();
     let cases = cases();
     let fl = filters();

@@ -1,0 +1,425 @@
+//! The tensor-core k-NN kernels (fragments/knn_tile.cuh: knn_tile + knn_rerank)
+//! run on the host under the SIMT emulator (tests/support/simt), from the
+//! rendered fragment sources of this build, with the arguments the GPU path
+//! passes (`knn::choose`'s variant, `KnnPlan::chunks`, the norms of
+//! `knn::norms`), and compared bit for bit with the CPU path.
+//!
+//! This checks the kernels' logic without a GPU: indexing, staging and zero
+//! padding, barriers (fibers run in a seeded random order between barriers),
+//! warp collectives, the fused select and its compaction (ties included), the
+//! re-rank, grid-stride loops, and that every output slot is written. It does
+//! not check speed, the memory model beyond barriers or the tensor cores' own
+//! rounding (tests/knn_margin.rs covers the arithmetic); the ignored GPU test
+//! tests/knn_gpu.rs still has to pass on a GPU.
+//!
+//! One program per (dtype, precision, metric), compiled with the host C++
+//! compiler; each links `filter_bitset_u32`, which also serves searches
+//! without a filter (null bits allow every row, as for the scan).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fraglink::build::Arch;
+use fraglink::search::cpu::search_cpu;
+use fraglink::search::data::{synthetic, Rng};
+use fraglink::search::knn::norms::Norms;
+use fraglink::search::knn::{choose, KnnPlan, KnnRequest, Precision};
+use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
+use half::f16;
+use support::host_cxx;
+
+/// (dtype, precision) pairs with a candidate kernel.
+const KINDS: [(DType, Precision); 5] = [
+    (DType::F32, Precision::Tf32x3),
+    (DType::F32, Precision::Tf32),
+    (DType::F16, Precision::F16),
+    (DType::I8, Precision::Int),
+    (DType::U8, Precision::Int),
+];
+
+fn c_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F16 => "__half",
+        DType::I8 => "int8_t",
+        DType::U8 => "uint8_t",
+    }
+}
+
+fn catalog_names(
+    family: &str,
+    keep: impl Fn(&fraglink::fragment::FragmentInfo) -> bool,
+) -> Vec<(String, u32)> {
+    fraglink::fragments::catalog()
+        .iter()
+        .filter(|f| f.family == family && keep(f))
+        .map(|f| {
+            let cap = f.param("capacity").unwrap().parse().unwrap();
+            (f.name.to_string(), cap)
+        })
+        .collect()
+}
+
+/// Writes and compiles the program of one (dtype, precision, metric): every
+/// knn_tile variant of that dtype and precision, every knn_rerank of the dtype.
+fn program(dir: &Path, dtype: DType, precision: Precision, metric: Metric) -> PathBuf {
+    let gen = host_cxx::gen_dir();
+    let tiles = catalog_names("knn_tile", |f| {
+        f.param("dtype") == Some(dtype.name()) && f.param("precision") == Some(precision.name())
+    });
+    let reranks = catalog_names("knn_rerank", |f| f.param("dtype") == Some(dtype.name()));
+    assert!(
+        !tiles.is_empty() && !reranks.is_empty(),
+        "{dtype:?} {precision:?}: no kernels in the catalog"
+    );
+    let t = c_type(dtype);
+    let mut src = String::from("#include \"simt.h\"\n");
+    let mut include = |name: &str| {
+        let p = gen.join(format!("{name}.cu"));
+        assert!(p.exists(), "rendered fragment {} is missing", p.display());
+        src.push_str(&format!("#include \"{}\"\n", p.display()));
+    };
+    include(&format!(
+        "metric_{}_{}",
+        metric.fragment_name(),
+        dtype.name()
+    ));
+    include("filter_bitset_u32");
+    for (name, _) in tiles.iter().chain(&reranks) {
+        include(name);
+    }
+    src.push_str("#include \"knn_driver.h\"\n");
+    let table = |kind: &str, list: &[(String, u32)]| {
+        let rows: Vec<String> = list
+            .iter()
+            .map(|(n, c)| format!("{{\"{n}\", {n}, {c}}}"))
+            .collect();
+        format!(
+            "static const simt_knn::entry<simt_knn::{kind}_fn<{t}>> {}[] = {{{}}};\n",
+            kind.to_uppercase(),
+            rows.join(", ")
+        )
+    };
+    src.push_str(&table("tile", &tiles));
+    src.push_str(&table("rerank", &reranks));
+    src.push_str(&format!(
+        "int main(int argc, char** argv) {{ return simt_knn::knn_main<{t}>(argc, argv, TILE, {}, RERANK, {}); }}\n",
+        tiles.len(),
+        reranks.len()
+    ));
+    let name = format!(
+        "knn_{}_{}_{}",
+        dtype.name(),
+        precision.name(),
+        metric.fragment_name()
+    );
+    let cpp = dir.join(format!("{name}.cpp"));
+    std::fs::write(&cpp, src).unwrap();
+    let exe = dir.join(name);
+    let simt = host_cxx::repo().join("tests/support/simt");
+    // -Wno-unknown-pragmas: `#pragma unroll` is for NVRTC.
+    host_cxx::compile(&exe, &[simt], &["-O2", "-Wno-unknown-pragmas"], &[cpp]);
+    exe
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    std::fs::write(path, bytes).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// One search through the emulated kernels.
+struct Case<'a> {
+    what: String,
+    base: &'a Vectors,
+    queries: Vectors,
+    k: usize,
+    filter: Option<Bitset>,
+    /// The SM count `KnnPlan::chunks` sizes the row split for.
+    sms: u32,
+    /// Caps on grid.x of each kernel (grid-stride loops when below the need).
+    tile_grid: u32,
+    rerank_grid: u32,
+}
+
+fn run_case(
+    exe: &Path,
+    metric: Metric,
+    precision: Precision,
+    c: &Case<'_>,
+) -> (KnnPlan, Neighbors) {
+    let (n, dim, nq) = (c.base.rows(), c.base.dim(), c.queries.rows());
+    let plan = choose(&KnnRequest {
+        device: Arch::sm(90),
+        dtype: c.base.dtype(),
+        metric,
+        filter: if c.filter.is_some() { "bitset" } else { "none" },
+        n_rows: n,
+        dim,
+        nq,
+        k: c.k,
+        precision: Some(precision),
+    })
+    .unwrap_or_else(|| panic!("{}: the planner refuses the search", c.what));
+    let (rows, queries) = (Norms::of(c.base), Norms::of(&c.queries));
+    assert!(
+        !rows.any_special(metric) && !queries.any_special(metric),
+        "{}: special vectors go to the scan, not these kernels",
+        c.what
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(&d.join("dataset.bin"), c.base.as_bytes());
+    write(&d.join("queries.bin"), c.queries.as_bytes());
+    let (ra0, ra1) = rows.aux(metric);
+    let (qa0, qa1) = queries.aux(metric);
+    write(&d.join("row_aux0.bin"), &f32_bytes(&ra0));
+    write(&d.join("row_aux1.bin"), &f32_bytes(&ra1));
+    write(&d.join("query_aux0.bin"), &f32_bytes(&qa0));
+    write(&d.join("query_aux1.bin"), &f32_bytes(&qa1));
+    if let Some(b) = &c.filter {
+        let words: Vec<u8> = (0..n.div_ceil(32))
+            .flat_map(|w| {
+                let mut word = 0u32;
+                for bit in 0..32 {
+                    let r = w * 32 + bit;
+                    if r < n && b.get(r) {
+                        word |= 1 << bit;
+                    }
+                }
+                word.to_le_bytes()
+            })
+            .collect();
+        write(&d.join("filter.bin"), &words);
+    }
+    let (n_chunks, chunk_rows) = plan.chunks(n, nq, c.sms);
+    let tiles = nq.div_ceil(plan.qtile as usize) as u32;
+    let args: Vec<String> = vec![
+        plan.tile.name.into(),
+        plan.rerank.name.into(),
+        n.to_string(),
+        dim.to_string(),
+        nq.to_string(),
+        c.k.to_string(),
+        chunk_rows.to_string(),
+        n_chunks.to_string(),
+        tiles.min(c.tile_grid).to_string(),
+        (nq as u32).min(c.rerank_grid).to_string(),
+        "7".into(),
+        d.display().to_string(),
+    ];
+    let out = Command::new(exe).args(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {} {} failed ({}): {}",
+        c.what,
+        exe.display(),
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids = std::fs::read(d.join("ids.bin")).unwrap();
+    let dists = std::fs::read(d.join("dists.bin")).unwrap();
+    let word = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
+    let found = Neighbors {
+        nq,
+        k: c.k,
+        ids: ids
+            .chunks(4)
+            .map(|b| match word(b) {
+                u32::MAX => Neighbors::PAD_ID,
+                i => i64::from(i),
+            })
+            .collect(),
+        distances: dists.chunks(4).map(|b| f32::from_bits(word(b))).collect(),
+    };
+    (plan, found)
+}
+
+fn check(exe: &Path, metric: Metric, precision: Precision, c: &Case<'_>) {
+    let (plan, found) = run_case(exe, metric, precision, c);
+    let mut params = SearchParams::new(c.k, metric);
+    if let Some(b) = &c.filter {
+        params = params.with_filter(Filter::Bitset(b.clone()));
+    }
+    let want = search_cpu(c.base, &c.queries, &params).unwrap();
+    assert!(
+        found.bitwise_eq(&want),
+        "{} ({} + {}, {:?}): first difference at {:?}",
+        c.what,
+        plan.tile.name,
+        plan.rerank.name,
+        metric,
+        found.first_difference(&want)
+    );
+}
+
+/// Rows of small integers (many equal distances, duplicate rows), never all
+/// zero (a zero vector is special for cosine).
+fn ties(dtype: DType, n: usize, dim: usize, seed: u64) -> Vectors {
+    let mut rng = Rng::new(seed);
+    let vals: Vec<i8> = (0..n * dim)
+        .map(|i| {
+            if i % dim == 0 {
+                1
+            } else {
+                rng.below(3) as i8 - 1
+            }
+        })
+        .collect();
+    match dtype {
+        DType::F32 => Vectors::f32(vals.iter().map(|&v| f32::from(v)).collect(), dim),
+        DType::F16 => Vectors::f16(
+            vals.iter().map(|&v| f16::from_f32(f32::from(v))).collect(),
+            dim,
+        ),
+        DType::I8 => Vectors::i8(vals, dim),
+        DType::U8 => Vectors::u8(vals.iter().map(|&v| (v + 1) as u8).collect(), dim),
+    }
+    .unwrap()
+}
+
+/// Rows and queries that all sit near one vector: floats within 2⁻⁵ of
+/// integers up to ±16 (exact in f16), integers within 1 of a common value.
+/// Distances are tiny against the norms, so the float margins flood the
+/// candidate buffers (the exact reduction decides) and near-equal keys meet
+/// every threshold.
+fn near_ties(dtype: DType, n: usize, dim: usize, seed: u64) -> Vectors {
+    let mut centre = Rng::new(99);
+    let c: Vec<i32> = (0..dim).map(|_| centre.below(33) as i32 - 16).collect();
+    let mut rng = Rng::new(seed);
+    let delta: Vec<i32> = (0..n * dim).map(|_| rng.below(3) as i32 - 1).collect();
+    let float = |i: usize| c[i % dim] as f32 + delta[i] as f32 / 32.0;
+    match dtype {
+        DType::F32 => Vectors::f32((0..n * dim).map(float).collect(), dim),
+        DType::F16 => Vectors::f16((0..n * dim).map(|i| f16::from_f32(float(i))).collect(), dim),
+        DType::I8 => Vectors::i8(
+            (0..n * dim)
+                .map(|i| (c[i % dim] * 6 + delta[i]) as i8)
+                .collect(),
+            dim,
+        ),
+        DType::U8 => Vectors::u8(
+            (0..n * dim)
+                .map(|i| (c[i % dim] + 200 + delta[i]) as u8)
+                .collect(),
+            dim,
+        ),
+    }
+    .unwrap()
+}
+
+#[test]
+fn knn_kernels_match_the_cpu_path_under_emulation() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs: Vec<(DType, Precision, Metric)> = KINDS
+        .iter()
+        .flat_map(|&(d, p)| Metric::ALL.map(move |m| (d, p, m)))
+        .collect();
+    // Two compilers at a time (CI has 2 cores); each program then runs its cases.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(dtype, precision, metric)) = jobs.get(i) else {
+                    break;
+                };
+                let exe = program(dir.path(), dtype, precision, metric);
+                run_program(&exe, dtype, precision, metric);
+            });
+        }
+    });
+}
+
+fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
+    // An odd dim for floats (zero padding of the last staged chunk); bytes
+    // stage 64 elements per chunk, so 70 crosses a chunk boundary too.
+    let dim = if dtype.size() == 1 { 70 } else { 45 };
+    let n = 900;
+    let (base, queries) = synthetic(n, dim, 70, dtype, 11);
+    let tie_base = ties(dtype, n, dim, 12);
+    let tie_queries = ties(dtype, 20, dim, 13);
+    let near_base = near_ties(dtype, n, dim, 14);
+    let near_queries = near_ties(dtype, 12, dim, 15);
+    let label = |s: &str| format!("{dtype:?}/{precision:?}/{metric:?}: {s}");
+    let all = [
+        Case {
+            what: label("20 queries, k 10, rows split in chunks"),
+            base: &base,
+            queries: queries.slice_rows(0, 20),
+            k: 10,
+            filter: None,
+            sms: 3,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+        Case {
+            what: label("k 100 (capacity 128)"),
+            base: &base,
+            queries: queries.slice_rows(0, 5),
+            k: 100,
+            filter: None,
+            sms: 2,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+        Case {
+            what: label("70 queries, k 7 (query tile 32), grid-stride loops"),
+            base: &base,
+            queries: queries.clone(),
+            k: 7,
+            filter: None,
+            sms: 1,
+            tile_grid: 1,
+            rerank_grid: 3,
+        },
+        Case {
+            what: label("bitset filter, a quarter of the rows"),
+            base: &base,
+            queries: queries.slice_rows(0, 17),
+            k: 10,
+            filter: Some(Bitset::random(n, 0.25, 5)),
+            sms: 3,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+        Case {
+            what: label("one query, k 1, split over many chunks"),
+            base: &base,
+            queries: queries.slice_rows(3, 4),
+            k: 1,
+            filter: None,
+            sms: 8,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+        Case {
+            what: label("ties and duplicate rows (exact reduction)"),
+            base: &tie_base,
+            queries: tie_queries,
+            k: 10,
+            filter: None,
+            sms: 2,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+        Case {
+            what: label("near ties: every row close to one vector"),
+            base: &near_base,
+            queries: near_queries,
+            k: 10,
+            filter: None,
+            sms: 2,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+    ];
+    for c in &all {
+        check(exe, metric, precision, c);
+    }
+}
