@@ -37,9 +37,15 @@
 //!   re-executed with a hidden subcommand), for two configurations in turn:
 //!   link + module load + first launch, cold (empty `FRAGLINK_CACHE_DIR`
 //!   and empty `CUDA_CACHE_PATH`), from the disk cache (a second process on
-//!   the same directories), and over a warm CUDA compute cache with an empty
-//!   fraglink cache; process setup (driver, context, nvJitLink load) apart.
-//!   Prelinked is reported as not available (fraglink has no prelink API).
+//!   the same directories), over a warm CUDA compute cache with an empty
+//!   fraglink cache, and prelinked: a separate fresh process (hidden
+//!   subcommand `__prelink`) links both configurations ahead of time with
+//!   [`prelink::prelink`] into an empty `FRAGLINK_CACHE_DIR` (its own empty
+//!   `CUDA_CACHE_PATH`), timed apart from its process setup, then a
+//!   first-call process over that directory and a new empty
+//!   `CUDA_CACHE_PATH` must find every kernel on disk. Process setup
+//!   (driver, context, nvJitLink load) is reported apart. A prelink that
+//!   reports a failed plan fails the section.
 //!
 //! nvJitLink keeps linked cubins in the CUDA driver's compute cache
 //! (`~/.nv/ComputeCache`, `CUDA_CACHE_PATH`) when a driver is present (seen
@@ -57,13 +63,14 @@ use std::path::PathBuf;
 use std::process::{exit, Command};
 use std::time::{Duration, Instant};
 
+use fraglink::build::Arch;
 use fraglink::cost::{AdaptiveCostModel, CostParams, GpuCostModel, GpuParams, OpDesc, Target};
 use fraglink::gpu::{
     CapturedGraph, DispatchRegistry, DispatchStrategy, GpuBuffer, GpuContext, GpuError, KernelArgs,
     KernelCharacteristics, KernelResources, LaunchConfig, Launcher, MemoryPool, PinnedBuffer,
     PoolConfig, Transfer,
 };
-use fraglink::link::{LinkRuntime, Linked, Planner, RuntimeConfig, Source};
+use fraglink::link::{prelink, LinkRuntime, Linked, Planner, RuntimeConfig, Source};
 use fraglink::search::gpu::SCAN_BLOCK;
 use fraglink::search::DType;
 use serde_json::{json, Value};
@@ -74,7 +81,10 @@ const EXIT_NO_GPU: i32 = 3;
 
 /// Hidden subcommand: one fresh-process first call (see [`first_call_child`]).
 const CHILD_COMMAND: &str = "__first-call";
-/// Prefix of the child's one result line on stdout.
+/// Hidden subcommand: prelink configurations A and B ahead of time for the
+/// architecture given as its argument (see [`prelink_child`]).
+const PRELINK_COMMAND: &str = "__prelink";
+/// Prefix of a child's one result line on stdout.
 const CHILD_MARK: &str = "GPU_BENCH_FIRST_CALL ";
 
 /// The tiny scan every launch figure uses: f32 rows of 4 dims, u32 ids.
@@ -426,6 +436,7 @@ fn fmt_value(value: Option<f64>, unit: &str) -> String {
         Some(v) if unit == "ms" => fmt_ms(v),
         Some(v) if unit == "GB/s" => format!("{v:.2} GB/s"),
         Some(v) if unit == "x" => format!("{v:.2}x"),
+        Some(v) if unit == "s" => format!("{v:.3} s"),
         Some(v) => format!("{v} {unit}"),
     }
 }
@@ -1288,7 +1299,13 @@ fn first_call_child() -> i32 {
         return EXIT_NO_GPU;
     }
     let probe_ms = started.elapsed().as_secs_f64() * 1e3;
-    match first_call_inner(probe_ms) {
+    child_result(first_call_inner(probe_ms))
+}
+
+/// Prints a child's one `CHILD_MARK` JSON line (its result, or
+/// `{"error": ...}`) and returns its exit code.
+fn child_result(r: Result<Value, String>) -> i32 {
+    match r {
         Ok(v) => {
             println!("{CHILD_MARK}{v}");
             0
@@ -1298,6 +1315,78 @@ fn first_call_child() -> i32 {
             EXIT_FAILED
         }
     }
+}
+
+/// The hidden prelink subcommand: in this fresh process, open the link
+/// runtime and its disk cache (`FRAGLINK_CACHE_DIR`; process setup, timed
+/// apart), then prelink configurations A and B for the architecture given
+/// as the argument (the parent's device: prelinking needs nvJitLink, no
+/// GPU). Prints one `CHILD_MARK` JSON line; a failed plan is an error.
+fn prelink_child(arch: Option<&str>) -> i32 {
+    child_result(prelink_inner(arch))
+}
+
+fn prelink_inner(arch: Option<&str>) -> Result<Value, String> {
+    let arch = arch.ok_or_else(|| format!("{PRELINK_COMMAND} needs an architecture"))?;
+    let arch = Arch::parse(arch, PRELINK_COMMAND).map_err(|e| e.to_string())?;
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+    let plans = [planner(&CONFIG_A)?, planner(&CONFIG_B)?];
+    // Process setup: nvJitLink load and the disk cache's settings and
+    // directory, so that the prelink's time is linking and storing only.
+    let t = Instant::now();
+    let rt = LinkRuntime::global().map_err(err("LinkRuntime::global"))?;
+    let disk = rt.try_disk().map_err(err("disk cache"))?;
+    let runtime_ms = ms(t);
+    // A disabled cache (FRAGLINK_CACHE_DISABLE, an unsafe directory) is
+    // `Some` too: prelinking into it would keep nothing.
+    let keeps = ": prelinking would keep nothing for the first-call process";
+    let disk_dir = match disk {
+        Some(d) if d.is_enabled() => d.dir().display().to_string(),
+        Some(d) => {
+            return Err(format!(
+                "the disk cache is disabled ({}){keeps}",
+                d.warning().unwrap_or("FRAGLINK_CACHE_DISABLE")
+            ))
+        }
+        None => return Err(format!("no disk cache (no cache directory){keeps}")),
+    };
+    // 0: one thread per core, at most one per plan (as `fraglink prelink`).
+    let t = Instant::now();
+    let report = prelink::prelink(&plans, arch, 0).map_err(err("prelink"))?;
+    let prelink_ms = ms(t);
+    if !report.failed.is_empty() {
+        let each: Vec<String> = report
+            .failed
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} [{}] for {}: {}",
+                    f.entry,
+                    f.fragments.join(" + "),
+                    f.arch,
+                    f.error
+                )
+            })
+            .collect();
+        return Err(format!(
+            "prelink failed for {} of {} plans: {}",
+            report.failed.len(),
+            plans.len(),
+            each.join("; ")
+        ));
+    }
+    Ok(json!({
+        "arch": arch.to_string(),
+        "runtime_ms": runtime_ms,
+        "prelink_ms": prelink_ms,
+        "elapsed_ms": report.elapsed.as_secs_f64() * 1e3,
+        "plans": plans.len(),
+        "linked": report.linked,
+        "from_disk": report.from_disk,
+        "from_memory": report.from_memory,
+        "failed": report.failed.len(),
+        "disk_dir": disk_dir,
+    }))
 }
 
 fn first_call_inner(probe_ms: f64) -> Result<Value, String> {
@@ -1368,7 +1457,7 @@ fn first_call_inner(probe_ms: f64) -> Result<Value, String> {
     }))
 }
 
-/// Environment of one first-call child: the fraglink disk cache directory
+/// Environment of one child: the fraglink disk cache directory
 /// and the CUDA driver's compute cache directory (`CUDA_CACHE_PATH`), which
 /// nvJitLink also uses when a driver is present: a hit there skips the link
 /// and returns an empty info log.
@@ -1378,17 +1467,23 @@ struct ChildEnv<'a> {
     cuda_cache: &'a std::path::Path,
 }
 
-/// Runs the child and returns its JSON.
+/// Runs a first-call child and returns its JSON.
 fn run_child(env: &ChildEnv<'_>) -> Result<Value, String> {
+    run_subcommand(env, &[CHILD_COMMAND], "first-call")
+}
+
+/// Runs this binary with the hidden subcommand `args` (`what` names it in
+/// errors) in `env`, and returns its `CHILD_MARK` JSON.
+fn run_subcommand(env: &ChildEnv<'_>, args: &[&str], what: &str) -> Result<Value, String> {
     let exe = std::env::current_exe().map_err(err("current_exe"))?;
     let out = Command::new(exe)
-        .arg(CHILD_COMMAND)
+        .args(args)
         .env("FRAGLINK_CACHE_DIR", env.fraglink_cache)
         .env("CUDA_CACHE_PATH", env.cuda_cache)
         .env_remove("FRAGLINK_CACHE_DISABLE")
         .env_remove("CUDA_CACHE_DISABLE")
         .output()
-        .map_err(err("spawning the first-call child"))?;
+        .map_err(|e| format!("spawning the {what} child: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let line = stdout.lines().find_map(|l| l.strip_prefix(CHILD_MARK));
@@ -1397,7 +1492,7 @@ fn run_child(env: &ChildEnv<'_>) -> Result<Value, String> {
             let v: Value = serde_json::from_str(l).map_err(err("child output"))?;
             match v.get("error").and_then(Value::as_str) {
                 Some(e) => Err(format!(
-                    "{} first-call child: {e}{}",
+                    "{} {what} child: {e}{}",
                     env.mode,
                     if stderr.trim().is_empty() {
                         String::new()
@@ -1409,7 +1504,7 @@ fn run_child(env: &ChildEnv<'_>) -> Result<Value, String> {
             }
         }
         None => Err(format!(
-            "{} first-call child exited with {} without a result; stdout: {} stderr: {}",
+            "{} {what} child exited with {} without a result; stdout: {} stderr: {}",
             env.mode,
             out.status,
             stdout.trim(),
@@ -1430,6 +1525,9 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
     let mut cold = Vec::new();
     let mut disk = Vec::new();
     let mut compute_cache: Vec<Result<Value, String>> = Vec::new();
+    let mut prelinks = Vec::new();
+    let mut prelinked = Vec::new();
+    let arch = b.ctx.arch().to_string();
     for _ in 0..rounds {
         let fraglink_cache = temp_dir("gpu_bench_fraglink_cache")?;
         let cuda_cache = temp_dir("gpu_bench_cuda_cache")?;
@@ -1455,6 +1553,31 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             fraglink_cache: fresh.path(),
             cuda_cache: cuda_cache.path(),
         }));
+        // Prelinked: a separate fresh process links both configurations
+        // ahead of time into an empty fraglink cache (over its own empty
+        // compute cache), then a first-call process over that directory and
+        // a new empty compute cache, so that nvJitLink's cache cannot help:
+        // every kernel must come from the disk cache.
+        let prelinked_cache = temp_dir("gpu_bench_fraglink_cache")?;
+        let prelink_cuda = temp_dir("gpu_bench_cuda_cache")?;
+        let t = Instant::now();
+        let mut report = run_subcommand(
+            &ChildEnv {
+                mode: "prelinked",
+                fraglink_cache: prelinked_cache.path(),
+                cuda_cache: prelink_cuda.path(),
+            },
+            &[PRELINK_COMMAND, &arch],
+            "prelink",
+        )?;
+        report["process_ms"] = json!(t.elapsed().as_secs_f64() * 1e3);
+        prelinks.push(report);
+        let first_cuda = temp_dir("gpu_bench_cuda_cache")?;
+        prelinked.push(run_child(&ChildEnv {
+            mode: "prelinked",
+            fraglink_cache: prelinked_cache.path(),
+            cuda_cache: first_cuda.path(),
+        })?);
     }
     // Seconds (the children report milliseconds; `Stats` holds seconds).
     let get = |runs: &[Value], config: usize, key: &str| -> Vec<f64> {
@@ -1477,7 +1600,7 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
         runs.iter()
             .all(|r| (0..2).all(|c| r["configs"][c]["result_ok"].as_bool() == Some(true)))
     };
-    if !all_ok(&cold) || !all_ok(&disk) {
+    if !all_ok(&cold) || !all_ok(&disk) || !all_ok(&prelinked) {
         return Err("a first-call child's scan result failed its check".into());
     }
     let mut figures = Vec::new();
@@ -1490,6 +1613,13 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             T_FIRST_LINKED_MS,
         ),
         ("disk", &disk, "disk", TARGET_FIRST_DISK, T_FIRST_DISK_MS),
+        (
+            "prelinked",
+            &prelinked,
+            "disk",
+            TARGET_FIRST_DISK,
+            T_FIRST_DISK_MS,
+        ),
     ] {
         for (config, which) in [(0usize, "first"), (1, "second")] {
             let src = sources(runs, config);
@@ -1497,10 +1627,10 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             let med = |key: &str| Stats::of(&get(runs, config, key)).ms();
             let total = med("total_ms");
             let frags = (if config == 0 { CONFIG_A } else { CONFIG_B }).join(" + ");
-            let caches = if mode == "cold" {
-                "empty FRAGLINK_CACHE_DIR and empty CUDA_CACHE_PATH (the driver compute cache nvJitLink also uses)"
-            } else {
-                "the cold run's FRAGLINK_CACHE_DIR"
+            let caches = match mode {
+                "cold" => "empty FRAGLINK_CACHE_DIR and empty CUDA_CACHE_PATH (the driver compute cache nvJitLink also uses)",
+                "prelinked" => "a FRAGLINK_CACHE_DIR filled ahead of time by a separate prelink process (first_call.prelinked.prelink_seconds) and a new empty CUDA_CACHE_PATH",
+                _ => "the cold run's FRAGLINK_CACHE_DIR",
             };
             let mut note = format!(
                 "{which} new configuration in a fresh process ({frags}): link {} (of which nvJitLink {}), module load {}, first launch to completion {}; median of {} fresh processes; {caches}; link sources {:?}",
@@ -1616,15 +1746,50 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             setup.len()
         )),
     );
-    figures.push(
-        Figure::unavailable(
-            "first_call.prelinked",
-            "ms",
-            "not available: fraglink has no prelink API (no way to ship a cubin linked ahead of time and load it without the link runtime); the nearest is shipping a populated FRAGLINK_CACHE_DIR, measured as first_call.disk",
-        )
-        .target_text(TARGET_FIRST_DISK),
-    );
+    figures.push(prelink_figure(&prelinks, &arch));
     Ok(figures)
+}
+
+/// `first_call.prelinked.prelink_seconds` from the prelink children's
+/// reports (each already checked to have no failed plan).
+fn prelink_figure(prelinks: &[Value], arch: &str) -> Figure {
+    let seconds = |key: &str| -> Stats {
+        Stats::of(
+            &prelinks
+                .iter()
+                .filter_map(|r| r[key].as_f64())
+                .map(|ms| ms / 1e3)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let time = seconds("prelink_ms");
+    let counts: Vec<String> = prelinks
+        .iter()
+        .map(|r| {
+            format!(
+                "{} linked, {} from disk, {} from memory, {} failed",
+                r["linked"], r["from_disk"], r["from_memory"], r["failed"]
+            )
+        })
+        .collect();
+    let mut note = format!(
+        "ahead-of-time prelink::prelink of both configurations ({} and {}) for {arch} (parallelism 0: one thread per core, at most one per plan) in a separate fresh process over an empty FRAGLINK_CACHE_DIR and its own empty CUDA_CACHE_PATH: linking and storing in the disk cache, {} (PrelinkReport.elapsed {}); that process's setup apart: link runtime (nvJitLink load, disk cache open) {}, the whole process from spawn to exit {}; reports {counts:?}; the first call over the result is first_call.prelinked.total",
+        CONFIG_A.join(" + "),
+        CONFIG_B.join(" + "),
+        time.describe(),
+        fmt_ms(seconds("elapsed_ms").ms()),
+        fmt_ms(seconds("runtime_ms").ms()),
+        fmt_ms(seconds("process_ms").ms()),
+    );
+    if !prelinks
+        .iter()
+        .all(|r| r["linked"].as_u64().is_some() && r["linked"] == r["plans"])
+    {
+        note.push_str(
+            "; WARNING: expected nvJitLink to link every plan into the empty cache, so this is not the time of linking both",
+        );
+    }
+    Figure::new("first_call.prelinked.prelink_seconds", time.median, "s").note(note)
 }
 
 // ---------------------------------------------------------------------------
@@ -1723,8 +1888,10 @@ fn section<T>(
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some(CHILD_COMMAND) {
-        exit(first_call_child());
+    match args.first().map(String::as_str) {
+        Some(CHILD_COMMAND) => exit(first_call_child()),
+        Some(PRELINK_COMMAND) => exit(prelink_child(args.get(1).map(String::as_str))),
+        _ => {}
     }
     let opts = match parse_args(&args) {
         Ok(o) => o,

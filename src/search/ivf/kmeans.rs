@@ -14,7 +14,7 @@
 //!   candidates, exact re-rank: the same machinery as brute force, multithreaded);
 //!   the update step is the mean of each cluster's members summed in f64 (rows
 //!   streamed in order by a fixed number of parts, the parts' sums added in
-//!   part order: [`update`]). An empty cluster takes half of the largest one
+//!   part order: `update`). An empty cluster takes half of the largest one
 //!   (its centroid split by a ±2⁻¹⁰ relative perturbation, as faiss does). It
 //!   stops early when no assignment changes.
 //!
@@ -133,7 +133,7 @@ fn kmeans_pp(x: &Matrix<f32>, nlist: usize, rng: &mut Rng) -> Matrix<f32> {
 
 /// Nearest centroid of every row of `x` (exact, by `metric`: the row
 /// [`search_cpu`](crate::search::search_cpu) with `k = 1` returns, without the distances no one reads:
-/// [`nearest_rows`]).
+/// `search::cpu::nearest_rows`).
 pub fn assign(
     centroids: &Matrix<f32>,
     x: &Matrix<f32>,

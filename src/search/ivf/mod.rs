@@ -6,8 +6,9 @@
 //! - [`layout`]: cuVS's interleaved list layout (groups of 32 rows,
 //!   interleaved by `veclen` elements) that a warp reads coalesced.
 //! - [`build`]: the index ([`IvfIndex`]) from base vectors.
-//! - [`scan`]: the multithreaded CPU search; [`reference`]: its scalar oracle.
-//! - [`file`]: the versioned, checksummed index file.
+//! - [`scan`]: the multithreaded CPU search; [`reference`](mod@reference): its
+//!   scalar oracle.
+//! - [`file`](mod@file): the versioned, checksummed index file.
 //!
 //! # The search, defined (CPU and GPU alike)
 //!

@@ -1,7 +1,8 @@
 //! The multithreaded CPU search of an [`IvfIndex`] (definition: [`super`]).
 //!
-//! 1. Probed lists: [`search_cpu`] with the centroids as the base and
-//!    `k = nprobe` — the exact top-`nprobe` by the fold, GEMM-selected.
+//! 1. Probed lists: [`search_cpu`](crate::search::search_cpu) with the
+//!    centroids as the base and `k = nprobe` — the exact top-`nprobe` by the
+//!    fold, GEMM-selected.
 //! 2. Queries are cut into blocks (rayon tasks). Inside a block the
 //!    (list, query) pairs are sorted by list, so each 32-row group of a list is
 //!    brought into dimension-major form once ([`to_dim_major`]) and then
@@ -10,9 +11,9 @@
 //! 3. The scan computes 32 rows' distances at once, one SIMD lane per row, each
 //!    lane folding its row in dimension order with exactly the operations of
 //!    [`distance`](crate::search::distance) (f32 `mul_add` / wrapping i32), so
-//!    every distance is the reference's bit for bit; the per-query [`TopK`]
+//!    every distance is the reference's bit for bit; the per-query `topk::TopK`
 //!    keeps the `k` smallest `(distance, id)` keys. The queries of a list are
-//!    folded two at a time ([`fold_f32_pair`] for the floats): twice the
+//!    folded two at a time (`lanes::fold_f32_pair` for the floats): twice the
 //!    independent fma chains and one load of each group column for both, which
 //!    matters most at small `nprobe`, where a list has only a few queries.
 
