@@ -81,6 +81,16 @@ fn a_prelinked_profile_makes_a_later_process_link_nothing() {
         (Some(0), Some(2)),
         "{again}"
     );
+
+    // 5. A disabled disk cache is reported as none, with a warning.
+    let disabled = [
+        ("FRAGLINK_CACHE_DIR", cache.as_path()),
+        ("FRAGLINK_CACHE_DISABLE", Path::new("1")),
+    ];
+    let out = run(&args, &disabled);
+    let r = json(&out);
+    assert_eq!(r["disk_cache"], false, "{r}");
+    assert!(out.stderr.contains("no disk cache"), "{}", out.stderr);
 }
 
 #[test]

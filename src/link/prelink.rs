@@ -124,7 +124,8 @@ pub struct PrelinkReport {
     pub from_memory: usize,
     pub failed: Vec<PrelinkFailure>,
     pub elapsed: Duration,
-    /// Whether the runtime has a disk cache: without one, prelinked kernels
+    /// Whether the runtime has an enabled disk cache (`FRAGLINK_CACHE_DISABLE`
+    /// or an unusable directory disable it): without one, prelinked kernels
     /// live only as long as this process.
     pub disk_cache: bool,
 }
@@ -181,7 +182,7 @@ pub fn prelink_with(
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let report = Mutex::new(PrelinkReport {
-        disk_cache: runtime.disk().is_some(),
+        disk_cache: runtime.disk().is_some_and(|d| d.is_enabled()),
         ..PrelinkReport::default()
     });
     std::thread::scope(|s| {
