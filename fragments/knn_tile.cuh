@@ -12,7 +12,9 @@
 //   tensor cores (WMMA: f16 -> f32 accumulation, TF32 or 3xTF32 for f32, s8/u8 ->
 //   s32). K is consumed in chunks of 64 bytes staged in shared memory (zero padded,
 //   so any dim works), laid out in slabs of one MMA K step so every fragment load is
-//   32-byte aligned. From each dot product and the precomputed norms (knn_bounds.cuh)
+//   32-byte aligned. Each chunk is loaded into registers one step ahead (16-byte
+//   loads where dim and alignment allow), so global loads overlap the MMAs of the
+//   chunk before and the select after the last chunk of a row iteration. From each dot product and the precomputed norms (knn_bounds.cuh)
 //   a pair gets lo <= d <= hi (integers: lo = hi = d). The select is fused: per query
 //   a shared buffer of BUF = CAP + RT (lo, hi, id) entries takes the rows with
 //   lo < T, T an upper bound of the k-th smallest key of the chunk so far; the
@@ -291,22 +293,57 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
   __syncwarp();
 }
 
-// Stages rows [row0, row0 + ROWS) x elements [k0, k0 + KC) of a row-major matrix
-// into `dst` as K-element slabs (slab s, row r at s * ROWS * K + r * K), zero
-// outside the matrix. All threads of the block take part.
+// One chunk of a row-major matrix on its way to shared memory: rows [row0, row0 +
+// ROWS) x elements [k0, k0 + KC), held in registers as 16-byte groups of VEC
+// consecutive elements, so the next chunk's global loads are in flight while the
+// tensor cores work on the current one. Group t of the chunk (row t / PER_ROW,
+// elements (t % PER_ROW) VEC ..) belongs to thread t % BLOCK, slot t / BLOCK.
+// With `vectors` (dim % VEC == 0 and 16-byte aligned rows: the same for every
+// thread) a group is one 16-byte load, else VEC element loads; zero outside the
+// matrix, so any dim works.
 template <int ROWS, int KC, int K, typename T>
-__device__ FRAGLINK_INLINE void stage(T* dst, const T* __restrict__ src, uint64_t rows, uint64_t row0, uint32_t dim,
-                                      uint32_t k0) {
-  for (int t = static_cast<int>(threadIdx.x); t < ROWS * KC; t += FRAGLINK_KNN_BLOCK) {
-    const int r = t / KC;
-    const int j = t % KC;
-    const uint64_t row = row0 + static_cast<uint64_t>(r);
-    const uint32_t col = k0 + static_cast<uint32_t>(j);
-    T v = small_value<T>(0);
-    if (row < rows && col < dim) v = src[row * dim + col];
-    dst[(j / K) * ROWS * K + r * K + (j % K)] = v;
+struct staged_chunk {
+  static constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  static constexpr int PER_ROW = KC / VEC;
+  static constexpr int GROUPS = ROWS * PER_ROW;
+  static constexpr int PER_THREAD = (GROUPS + FRAGLINK_KNN_BLOCK - 1) / FRAGLINK_KNN_BLOCK;
+  static_assert(KC % VEC == 0 && K % VEC == 0, "a group stays inside one MMA K slab");
+  typedef scan::vec<T, VEC> group;
+  group g[PER_THREAD];
+
+  __device__ FRAGLINK_INLINE void load(const T* __restrict__ src, uint64_t rows, uint64_t row0, uint32_t dim,
+                                       uint32_t k0, bool vectors) {
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {
+      const int t = static_cast<int>(threadIdx.x) + i * FRAGLINK_KNN_BLOCK;
+      const uint64_t row = row0 + static_cast<uint64_t>(t / PER_ROW);
+      const uint32_t col = k0 + static_cast<uint32_t>((t % PER_ROW) * VEC);
+      const bool in = t < GROUPS && row < rows;
+      const T* p = src + row * dim + col;
+      if (vectors && in && col < dim) {
+        g[i] = scan::load_vec<T, VEC>(p);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          g[i].v[e] = in && col + static_cast<uint32_t>(e) < dim ? p[e] : small_value<T>(0);
+        }
+      }
+    }
   }
-}
+
+  // Into `dst` as K-element slabs (slab s, row r at s * ROWS * K + r * K).
+  __device__ FRAGLINK_INLINE void store(T* dst) const {
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {
+      const int t = static_cast<int>(threadIdx.x) + i * FRAGLINK_KNN_BLOCK;
+      if (t < GROUPS) {
+        const int r = t / PER_ROW;
+        const int c = (t % PER_ROW) * VEC;
+        *reinterpret_cast<group*>(dst + (c / K) * ROWS * K + r * K + (c % K)) = g[i];
+      }
+    }
+  }
+};
 
 // The contract the kernel checks by itself (as scan.cuh's launch_ok): block shape,
 // 1 <= k <= CAP, a recognised metric, a supported dim, chunks that cover every row
@@ -372,6 +409,9 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const uint64_t row_end_u = row_begin + chunk_rows;
   const uint64_t row_end = row_end_u < n_rows ? row_end_u : n_rows;
   const bound_consts bc = make_bound_consts(dim, PREC);
+  // 16-byte loads when every row starts 16-byte aligned (the same for every thread).
+  const bool vectors = dim % staged_chunk<RT, KC, K, T>::VEC == 0 && scan::misaligned_bits<16>(dataset) == 0 &&
+                       scan::misaligned_bits<16>(queries) == 0;
 
   for (uint64_t tile = blockIdx.x; tile * QT < n_queries; tile += gridDim.x) {
     const uint64_t q0 = tile * QT;
@@ -383,13 +423,27 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
       s_qa1[i] = q < n_queries ? query_aux1[q] : 0.0f;
     }
     __syncthreads();
+    // Chunks go (row iteration, k0) in order; each is loaded one step ahead.
+    staged_chunk<QT, KC, K, T> cq;
+    staged_chunk<RT, KC, K, T> cx;
+    if (row_begin < row_end) {
+      cq.load(queries, n_queries, q0, dim, 0, vectors);
+      cx.load(dataset, row_end, row_begin, dim, 0, vectors);
+    }
     for (uint64_t r0 = row_begin; r0 < row_end; r0 += RT) {
       typename M::acc_frag acc;
       wmma::fill_fragment(acc, static_cast<typename M::acc_t>(0));
       for (uint32_t k0 = 0; k0 < dim; k0 += KC) {
-        stage<QT, KC, K>(s_q, queries, n_queries, q0, dim, k0);
-        stage<RT, KC, K>(s_x, dataset, row_end, r0, dim, k0);
+        cq.store(s_q);
+        cx.store(s_x);
         __syncthreads();
+        const bool next_row = k0 + KC >= dim;
+        const uint32_t nk = next_row ? 0u : k0 + KC;
+        const uint64_t nr = next_row ? r0 + RT : r0;
+        if (nr < row_end) {
+          cq.load(queries, n_queries, q0, dim, nk, vectors);
+          cx.load(dataset, row_end, nr, dim, nk, vectors);
+        }
 #pragma unroll
         for (int s = 0; s < KC / K; ++s) {
           M::step(acc, s_q + s * QT * K + wq * 16 * K, s_x + s * RT * K + wr * 16 * K);

@@ -337,15 +337,19 @@ fn knn_kernels_match_the_cpu_path_under_emulation() {
 }
 
 fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
-    // An odd dim for floats (zero padding of the last staged chunk); bytes
-    // stage 64 elements per chunk, so 70 crosses a chunk boundary too.
-    let dim = if dtype.size() == 1 { 70 } else { 45 };
+    // An odd dim (element loads, zero padding of the last staged chunk; bytes
+    // stage 64 elements per chunk, so 70 crosses a chunk boundary too) and a
+    // dim of whole 16-byte groups (16-byte loads; 80 is a partial chunk for
+    // f16 and bytes).
+    let odd = if dtype.size() == 1 { 70 } else { 45 };
+    let dim = 80;
     let n = 900;
     let (base, queries) = synthetic(n, dim, 70, dtype, 11);
+    let (odd_base, odd_queries) = synthetic(n, odd, 20, dtype, 16);
     let tie_base = ties(dtype, n, dim, 12);
     let tie_queries = ties(dtype, 20, dim, 13);
-    let near_base = near_ties(dtype, n, dim, 14);
-    let near_queries = near_ties(dtype, 12, dim, 15);
+    let near_base = near_ties(dtype, n, odd, 14);
+    let near_queries = near_ties(dtype, 12, odd, 15);
     let label = |s: &str| format!("{dtype:?}/{precision:?}/{metric:?}: {s}");
     let all = [
         Case {
@@ -379,9 +383,9 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             rerank_grid: 3,
         },
         Case {
-            what: label("bitset filter, a quarter of the rows"),
-            base: &base,
-            queries: queries.slice_rows(0, 17),
+            what: label("odd dim, bitset filter, a quarter of the rows"),
+            base: &odd_base,
+            queries: odd_queries.slice_rows(0, 17),
             k: 10,
             filter: Some(Bitset::random(n, 0.25, 5)),
             sms: 3,
@@ -389,9 +393,9 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             rerank_grid: u32::MAX,
         },
         Case {
-            what: label("one query, k 1, split over many chunks"),
-            base: &base,
-            queries: queries.slice_rows(3, 4),
+            what: label("odd dim, one query, k 1, split over many chunks"),
+            base: &odd_base,
+            queries: odd_queries.slice_rows(3, 4),
             k: 1,
             filter: None,
             sms: 8,
@@ -409,7 +413,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             rerank_grid: u32::MAX,
         },
         Case {
-            what: label("near ties: every row close to one vector"),
+            what: label("odd dim, near ties: every row close to one vector"),
             base: &near_base,
             queries: near_queries,
             k: 10,
