@@ -12,14 +12,13 @@
 //! rounding (tests/knn_margin.rs covers the arithmetic); the ignored GPU test
 //! tests/knn_gpu.rs still has to pass on a GPU.
 //!
-//! One program per (dtype, precision, metric), compiled with the host C++
-//! compiler; each links `filter_bitset_u32`, which also serves searches
+//! One program per (dtype, precision, metric) (tests/support/emulated.rs);
+//! each links `filter_bitset_u32`, which also serves searches
 //! without a filter (null bits allow every row, as for the scan).
 
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use fraglink::build::Arch;
 use fraglink::search::cpu::search_cpu;
@@ -28,7 +27,7 @@ use fraglink::search::knn::norms::Norms;
 use fraglink::search::knn::{choose, KnnPlan, KnnRequest, Precision};
 use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use half::f16;
-use support::host_cxx;
+use support::emulated;
 
 /// (dtype, precision) pairs with a candidate kernel.
 const KINDS: [(DType, Precision); 5] = [
@@ -39,97 +38,41 @@ const KINDS: [(DType, Precision); 5] = [
     (DType::U8, Precision::Int),
 ];
 
-fn c_type(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "float",
-        DType::F16 => "__half",
-        DType::I8 => "int8_t",
-        DType::U8 => "uint8_t",
-    }
-}
-
-fn catalog_names(
-    family: &str,
-    keep: impl Fn(&fraglink::fragment::FragmentInfo) -> bool,
-) -> Vec<(String, u32)> {
-    fraglink::fragments::catalog()
-        .iter()
-        .filter(|f| f.family == family && keep(f))
-        .map(|f| {
-            let cap = f.param("capacity").unwrap().parse().unwrap();
-            (f.name.to_string(), cap)
-        })
-        .collect()
-}
-
-/// Writes and compiles the program of one (dtype, precision, metric): every
-/// knn_tile variant of that dtype and precision, every knn_rerank of the dtype.
+/// The program of one (dtype, precision, metric): every knn_tile variant of
+/// that dtype and precision, every knn_rerank of the dtype.
 fn program(dir: &Path, dtype: DType, precision: Precision, metric: Metric) -> PathBuf {
-    let gen = host_cxx::gen_dir();
-    let tiles = catalog_names("knn_tile", |f| {
+    let tiles = emulated::kernels("knn_tile", |f| {
         f.param("dtype") == Some(dtype.name()) && f.param("precision") == Some(precision.name())
     });
-    let reranks = catalog_names("knn_rerank", |f| f.param("dtype") == Some(dtype.name()));
+    let reranks = emulated::kernels("knn_rerank", |f| f.param("dtype") == Some(dtype.name()));
     assert!(
         !tiles.is_empty() && !reranks.is_empty(),
         "{dtype:?} {precision:?}: no kernels in the catalog"
     );
-    let t = c_type(dtype);
-    let mut src = String::from("#include \"simt.h\"\n");
-    let mut include = |name: &str| {
-        let p = gen.join(format!("{name}.cu"));
-        assert!(p.exists(), "rendered fragment {} is missing", p.display());
-        src.push_str(&format!("#include \"{}\"\n", p.display()));
-    };
-    include(&format!(
-        "metric_{}_{}",
-        metric.fragment_name(),
-        dtype.name()
-    ));
-    include("filter_bitset_u32");
-    for (name, _) in tiles.iter().chain(&reranks) {
-        include(name);
-    }
-    src.push_str("#include \"knn_driver.h\"\n");
-    let table = |kind: &str, list: &[(String, u32)]| {
-        let rows: Vec<String> = list
-            .iter()
-            .map(|(n, c)| format!("{{\"{n}\", {n}, {c}}}"))
-            .collect();
-        format!(
-            "static const simt_knn::entry<simt_knn::{kind}_fn<{t}>> {}[] = {{{}}};\n",
-            kind.to_uppercase(),
-            rows.join(", ")
-        )
-    };
-    src.push_str(&table("tile", &tiles));
-    src.push_str(&table("rerank", &reranks));
-    src.push_str(&format!(
-        "int main(int argc, char** argv) {{ return simt_knn::knn_main<{t}>(argc, argv, TILE, {}, RERANK, {}); }}\n",
+    let mut fragments = vec![
+        format!("metric_{}_{}", metric.fragment_name(), dtype.name()),
+        "filter_bitset_u32".to_string(),
+    ];
+    fragments.extend(tiles.iter().chain(&reranks).map(|(n, _)| n.clone()));
+    let t = emulated::c_type(dtype);
+    let rest = format!(
+        "{}{}int main(int argc, char** argv) {{ return simt_knn::knn_main<{t}>(argc, argv, TILE, {}, RERANK, {}); }}\n",
+        emulated::table(&format!("simt_knn::tile_fn<{t}>"), "TILE", &tiles),
+        emulated::table(&format!("simt_knn::rerank_fn<{t}>"), "RERANK", &reranks),
         tiles.len(),
         reranks.len()
-    ));
+    );
     let name = format!(
         "knn_{}_{}_{}",
         dtype.name(),
         precision.name(),
         metric.fragment_name()
     );
-    let cpp = dir.join(format!("{name}.cpp"));
-    std::fs::write(&cpp, src).unwrap();
-    let exe = dir.join(name);
-    let simt = host_cxx::repo().join("tests/support/simt");
-    // -Wno-unknown-pragmas: `#pragma unroll` is for NVRTC.
-    host_cxx::compile(&exe, &[simt], &["-O2", "-Wno-unknown-pragmas"], &[cpp]);
-    exe
-}
-
-fn write(path: &Path, bytes: &[u8]) {
-    std::fs::write(path, bytes).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    emulated::build(dir, &name, &fragments, "knn_driver.h", &rest)
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    emulated::bytes_of(v, f32::to_le_bytes)
 }
 
 /// One search through the emulated kernels.
@@ -173,28 +116,17 @@ fn run_case(
     );
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write(&d.join("dataset.bin"), c.base.as_bytes());
-    write(&d.join("queries.bin"), c.queries.as_bytes());
+    let write = |name: &str, bytes: &[u8]| emulated::write(&d.join(name), bytes);
+    write("dataset.bin", c.base.as_bytes());
+    write("queries.bin", c.queries.as_bytes());
     let (ra0, ra1) = rows.aux(metric);
     let (qa0, qa1) = queries.aux(metric);
-    write(&d.join("row_aux0.bin"), &f32_bytes(&ra0));
-    write(&d.join("row_aux1.bin"), &f32_bytes(&ra1));
-    write(&d.join("query_aux0.bin"), &f32_bytes(&qa0));
-    write(&d.join("query_aux1.bin"), &f32_bytes(&qa1));
+    write("row_aux0.bin", &f32_bytes(&ra0));
+    write("row_aux1.bin", &f32_bytes(&ra1));
+    write("query_aux0.bin", &f32_bytes(&qa0));
+    write("query_aux1.bin", &f32_bytes(&qa1));
     if let Some(b) = &c.filter {
-        let words: Vec<u8> = (0..n.div_ceil(32))
-            .flat_map(|w| {
-                let mut word = 0u32;
-                for bit in 0..32 {
-                    let r = w * 32 + bit;
-                    if r < n && b.get(r) {
-                        word |= 1 << bit;
-                    }
-                }
-                word.to_le_bytes()
-            })
-            .collect();
-        write(&d.join("filter.bin"), &words);
+        write("filter.bin", &emulated::filter_words(b, n));
     }
     let (n_chunks, chunk_rows) = plan.chunks(n, nq, c.sms);
     let tiles = nq.div_ceil(plan.qtile as usize) as u32;
@@ -212,30 +144,15 @@ fn run_case(
         "7".into(),
         d.display().to_string(),
     ];
-    let out = Command::new(exe).args(&args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}: {} {} failed ({}): {}",
-        c.what,
-        exe.display(),
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ids = std::fs::read(d.join("ids.bin")).unwrap();
-    let dists = std::fs::read(d.join("dists.bin")).unwrap();
-    let word = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
+    emulated::run(exe, &args, &c.what);
     let found = Neighbors {
         nq,
         k: c.k,
-        ids: ids
-            .chunks(4)
-            .map(|b| match word(b) {
-                u32::MAX => Neighbors::PAD_ID,
-                i => i64::from(i),
-            })
-            .collect(),
-        distances: dists.chunks(4).map(|b| f32::from_bits(word(b))).collect(),
+        ids: emulated::read_of(&d.join("ids.bin"), |b| match u32::from_le_bytes(b) {
+            u32::MAX => Neighbors::PAD_ID,
+            i => i64::from(i),
+        }),
+        distances: emulated::read_of(&d.join("dists.bin"), f32::from_le_bytes),
     };
     (plan, found)
 }
@@ -320,19 +237,9 @@ fn knn_kernels_match_the_cpu_path_under_emulation() {
         .iter()
         .flat_map(|&(d, p)| Metric::ALL.map(move |m| (d, p, m)))
         .collect();
-    // Two compilers at a time (CI has 2 cores); each program then runs its cases.
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&(dtype, precision, metric)) = jobs.get(i) else {
-                    break;
-                };
-                let exe = program(dir.path(), dtype, precision, metric);
-                run_program(&exe, dtype, precision, metric);
-            });
-        }
+    emulated::in_parallel(&jobs, |&(dtype, precision, metric)| {
+        let exe = program(dir.path(), dtype, precision, metric);
+        run_program(&exe, dtype, precision, metric);
     });
 }
 

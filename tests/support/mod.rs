@@ -13,6 +13,7 @@
 // Each test file uses only some of these functions.
 #![allow(dead_code)]
 
+pub mod emulated;
 pub mod host_cxx;
 pub mod scan_links;
 

@@ -159,26 +159,22 @@ fn dev_err<E: Into<GpuSearchError>>(e: E) -> IvfGpuError {
     IvfGpuError::Gpu(e.into())
 }
 
-/// An IVF-Flat index resident on the device.
-pub struct GpuIvfIndex {
-    gpu: GpuSearcher,
-    metric: MetricSpec,
-    dtype: DType,
-    dim: usize,
-    n: usize,
-    nlist: usize,
-    veclen: usize,
-    centroids: GpuIndex,
-    data: DeviceVectors,
-    ids: GpuBuffer<i64>,
-    offsets: GpuBuffer<u64>,
-    sizes: GpuBuffer<u32>,
+/// An index's lists as the IVF scan kernel reads them
+/// (fragments/ivf_scan.cuh): back to back in the interleaved layout, each a
+/// whole number of 32-row groups, with each stored row's dataset id (-1 for
+/// padding rows, which are never read as rows), each list's first stored row
+/// and its size. What [`GpuIvfIndex::upload`] uploads.
+#[derive(Debug, Clone)]
+pub struct KernelLists {
+    /// Stored rows (padding included) × dim, the index's dtype.
+    pub data: Vectors,
+    pub ids: Vec<i64>,
+    pub offsets: Vec<u64>,
+    pub sizes: Vec<u32>,
 }
 
-impl GpuIvfIndex {
-    /// Uploads the centroids and the lists (back to back, each a whole number
-    /// of 32-row groups; padding rows carry id -1 and are never read as rows).
-    pub fn upload(gpu: &GpuSearcher, index: &IvfIndex) -> Result<Self, IvfGpuError> {
+impl KernelLists {
+    pub fn of(index: &IvfIndex) -> Result<Self, IvfGpuError> {
         let dim = index.dim();
         let mut offsets = Vec::with_capacity(index.nlist());
         let mut sizes = Vec::with_capacity(index.nlist());
@@ -198,28 +194,57 @@ impl GpuIvfIndex {
         }
         // Rows of 32-row groups, not dataset rows: only the shape is borrowed.
         let shaped = |e| IvfGpuError::Ivf(IvfError::Search(e));
-        let all = match index.lists() {
+        let data = match index.lists() {
             ListStore::F32(ls) => Vectors::f32(concat(ls), dim),
             ListStore::F16(ls) => Vectors::f16(concat(ls), dim),
             ListStore::I8(ls) => Vectors::i8(concat(ls), dim),
             ListStore::U8(ls) => Vectors::u8(concat(ls), dim),
         }
         .map_err(shaped)?;
+        Ok(KernelLists {
+            data,
+            ids,
+            offsets,
+            sizes,
+        })
+    }
+}
+
+/// An IVF-Flat index resident on the device.
+pub struct GpuIvfIndex {
+    gpu: GpuSearcher,
+    metric: MetricSpec,
+    dtype: DType,
+    dim: usize,
+    n: usize,
+    nlist: usize,
+    veclen: usize,
+    centroids: GpuIndex,
+    data: DeviceVectors,
+    ids: GpuBuffer<i64>,
+    offsets: GpuBuffer<u64>,
+    sizes: GpuBuffer<u32>,
+}
+
+impl GpuIvfIndex {
+    /// Uploads the centroids and the lists ([`KernelLists`]).
+    pub fn upload(gpu: &GpuSearcher, index: &IvfIndex) -> Result<Self, IvfGpuError> {
+        let lists = KernelLists::of(index)?;
         let t = gpu.transfer();
         let cents = Vectors::F32(index.centroids().clone());
         Ok(GpuIvfIndex {
             gpu: gpu.clone(),
             metric: index.metric(),
             dtype: index.dtype(),
-            dim,
+            dim: index.dim(),
             n: index.rows(),
             nlist: index.nlist(),
             veclen: index.veclen(),
             centroids: GpuIndex::upload(gpu, &cents).map_err(dev_err)?,
-            data: upload_vectors(t, gpu.pool(), &all).map_err(dev_err)?,
-            ids: t.upload_new(gpu.pool(), &ids).map_err(dev_err)?,
-            offsets: t.upload_new(gpu.pool(), &offsets).map_err(dev_err)?,
-            sizes: t.upload_new(gpu.pool(), &sizes).map_err(dev_err)?,
+            data: upload_vectors(t, gpu.pool(), &lists.data).map_err(dev_err)?,
+            ids: t.upload_new(gpu.pool(), &lists.ids).map_err(dev_err)?,
+            offsets: t.upload_new(gpu.pool(), &lists.offsets).map_err(dev_err)?,
+            sizes: t.upload_new(gpu.pool(), &lists.sizes).map_err(dev_err)?,
         })
     }
 

@@ -15,13 +15,14 @@
 #pragma once
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "driver_io.h"
+
 namespace simt_knn {
+
+using namespace simt_io;
 
 template <typename T>
 using tile_fn = void (*)(const T*, const T*, const uint32_t*, const float*, const float*, const float*,
@@ -30,55 +31,6 @@ using tile_fn = void (*)(const T*, const T*, const uint32_t*, const float*, cons
 template <typename T>
 using rerank_fn = void (*)(const T*, const T*, const uint32_t*, const float*, const float*, const uint32_t*,
                            uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*, float*);
-
-template <typename F>
-struct entry {
-  const char* name;
-  F fn;
-  uint32_t capacity;
-};
-
-[[noreturn]] inline void die(int code, const std::string& what) {
-  std::fprintf(stderr, "knn_driver: %s\n", what.c_str());
-  std::exit(code);
-}
-
-template <typename E>
-std::vector<E> read_file(const std::string& path, size_t count, bool optional = false) {
-  std::vector<E> v;
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    if (optional) return v;
-    die(2, "cannot open " + path);
-  }
-  v.resize(count);
-  const size_t got = count == 0 ? 0 : std::fread(v.data(), sizeof(E), count, f);
-  std::fclose(f);
-  if (got != count) die(2, path + ": expected " + std::to_string(count) + " elements");
-  return v;
-}
-
-template <typename E>
-void write_file(const std::string& path, const std::vector<E>& v) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr || std::fwrite(v.data(), sizeof(E), v.size(), f) != v.size()) die(2, "cannot write " + path);
-  std::fclose(f);
-}
-
-template <typename F>
-const entry<F>& find(const entry<F>* table, size_t n, const char* name) {
-  for (size_t i = 0; i < n; ++i) {
-    if (std::strcmp(table[i].name, name) == 0) return table[i];
-  }
-  die(2, std::string("no kernel named ") + name + " in this program");
-}
-
-inline uint32_t arg_u32(const char* s) {
-  char* end = nullptr;
-  const unsigned long v = std::strtoul(s, &end, 10);
-  if (end == s || *end != 0 || v > 0xFFFFFFFFul) die(2, std::string("not a u32: ") + s);
-  return static_cast<uint32_t>(v);
-}
 
 template <typename T>
 int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_tiles,
