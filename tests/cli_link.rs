@@ -475,3 +475,29 @@ fn catalog_json_lists_each_fragments_kernels_per_arch() {
         assert_eq!(f["definitions"], serde_json::json!([name]), "{f}");
     }
 }
+
+/// `fraglink catalog --json | head`: a reader that goes away ends the CLI
+/// quietly (SIGPIPE, as for other tools), never with a panic.
+#[test]
+fn a_closed_stdout_ends_the_cli_without_a_panic() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(support::fraglink_bin())
+        .args(["catalog", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The pipe's read end is closed here; the catalog is far larger than a pipe buffer.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+}

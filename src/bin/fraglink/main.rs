@@ -48,7 +48,19 @@ enum Command {
     Search(search::SearchArgs),
 }
 
+/// A closed stdout (`fraglink catalog --json | head`) ends the process the
+/// way it ends other command-line tools, by SIGPIPE. Rust ignores SIGPIPE, so
+/// `println!` would panic on the broken pipe instead.
+fn default_sigpipe() {
+    // SAFETY: restoring a signal's default disposition at start-up, before
+    // any thread exists; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    default_sigpipe();
     let cli = Cli::parse();
     match &cli.command {
         Command::Expand(a) => expand::run(a),
