@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs fraglink's whole test suite (ignored GPU tests included), doctor, the
-# GPU search matrix and the GPU benches from target/gpu-archive/ (made by
+# GPU search matrix, the GPU benches and kernel profiles (ncu) from
+# target/gpu-archive/ (made by
 # scripts/gpu-archive.sh), on a machine with the NVIDIA driver and CUDA
 # libraries but no Rust toolchain and no network. Writes into OUTDIR:
 #   gpu-results.json  device, driver, CUDA, commit, each test's outcome,
@@ -94,6 +95,26 @@ if [ "$gpu" = 1 ]; then
     echo "== exact k-NN against torch / CuPy (benches/scripts/gpu_peers.py)"
     PYTHONUNBUFFERED=1 "$py" "$root/benches/scripts/gpu_peers.py" --fraglink "$bin" \
       --out "$logs/peers.json" 2>&1 | tee "$logs/peers.txt"
+  fi
+  # Kernel profiles for whoever tunes the kernels next: Nsight Compute on the
+  # second (warm) search of n 1M x 128 f32, k 10: the tensor-core kernels at
+  # nq 1 and 1000, the scan at nq 1. GPU_RUN_NCU=0 leaves them out (about a
+  # minute, most of it the CLI's exact CPU answer for the recall).
+  if [ "${GPU_RUN_NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
+    echo "== kernel profiles (ncu)"
+    # name, nq, FRAGLINK_GPU_KNN, launches of the first search (skipped), launches profiled
+    for spec in "knn-nq1 1 1 2 2" "knn-nq1000 1000 1 2 2" "scan-nq1 1 0 1 1"; do
+      set -- $spec
+      FRAGLINK_GPU_KNN=$3 ncu --target-processes all --kernel-name regex:'knn_|scan_' \
+        --launch-skip "$4" --launch-count "$5" \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+        -f -o "$logs/ncu-$1" \
+        "$bin" search --device gpu --json --n 1000000 --dim 128 --nq "$2" --k 10 --dtype f32 \
+        --repeat 2 >"$logs/ncu-$1.out" 2>&1
+      echo "ncu $1 exit $?"
+      ncu --import "$logs/ncu-$1.ncu-rep" --csv --page details >"$logs/ncu-$1.csv" 2>>"$logs/ncu-$1.out"
+    done
   fi
 fi
 

@@ -3,6 +3,7 @@
 (`collect`), and gpu-results.json into GPU.md (`md`). GPU.md is only ever
 written by this script: never edit it by hand."""
 import argparse
+import csv
 import json
 import os
 import sys
@@ -53,6 +54,37 @@ def tests_from_junit(path):
     return out
 
 
+# Nsight Compute metrics GPU.md shows per profiled kernel (gpu-run.sh's ncu step).
+NCU_METRICS = [
+    "Duration", "DRAM Throughput", "Memory Throughput", "Compute (SM) Throughput",
+    "Registers Per Thread", "Theoretical Occupancy", "Achieved Occupancy",
+]
+
+
+def ncu_profiles(logs):
+    """Per ncu-<case>.csv (`ncu --import R --csv --page details`): each profiled
+    kernel's NCU_METRICS as "value unit" strings, in launch order."""
+    out = []
+    for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        if not (name.startswith("ncu-") and name.endswith(".csv")):
+            continue
+        text = read(os.path.join(logs, name), "") or ""
+        rows = list(csv.DictReader(line for line in text.splitlines() if line.startswith('"')))
+        kernels = {}
+        for row in rows:
+            kid = row.get("ID")
+            if kid is None or row.get("Metric Name") not in NCU_METRICS:
+                continue
+            k = kernels.setdefault(kid, {"kernel": (row.get("Kernel Name") or "").split("(")[0],
+                                         "grid": row.get("Grid Size"), "block": row.get("Block Size"),
+                                         "metrics": {}})
+            unit = row.get("Metric Unit") or ""
+            k["metrics"][row["Metric Name"]] = f"{row.get('Metric Value', '')} {unit}".strip()
+        out.append({"case": name[len("ncu-"):-len(".csv")],
+                    "kernels": [kernels[i] for i in sorted(kernels, key=lambda x: int(x) if x.isdigit() else 0)]})
+    return out
+
+
 def collect(a):
     logs = a.logs
     gpu_csv = (read(os.path.join(logs, "gpu.csv"), "") or "").strip().splitlines()
@@ -70,6 +102,7 @@ def collect(a):
             pass
     bench = read_json(os.path.join(logs, "bench.json"))
     peers = read_json(os.path.join(logs, "peers.json"))
+    profiles = ncu_profiles(logs)
     tests = tests_from_junit(os.path.join(logs, "junit.xml"))
     commit = (read(os.path.join(a.archive, "commit"), "") or "").strip() or None
     counts = {}
@@ -89,6 +122,7 @@ def collect(a):
         "searches": searches,
         "bench": bench,
         "peers": peers,
+        "profiles": profiles,
     }
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gpu-results.json"), "w") as f:
@@ -189,6 +223,16 @@ def render(r, summary=False):
             lines.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | " + " | ".join(cells)
                          + f" | {fmt(kernel)} | {fmt(c.get('fraglink_vs_best_peer'))} | {met}"
                          + f" | {fmt(c.get('tensor_core_vs_scan'))} | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
+        lines.append("")
+    prof = [c for c in (r.get("profiles") or []) if c.get("kernels")]
+    if prof:
+        lines.append("## Kernel profiles (Nsight Compute; n 1M x 128 f32, k 10, the second search)\n")
+        lines.append("| case | kernel | grid | block | " + " | ".join(NCU_METRICS) + " |")
+        lines.append("| --- | --- | --- | --- | " + " | ".join("---" for _ in NCU_METRICS) + " |")
+        for c in prof:
+            for k in c["kernels"]:
+                lines.append(f"| {c['case']} | {k['kernel']} | {fmt(k.get('grid'))} | {fmt(k.get('block'))} | "
+                             + " | ".join(fmt(k["metrics"].get(m)) for m in NCU_METRICS) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

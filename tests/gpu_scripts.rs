@@ -128,3 +128,101 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         .count();
     assert_eq!(rows, 12, "{md}");
 }
+
+/// gpu-run.sh's Nsight Compute step: `collect` reads each `ncu-<case>.csv`
+/// (`ncu --import R --csv --page details`) into `profiles`, and GPU.md shows
+/// each profiled kernel's headline metrics.
+#[test]
+fn kernel_profiles_are_collected_and_rendered() {
+    let root = support::manifest_dir();
+    let report_py = root.join("scripts/gpu_report.py");
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let header =
+        "\"ID\",\"Process ID\",\"Process Name\",\"Host Name\",\"Kernel Name\",\"Context\",\
+                  \"Stream\",\"Block Size\",\"Grid Size\",\"Device\",\"CC\",\"Section Name\",\
+                  \"Metric Name\",\"Metric Unit\",\"Metric Value\"";
+    let row = |id: u32, kernel: &str, metric: &str, unit: &str, value: &str| {
+        format!(
+            "\"{id}\",\"99\",\"fraglink\",\"127.0.0.1\",\"{kernel}\",\"1\",\"7\",\"(128, 1, 1)\",\
+             \"(1, 528, 1)\",\"0\",\"9.0\",\"GPU Speed Of Light Throughput\",\"{metric}\",\"{unit}\",\"{value}\""
+        )
+    };
+    let csv = [
+        "==PROF== Connected to process 99".to_string(),
+        header.to_string(),
+        row(
+            0,
+            "knn_tile_f32_tf32x3_q16_k32",
+            "Duration",
+            "usecond",
+            "412.35",
+        ),
+        row(
+            0,
+            "knn_tile_f32_tf32x3_q16_k32",
+            "DRAM Throughput",
+            "%",
+            "71.20",
+        ),
+        row(
+            0,
+            "knn_tile_f32_tf32x3_q16_k32",
+            "L1/TEX Hit Rate",
+            "%",
+            "3.1",
+        ),
+        row(1, "knn_rerank_f32_k32", "Duration", "usecond", "21.50"),
+    ]
+    .join("\n");
+    std::fs::write(logs.join("ncu-knn-nq1.csv"), csv).unwrap();
+    let out = dir.path().join("out");
+    python(
+        &[
+            report_py.to_str().unwrap(),
+            "collect",
+            "--logs",
+            logs.to_str().unwrap(),
+            "--archive",
+            dir.path().to_str().unwrap(),
+            "--gpu",
+            "1",
+            "--tests-exit",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &root,
+    );
+    let results = out.join("gpu-results.json");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
+    let profiles = doc["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 1, "{doc}");
+    assert_eq!(profiles[0]["case"], "knn-nq1");
+    let kernels = profiles[0]["kernels"].as_array().unwrap();
+    assert_eq!(kernels.len(), 2, "{doc}");
+    assert_eq!(kernels[0]["kernel"], "knn_tile_f32_tf32x3_q16_k32");
+    assert_eq!(kernels[0]["metrics"]["DRAM Throughput"], "71.20 %");
+    assert!(
+        kernels[0]["metrics"].get("L1/TEX Hit Rate").is_none(),
+        "only the listed metrics: {doc}"
+    );
+    let md = dir.path().join("GPU.md");
+    python(
+        &[
+            report_py.to_str().unwrap(),
+            "md",
+            results.to_str().unwrap(),
+            "--out",
+            md.to_str().unwrap(),
+        ],
+        &root,
+    );
+    let md = std::fs::read_to_string(&md).unwrap();
+    assert!(
+        md.contains("## Kernel profiles")
+            && md.contains("| knn-nq1 | knn_tile_f32_tf32x3_q16_k32 | (1, 528, 1) | (128, 1, 1) | 412.35 usecond | 71.20 % |"),
+        "{md}"
+    );
+}
