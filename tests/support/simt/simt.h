@@ -42,6 +42,11 @@
 #include <cuda_fp16.h>
 #undef __shared__
 #define __shared__ static
+// CUDA 13's own crt/host_defines.h (found before fragments/host) leaves this
+// undefined for host compilers.
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
 
 // Fragments may enable host-only paths with this (e.g. code that is sm_80+ on a GPU).
 #define FRAGLINK_HOST_SIMT 1
