@@ -25,6 +25,22 @@ fn python(args: &[&str], cwd: &Path) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `gpu_report.py md RESULTS`: the GPU.md it writes (into `dir`).
+fn render_md(report_py: &Path, results: &Path, dir: &Path, root: &Path) -> String {
+    let md = dir.join("GPU.md");
+    python(
+        &[
+            report_py.to_str().unwrap(),
+            "md",
+            results.to_str().unwrap(),
+            "--out",
+            md.to_str().unwrap(),
+        ],
+        root,
+    );
+    std::fs::read_to_string(&md).unwrap()
+}
+
 #[test]
 fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
     let root = support::manifest_dir();
@@ -100,18 +116,7 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         serde_json::json!({ "peers": doc, "searches": search }).to_string(),
     )
     .unwrap();
-    let md = dir.path().join("GPU.md");
-    python(
-        &[
-            report_py.to_str().unwrap(),
-            "md",
-            results.to_str().unwrap(),
-            "--out",
-            md.to_str().unwrap(),
-        ],
-        &root,
-    );
-    let md = std::fs::read_to_string(&md).unwrap();
+    let md = render_md(&report_py, &results, dir.path(), &root);
     assert!(md.contains("Exact k-NN against torch and CuPy"), "{md}");
     // The search matrix names the kernel that served each search.
     assert!(
@@ -208,18 +213,7 @@ fn kernel_profiles_are_collected_and_rendered() {
         kernels[0]["metrics"].get("L1/TEX Hit Rate").is_none(),
         "only the listed metrics: {doc}"
     );
-    let md = dir.path().join("GPU.md");
-    python(
-        &[
-            report_py.to_str().unwrap(),
-            "md",
-            results.to_str().unwrap(),
-            "--out",
-            md.to_str().unwrap(),
-        ],
-        &root,
-    );
-    let md = std::fs::read_to_string(&md).unwrap();
+    let md = render_md(&report_py, &results, dir.path(), &root);
     assert!(
         md.contains("## Kernel profiles")
             && md.contains("| knn-nq1 | knn_tile_f32_tf32x3_q16_k32 | (1, 528, 1) | (128, 1, 1) | 412.35 usecond | 71.20 % |"),

@@ -55,6 +55,14 @@ const entry<F>& find(const entry<F>* table, size_t n, const char* name) {
   die(2, std::string("no kernel named ") + name + " in this program");
 }
 
+// Ends the run (exit 1) when a kernel left an output distance unwritten: the
+// drivers pre-fill them with NaN, which no written result holds.
+inline void require_written(const std::vector<float>& dists) {
+  for (size_t i = 0; i < dists.size(); ++i) {
+    if (dists[i] != dists[i]) die(1, "output " + std::to_string(i) + " not written (NaN left in place)");
+  }
+}
+
 inline uint32_t arg_u32(const char* s) {
   char* end = nullptr;
   const unsigned long v = std::strtoul(s, &end, 10);

@@ -88,9 +88,7 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
               out_ids.data(), out_dists.data());
   };
   simt::launch(simt::extent{rerank_grid, 1, 1}, simt::extent{128, 1, 1}, run_rerank, seed + 1);
-  for (size_t i = 0; i < out_dists.size(); ++i) {
-    if (std::isnan(out_dists[i])) die(1, "output " + std::to_string(i) + " not written (NaN left in place)");
-  }
+  require_written(out_dists);
   write_file(dir + "/ids.bin", out_ids);
   write_file(dir + "/dists.bin", out_dists);
   std::printf("switches %llu %llu\n", static_cast<unsigned long long>(tile_switches),

@@ -36,9 +36,7 @@ int scan_main(int argc, char** argv, const entry<scan_fn<T, Idx>>* kernels, size
               dists.data());
   };
   simt::launch(simt::extent{grid, 1, 1}, simt::extent{128, 1, 1}, run, seed);
-  for (size_t i = 0; i < dists.size(); ++i) {
-    if (std::isnan(dists[i])) die(1, "output " + std::to_string(i) + " not written (NaN left in place)");
-  }
+  require_written(dists);
   write_file(dir + "/ids.bin", ids);
   write_file(dir + "/dists.bin", dists);
   return 0;
