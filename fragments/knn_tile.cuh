@@ -31,8 +31,10 @@
 //   d' <= hi' <= T < lo <= d; (c) by the exact reduction: k members precede it by
 //   exact key. src/search/cpu.rs uses the same rules.
 //
-// knn_rerank<T, CAP> — merge and exact re-rank, one block per query (grid-stride):
-//   pass 1: U = the k-th smallest hi over all chunks' candidates (a block-wide top-k of
+// knn_rerank<T, CAP> — merge and exact re-rank, one block per query and group of chunks
+//   (grid-stride; with many chunks a merge launch over groups of chunks comes first,
+//   see run_rerank):
+//   pass 1: U = the k-th smallest hi over the chunks' candidates (a block-wide top-k of
 //   (hi, id) keys, scan.cuh's offer_tile); pass 2: every candidate with lo <= U gets
 //   its exact distance from the linked metric (the in-order fold of the scan kernel,
 //   NaN -> +inf) and the k smallest (d, id) keys are the result, padded with
@@ -510,28 +512,45 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
 }
 
 // ----- merge and exact re-rank ---------------------------------------------------
+// Block (x, y) re-ranks the candidates of query x (grid-stride) from chunks
+// [group_chunks y, group_chunks (y + 1)). With `merged_count` (the merge level, grid.y
+// groups) the group's exact best k go to slot (q, y) of the merged arrays in
+// knn_tile's output format (lo = hi = the exact distance, count = the real rows
+// among them), for a final launch over the groups; without it (grid.y = 1) they are
+// the result. A row left out of its group's best k has k rows of the group before
+// it by exact key, so it is not among the query's best k either.
 template <typename T, int CAP>
 __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const T* __restrict__ queries,
                                            const uint32_t* __restrict__ cand_count,
                                            const float* __restrict__ cand_lo, const float* __restrict__ cand_hi,
                                            const uint32_t* __restrict__ cand_ids, uint32_t dim, uint32_t n_queries,
-                                           uint32_t n_chunks, uint32_t k, uint32_t* __restrict__ out_ids,
-                                           float* __restrict__ out_dists) {
+                                           uint32_t n_chunks, uint32_t k, uint32_t group_chunks,
+                                           uint32_t* __restrict__ merged_count, float* __restrict__ merged_lo,
+                                           float* __restrict__ merged_hi, uint32_t* __restrict__ merged_ids,
+                                           uint32_t* __restrict__ out_ids, float* __restrict__ out_dists) {
   constexpr int BLOCK = FRAGLINK_KNN_BLOCK;
   constexpr int S = scan::next_pow2(CAP + BLOCK);
   __shared__ float s_key[S];
   __shared__ uint32_t s_id[S];
 
-  const void* ptrs4[] = {cand_count, cand_lo, cand_hi, cand_ids, out_ids, out_dists};
+  const void* ptrs4[] = {cand_count, cand_lo, cand_hi, cand_ids, merged_count, merged_lo, merged_hi, merged_ids,
+                         out_ids, out_dists};
   uint64_t bad = 0;
-  for (int i = 0; i < 6; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
-  if (bad != 0 || k == 0 || k > static_cast<uint32_t>(CAP) || blockDim.x != BLOCK || blockDim.y != 1 ||
+  for (int i = 0; i < 10; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
+  const bool merging = merged_count != nullptr;
+  const bool outputs = merging ? merged_lo != nullptr && merged_hi != nullptr && merged_ids != nullptr
+                               : out_ids != nullptr && out_dists != nullptr && gridDim.y == 1;
+  if (bad != 0 || !outputs || k == 0 || k > static_cast<uint32_t>(CAP) || group_chunks == 0 ||
+      static_cast<uint64_t>(group_chunks) * gridDim.y < n_chunks || blockDim.x != BLOCK || blockDim.y != 1 ||
       blockDim.z != 1) {
     return;
   }
   const uint32_t tid = threadIdx.x;
   const float inf = scan::pos_inf();
-  const uint64_t slots = static_cast<uint64_t>(n_chunks) * CAP;
+  const uint32_t invalid = scan::idx_abi<uint32_t>::invalid;
+  const uint64_t c0 = static_cast<uint64_t>(blockIdx.y) * group_chunks;
+  const uint64_t c_end = c0 + group_chunks < n_chunks ? c0 + group_chunks : n_chunks;
+  const uint64_t slots = (c_end > c0 ? c_end - c0 : 0) * CAP;
 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {
     const T* __restrict__ qrow = queries + q * dim;
@@ -539,16 +558,16 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
     for (int pass = 0; pass < 2; ++pass) {
       for (int i = static_cast<int>(tid); i < S; i += BLOCK) {
         s_key[i] = inf;
-        s_id[i] = scan::idx_abi<uint32_t>::invalid;
+        s_id[i] = invalid;
       }
       __syncthreads();
       for (uint64_t tile = 0; tile < slots; tile += BLOCK) {
         const uint64_t s = tile + tid;
         float key = inf;
-        uint32_t id = scan::idx_abi<uint32_t>::invalid;
+        uint32_t id = invalid;
         bool candidate = false;
         if (s < slots) {
-          const uint64_t c = q * n_chunks + s / CAP;
+          const uint64_t c = q * n_chunks + c0 + s / CAP;
           if (s % CAP < cand_count[c]) {
             const uint64_t at = c * CAP + s % CAP;
             id = cand_ids[at];
@@ -567,9 +586,22 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
       u = s_key[k - 1];
       __syncthreads();
     }
-    for (uint32_t j = tid; j < k; j += BLOCK) {
-      out_ids[q * k + j] = s_id[j];
-      out_dists[q * k + j] = s_key[j];
+    if (merging) {
+      // Real rows come first (padding sorts last), so they are a prefix.
+      const uint64_t slot = q * gridDim.y + blockIdx.y;
+      for (uint32_t j = tid; j < k; j += BLOCK) {
+        merged_lo[slot * CAP + j] = s_key[j];
+        merged_hi[slot * CAP + j] = s_key[j];
+        merged_ids[slot * CAP + j] = s_id[j];
+        const bool last_real = s_id[j] != invalid && (j + 1 == k || s_id[j + 1] == invalid);
+        if (last_real) merged_count[slot] = j + 1;
+        if (j == 0 && s_id[0] == invalid) merged_count[slot] = 0;
+      }
+    } else {
+      for (uint32_t j = tid; j < k; j += BLOCK) {
+        out_ids[q * k + j] = s_id[j];
+        out_dists[q * k + j] = s_key[j];
+      }
     }
     __syncthreads();
   }

@@ -24,6 +24,7 @@ use fraglink::build::Arch;
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::{synthetic, Rng};
 use fraglink::search::knn::norms::Norms;
+use fraglink::search::knn::plan::merge_groups;
 use fraglink::search::knn::{choose, KnnPlan, KnnRequest, Precision};
 use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use half::f16;
@@ -129,6 +130,7 @@ fn run_case(
         write("filter.bin", &emulated::filter_words(b, n));
     }
     let (n_chunks, chunk_rows) = plan.chunks(n, nq, c.sms);
+    let (groups, group_chunks) = merge_groups(n_chunks);
     let tiles = nq.div_ceil(plan.qtile as usize) as u32;
     let args: Vec<String> = vec![
         plan.tile.name.into(),
@@ -139,6 +141,8 @@ fn run_case(
         c.k.to_string(),
         chunk_rows.to_string(),
         n_chunks.to_string(),
+        groups.to_string(),
+        group_chunks.to_string(),
         tiles.min(c.tile_grid).to_string(),
         (nq as u32).min(c.rerank_grid).to_string(),
         "7".into(),
@@ -255,6 +259,8 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     let (odd_base, odd_queries) = synthetic(n, odd, 20, dtype, 16);
     let tie_base = ties(dtype, n, dim, 12);
     let tie_queries = ties(dtype, 20, dim, 13);
+    // Enough row tiles for more than MERGE_CHUNKS chunks: the merge level.
+    let (big_base, big_queries) = synthetic(2500, odd, 3, dtype, 17);
     let near_base = near_ties(dtype, n, odd, 14);
     let near_queries = near_ties(dtype, 12, odd, 15);
     let label = |s: &str| format!("{dtype:?}/{precision:?}/{metric:?}: {s}");
@@ -329,7 +335,45 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
         },
+        Case {
+            what: label("3 queries over 40 chunks: merge level, then final"),
+            base: &big_base,
+            queries: big_queries.clone(),
+            k: 10,
+            filter: None,
+            sms: 40,
+            tile_grid: u32::MAX,
+            rerank_grid: 2,
+        },
+        Case {
+            what: label("merge level at capacity 128 with a filter"),
+            base: &big_base,
+            queries: big_queries.slice_rows(0, 2),
+            k: 100,
+            filter: Some(Bitset::random(2500, 0.5, 8)),
+            sms: 40,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
     ];
+    assert!(
+        all.iter().any(|c| {
+            let p = choose(&KnnRequest {
+                device: Arch::sm(90),
+                dtype,
+                metric,
+                filter: "none",
+                n_rows: c.base.rows(),
+                dim: c.base.dim(),
+                nq: c.queries.rows(),
+                k: c.k,
+                precision: Some(precision),
+            })
+            .unwrap();
+            merge_groups(p.chunks(c.base.rows(), c.queries.rows(), c.sms).0).0 > 1
+        }),
+        "some case must take the merge level"
+    );
     for c in &all {
         check(exe, metric, precision, c);
     }

@@ -112,6 +112,34 @@ pub(crate) struct KnnSearch<'a> {
 }
 
 impl KnnSearch<'_> {
+    /// knn_rerank's arguments up to `group_chunks`: the rows, `nb` queries,
+    /// candidates `[count, ids]` and `[lo, hi]` over `[n_chunks,
+    /// group_chunks]`; the caller adds the outputs of its level.
+    fn rerank_args<'b>(
+        &'b self,
+        queries: &'b DeviceVectors,
+        nb: usize,
+        contract: &ScanContract,
+        cand: [&'b GpuBuffer<u32>; 2],
+        lohi: [&'b GpuBuffer<f32>; 2],
+        [n_chunks, group_chunks]: [u32; 2],
+    ) -> Result<KernelArgs<'b>, GpuSearchError> {
+        let mut a = KernelArgs::new();
+        self.data
+            .push_rows(&mut a, contract, "dataset", 0..self.n_rows * self.dim)?;
+        queries.push_rows(&mut a, contract, "queries", 0..nb * self.dim)?;
+        a.input(cand[0])?
+            .input(lohi[0])?
+            .input(lohi[1])?
+            .input(cand[1])?;
+        a.value(self.dim as u32)
+            .value(nb as u32)
+            .value(n_chunks)
+            .value(self.k as u32)
+            .value(group_chunks);
+        Ok(a)
+    }
+
     /// Exact k-NN of `queries` (none special: the caller checked `qnorms`),
     /// in batches of [`KNN_BATCH`]. Returns the results and the candidate
     /// kernel's link.
@@ -185,20 +213,61 @@ impl KnnSearch<'_> {
             }
             let mut o_ids = pool.alloc::<u32>(nb * k)?;
             let mut o_dists = pool.alloc::<f32>(nb * k)?;
-            {
+            let (groups, group_chunks) = super::plan::merge_groups(n_chunks);
+            if groups > 1 {
+                // Merge level: each group's exact best k, in knn_tile's format.
+                let merged = nb * groups as usize;
+                let mut m_count = pool.alloc::<u32>(merged)?;
+                let mut m_lo = pool.alloc::<f32>(merged * cap)?;
+                let mut m_hi = pool.alloc::<f32>(merged * cap)?;
+                let mut m_ids = pool.alloc::<u32>(merged * cap)?;
+                {
+                    let cfg = LaunchConfig::new((nb as u32, groups, 1), (KNN_BLOCK, 1, 1));
+                    let mut a = self.rerank_args(
+                        &d_q,
+                        nb,
+                        &contract,
+                        [&c_count, &c_ids],
+                        [&c_lo, &c_hi],
+                        [n_chunks, group_chunks],
+                    )?;
+                    a.output(m_count.view_mut())?
+                        .output(m_lo.view_mut())?
+                        .output(m_hi.view_mut())?
+                        .output(m_ids.view_mut())?;
+                    a.null_ptr().null_ptr();
+                    // SAFETY: knn_rerank's contract, merge level: the candidate
+                    // buffers knn_tile just filled (nb × n_chunks slots); the
+                    // merged buffers hold nb × groups slots of `cap`; groups ×
+                    // group_chunks ≥ n_chunks (merge_groups); same stream.
+                    unsafe { rerank.launch(&cfg, &mut a)? };
+                }
                 let cfg = LaunchConfig::new((nb as u32, 1, 1), (KNN_BLOCK, 1, 1));
-                let mut a = KernelArgs::new();
-                self.data
-                    .push_rows(&mut a, &contract, "dataset", 0..self.n_rows * dim)?;
-                d_q.push_rows(&mut a, &contract, "queries", 0..nb * dim)?;
-                a.input(&c_count)?
-                    .input(&c_lo)?
-                    .input(&c_hi)?
-                    .input(&c_ids)?;
-                a.value(dim as u32)
-                    .value(nb as u32)
-                    .value(n_chunks)
-                    .value(k as u32);
+                let mut a = self.rerank_args(
+                    &d_q,
+                    nb,
+                    &contract,
+                    [&m_count, &m_ids],
+                    [&m_lo, &m_hi],
+                    [groups, groups],
+                )?;
+                a.null_ptr().null_ptr().null_ptr().null_ptr();
+                push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
+                push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
+                // SAFETY: knn_rerank's contract, final level over the merge
+                // level's nb × groups slots, launched after it on the same stream.
+                unsafe { rerank.launch(&cfg, &mut a)? };
+            } else {
+                let cfg = LaunchConfig::new((nb as u32, 1, 1), (KNN_BLOCK, 1, 1));
+                let mut a = self.rerank_args(
+                    &d_q,
+                    nb,
+                    &contract,
+                    [&c_count, &c_ids],
+                    [&c_lo, &c_hi],
+                    [n_chunks, n_chunks],
+                )?;
+                a.null_ptr().null_ptr().null_ptr().null_ptr();
                 push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
                 push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
                 // SAFETY: knn_rerank's contract; the candidate buffers are

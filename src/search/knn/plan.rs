@@ -145,6 +145,25 @@ pub fn chunks(n_rows: usize, nq: usize, qtile: u32, row_tile: u32, sms: u32) -> 
     (n_chunks as u32, chunk_rows as u32)
 }
 
+/// Chunks per block of the re-rank's merge level. A query whose candidates
+/// span more chunks is re-ranked in two launches: blocks of this many chunks
+/// each keep their exact best k (in parallel over the groups), then one block
+/// per query merges the groups. One block walking every chunk (528 on an H100
+/// at nq = 1) would be a serial tail after a search spread over every SM.
+pub const MERGE_CHUNKS: u32 = 16;
+
+/// `(groups, group_chunks)` of the re-rank for `n_chunks` chunks: with
+/// `groups > 1` a merge launch over `groups` blocks per query of
+/// `group_chunks` chunks comes first; with `groups == 1` one launch takes
+/// every chunk.
+pub fn merge_groups(n_chunks: u32) -> (u32, u32) {
+    if n_chunks > MERGE_CHUNKS {
+        (n_chunks.div_ceil(MERGE_CHUNKS), MERGE_CHUNKS)
+    } else {
+        (1, n_chunks.max(1))
+    }
+}
+
 fn param_u32(f: &FragmentInfo, key: &str) -> Option<u32> {
     f.param(key)?.parse().ok()
 }
@@ -388,6 +407,17 @@ mod tests {
         assert_eq!(chunks(0, 1, 16, 64, 132), (1, 64));
         // A huge device never asks for more chunks than grid.y holds.
         assert!(chunks(1 << 31, 1, 16, 64, 1 << 20).0 <= 65_535);
+    }
+
+    #[test]
+    fn many_chunks_are_merged_in_groups_that_cover_them() {
+        assert_eq!(merge_groups(1), (1, 1));
+        assert_eq!(merge_groups(MERGE_CHUNKS), (1, MERGE_CHUNKS));
+        assert_eq!(merge_groups(MERGE_CHUNKS + 1), (2, MERGE_CHUNKS));
+        for n in [17, 75, 528, 65_535] {
+            let (g, c) = merge_groups(n);
+            assert!(g * c >= n && (g - 1) * c < n, "{n}: {g} x {c}");
+        }
     }
 
     #[test]

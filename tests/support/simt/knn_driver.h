@@ -5,8 +5,9 @@
 // metric, filter, knn_tile and knn_rerank sources of the build, then this file, and
 // lists its kernels in tables for `knn_main`.
 //
-// Usage: PROGRAM TILE RERANK N_ROWS DIM NQ K CHUNK_ROWS N_CHUNKS TILE_GRID_X RERANK_GRID_X
-//                SEED DIR
+// Usage: PROGRAM TILE RERANK N_ROWS DIM NQ K CHUNK_ROWS N_CHUNKS GROUPS GROUP_CHUNKS
+//                TILE_GRID_X RERANK_GRID_X SEED DIR
+// (GROUPS, GROUP_CHUNKS: knn::plan::merge_groups; GROUPS > 1 adds the merge level.)
 // DIR holds dataset.bin, queries.bin (raw elements, row-major), row_aux0.bin,
 // row_aux1.bin, query_aux0.bin, query_aux1.bin (f32), and filter.bin (u32 words;
 // absent: no filter). Writes DIR/ids.bin (u32) and DIR/dists.bin (f32), NQ x K each.
@@ -30,18 +31,51 @@ using tile_fn = void (*)(const T*, const T*, const uint32_t*, const float*, cons
                          uint32_t*);
 template <typename T>
 using rerank_fn = void (*)(const T*, const T*, const uint32_t*, const float*, const float*, const uint32_t*,
-                           uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*, float*);
+                           uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*, float*, float*, uint32_t*,
+                           uint32_t*, float*);
+
+// One (query, chunk or group) candidate list per slot, in knn_tile's output format.
+struct candidates {
+  std::vector<uint32_t> count;
+  std::vector<float> lo, hi;
+  std::vector<uint32_t> ids;
+  static constexpr uint32_t unwritten = 0xDEADBEEFu;
+  candidates(size_t slots, uint32_t cap) : count(slots, unwritten), lo(slots * cap, NAN), hi(slots * cap, NAN),
+                                           ids(slots * cap, unwritten) {}
+
+  // Every slot written, at most `cap` entries with lo <= hi and a real row, each in
+  // the rows `row_ok` accepts for its slot.
+  template <typename RowOk>
+  void check(const char* what, uint32_t cap, uint32_t n_rows, RowOk row_ok) const {
+    for (size_t s = 0; s < count.size(); ++s) {
+      const std::string at_slot = std::string(what) + " slot " + std::to_string(s);
+      if (count[s] == unwritten) die(1, at_slot + ": count not written");
+      if (count[s] > cap) die(1, at_slot + " holds " + std::to_string(count[s]) + " > capacity");
+      for (uint32_t j = 0; j < count[s]; ++j) {
+        const size_t at = s * cap + j;
+        if (!(lo[at] <= hi[at]) || ids[at] >= n_rows || !row_ok(s, ids[at])) {
+          die(1, at_slot + " entry " + std::to_string(j) + ": lo " + std::to_string(lo[at]) + " hi " +
+                     std::to_string(hi[at]) + " id " + std::to_string(ids[at]));
+        }
+      }
+    }
+  }
+};
 
 template <typename T>
 int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_tiles,
              const entry<rerank_fn<T>>* reranks, size_t n_reranks) {
-  if (argc != 13) die(2, "usage: TILE RERANK N_ROWS DIM NQ K CHUNK_ROWS N_CHUNKS TILE_GRID_X RERANK_GRID_X SEED DIR");
+  if (argc != 15) {
+    die(2, "usage: TILE RERANK N_ROWS DIM NQ K CHUNK_ROWS N_CHUNKS GROUPS GROUP_CHUNKS TILE_GRID_X RERANK_GRID_X "
+           "SEED DIR");
+  }
   const entry<tile_fn<T>>& tile = find(tiles, n_tiles, argv[1]);
   const entry<rerank_fn<T>>& rerank = find(reranks, n_reranks, argv[2]);
   const uint32_t n_rows = arg_u32(argv[3]), dim = arg_u32(argv[4]), nq = arg_u32(argv[5]), k = arg_u32(argv[6]);
   const uint32_t chunk_rows = arg_u32(argv[7]), n_chunks = arg_u32(argv[8]);
-  const uint32_t tile_grid = arg_u32(argv[9]), rerank_grid = arg_u32(argv[10]), seed = arg_u32(argv[11]);
-  const std::string dir = argv[12];
+  const uint32_t groups = arg_u32(argv[9]), group_chunks = arg_u32(argv[10]);
+  const uint32_t tile_grid = arg_u32(argv[11]), rerank_grid = arg_u32(argv[12]), seed = arg_u32(argv[13]);
+  const std::string dir = argv[14];
   if (tile.capacity != rerank.capacity) die(2, "tile and re-rank capacities differ");
   const uint32_t cap = tile.capacity;
 
@@ -54,45 +88,45 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   const std::vector<float> qa1 = read_file<float>(dir + "/query_aux1.bin", nq);
 
   // Sentinels: every slot the tile kernel owns must be overwritten.
-  const size_t slots = size_t(nq) * n_chunks;
-  const uint32_t unwritten = 0xDEADBEEFu;
-  std::vector<uint32_t> count(slots, unwritten);
-  std::vector<float> lo(slots * cap, NAN), hi(slots * cap, NAN);
-  std::vector<uint32_t> ids(slots * cap, unwritten);
+  candidates c(size_t(nq) * n_chunks, cap);
   const uint32_t* filter = bits.empty() ? nullptr : bits.data();
   auto run_tile = [&] {
     tile.fn(dataset.data(), queries.data(), filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
-            chunk_rows, count.data(), lo.data(), hi.data(), ids.data());
+            chunk_rows, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data());
   };
   simt::launch(simt::extent{tile_grid, n_chunks, 1}, simt::extent{128, 1, 1}, run_tile, seed);
-  const uint64_t tile_switches = simt::m().switches;
+  c.check("tile", cap, n_rows, [&](size_t s, uint32_t id) { return id / chunk_rows == s % n_chunks; });
 
-  for (size_t s = 0; s < slots; ++s) {
-    if (count[s] == unwritten) die(1, "candidate count of (query, chunk) slot " + std::to_string(s) + " not written");
-    if (count[s] > cap) die(1, "slot " + std::to_string(s) + " holds " + std::to_string(count[s]) + " > capacity");
-    for (uint32_t j = 0; j < count[s]; ++j) {
-      const size_t at = s * cap + j;
-      if (!(lo[at] <= hi[at]) || ids[at] >= n_rows) {
-        die(1, "slot " + std::to_string(s) + " entry " + std::to_string(j) + ": lo " + std::to_string(lo[at]) +
-                   " hi " + std::to_string(hi[at]) + " id " + std::to_string(ids[at]));
-      }
-      const uint32_t chunk = static_cast<uint32_t>(s % n_chunks);
-      if (ids[at] / chunk_rows != chunk) die(1, "slot " + std::to_string(s) + " holds a row of another chunk");
-    }
+  // The re-rank as src/search/knn/gpu.rs launches it: a merge level over groups of
+  // chunks first when there are several groups.
+  const candidates* final_in = &c;
+  uint32_t final_chunks = n_chunks;
+  candidates merged(groups > 1 ? size_t(nq) * groups : 0, cap);
+  if (groups > 1) {
+    auto run_merge = [&] {
+      rerank.fn(dataset.data(), queries.data(), c.count.data(), c.lo.data(), c.hi.data(), c.ids.data(), dim, nq,
+                n_chunks, k, group_chunks, merged.count.data(), merged.lo.data(), merged.hi.data(),
+                merged.ids.data(), nullptr, nullptr);
+    };
+    simt::launch(simt::extent{rerank_grid, groups, 1}, simt::extent{128, 1, 1}, run_merge, seed + 2);
+    merged.check("merged", cap, n_rows, [&](size_t s, uint32_t id) {
+      const uint64_t g = s % groups;
+      return id / chunk_rows >= g * group_chunks && id / chunk_rows < (g + 1) * group_chunks;
+    });
+    final_in = &merged;
+    final_chunks = groups;
   }
-
-  std::vector<uint32_t> out_ids(size_t(nq) * k, unwritten);
+  std::vector<uint32_t> out_ids(size_t(nq) * k, candidates::unwritten);
   std::vector<float> out_dists(size_t(nq) * k, NAN);
   auto run_rerank = [&] {
-    rerank.fn(dataset.data(), queries.data(), count.data(), lo.data(), hi.data(), ids.data(), dim, nq, n_chunks, k,
+    rerank.fn(dataset.data(), queries.data(), final_in->count.data(), final_in->lo.data(), final_in->hi.data(),
+              final_in->ids.data(), dim, nq, final_chunks, k, final_chunks, nullptr, nullptr, nullptr, nullptr,
               out_ids.data(), out_dists.data());
   };
   simt::launch(simt::extent{rerank_grid, 1, 1}, simt::extent{128, 1, 1}, run_rerank, seed + 1);
   require_written(out_dists);
   write_file(dir + "/ids.bin", out_ids);
   write_file(dir + "/dists.bin", out_dists);
-  std::printf("switches %llu %llu\n", static_cast<unsigned long long>(tile_switches),
-              static_cast<unsigned long long>(simt::m().switches - tile_switches));
   return 0;
 }
 
