@@ -214,67 +214,52 @@ impl KnnSearch<'_> {
             let mut o_ids = pool.alloc::<u32>(nb * k)?;
             let mut o_dists = pool.alloc::<f32>(nb * k)?;
             let (groups, group_chunks) = super::plan::merge_groups(n_chunks);
-            if groups > 1 {
-                // Merge level: each group's exact best k, in knn_tile's format.
-                let merged = nb * groups as usize;
-                let mut m_count = pool.alloc::<u32>(merged)?;
-                let mut m_lo = pool.alloc::<f32>(merged * cap)?;
-                let mut m_hi = pool.alloc::<f32>(merged * cap)?;
-                let mut m_ids = pool.alloc::<u32>(merged * cap)?;
-                {
-                    let cfg = LaunchConfig::new((nb as u32, groups, 1), (KNN_BLOCK, 1, 1));
-                    let mut a = self.rerank_args(
-                        &d_q,
-                        nb,
-                        &contract,
-                        [&c_count, &c_ids],
-                        [&c_lo, &c_hi],
-                        [n_chunks, group_chunks],
-                    )?;
-                    a.output(m_count.view_mut())?
-                        .output(m_lo.view_mut())?
-                        .output(m_hi.view_mut())?
-                        .output(m_ids.view_mut())?;
-                    a.null_ptr().null_ptr();
-                    // SAFETY: knn_rerank's contract, merge level: the candidate
-                    // buffers knn_tile just filled (nb × n_chunks slots); the
-                    // merged buffers hold nb × groups slots of `cap`; groups ×
-                    // group_chunks ≥ n_chunks (merge_groups); same stream.
-                    unsafe { rerank.launch(&cfg, &mut a)? };
-                }
-                let cfg = LaunchConfig::new((nb as u32, 1, 1), (KNN_BLOCK, 1, 1));
-                let mut a = self.rerank_args(
-                    &d_q,
-                    nb,
-                    &contract,
-                    [&m_count, &m_ids],
-                    [&m_lo, &m_hi],
-                    [groups, groups],
-                )?;
-                a.null_ptr().null_ptr().null_ptr().null_ptr();
-                push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
-                push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
-                // SAFETY: knn_rerank's contract, final level over the merge
-                // level's nb × groups slots, launched after it on the same stream.
-                unsafe { rerank.launch(&cfg, &mut a)? };
-            } else {
-                let cfg = LaunchConfig::new((nb as u32, 1, 1), (KNN_BLOCK, 1, 1));
+            // Merge level: each group's exact best k, in knn_tile's format.
+            // Kept until the download below: the final launch reads it.
+            let merged = if groups > 1 {
+                let slots = nb * groups as usize;
+                let mut m_count = pool.alloc::<u32>(slots)?;
+                let mut m_lo = pool.alloc::<f32>(slots * cap)?;
+                let mut m_hi = pool.alloc::<f32>(slots * cap)?;
+                let mut m_ids = pool.alloc::<u32>(slots * cap)?;
+                let cfg = LaunchConfig::new((nb as u32, groups, 1), (KNN_BLOCK, 1, 1));
                 let mut a = self.rerank_args(
                     &d_q,
                     nb,
                     &contract,
                     [&c_count, &c_ids],
                     [&c_lo, &c_hi],
-                    [n_chunks, n_chunks],
+                    [n_chunks, group_chunks],
                 )?;
-                a.null_ptr().null_ptr().null_ptr().null_ptr();
-                push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
-                push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
-                // SAFETY: knn_rerank's contract; the candidate buffers are
-                // the ones knn_tile just filled for the same nb × n_chunks
-                // slots, launched on the same stream.
+                a.output(m_count.view_mut())?
+                    .output(m_lo.view_mut())?
+                    .output(m_hi.view_mut())?
+                    .output(m_ids.view_mut())?;
+                a.null_ptr().null_ptr();
+                // SAFETY: knn_rerank's contract, merge level: the candidate
+                // buffers knn_tile just filled (nb × n_chunks slots); the
+                // merged buffers hold nb × groups slots of `cap`; groups ×
+                // group_chunks ≥ n_chunks (merge_groups); same stream.
                 unsafe { rerank.launch(&cfg, &mut a)? };
-            }
+                drop(a);
+                Some((m_count, m_lo, m_hi, m_ids))
+            } else {
+                None
+            };
+            let (cand, lohi, chunks) = match &merged {
+                Some((mc, ml, mh, mi)) => ([mc, mi], [ml, mh], groups),
+                None => ([&c_count, &c_ids], [&c_lo, &c_hi], n_chunks),
+            };
+            let cfg = LaunchConfig::new((nb as u32, 1, 1), (KNN_BLOCK, 1, 1));
+            let mut a = self.rerank_args(&d_q, nb, &contract, cand, lohi, [chunks, chunks])?;
+            a.null_ptr().null_ptr().null_ptr().null_ptr();
+            push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
+            push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
+            // SAFETY: knn_rerank's contract, final level over `chunks` slots
+            // per query: knn_tile's, or the merge level's launched just before
+            // on the same stream (its buffers live until the download).
+            unsafe { rerank.launch(&cfg, &mut a)? };
+            drop(a);
             ids.extend(widen_ids(t.download_vec(&o_ids)?));
             distances.extend(t.download_vec(&o_dists)?);
         }
