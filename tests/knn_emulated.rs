@@ -83,8 +83,8 @@ struct Case<'a> {
     queries: Vectors,
     k: usize,
     filter: Option<Bitset>,
-    /// The SM count `KnnPlan::chunks` sizes the row split for.
-    sms: u32,
+    /// The resident blocks `KnnPlan::chunks` sizes the row split for.
+    resident: u32,
     /// Caps on grid.x of each kernel (grid-stride loops when below the need).
     tile_grid: u32,
     rerank_grid: u32,
@@ -129,7 +129,7 @@ fn run_case(
     if let Some(b) = &c.filter {
         write("filter.bin", &emulated::filter_words(b, n));
     }
-    let (n_chunks, chunk_rows) = plan.chunks(n, nq, c.sms);
+    let (n_chunks, chunk_rows) = plan.chunks(n, nq, c.resident);
     let (groups, group_chunks) = merge_groups(n_chunks);
     let tiles = nq.div_ceil(plan.qtile as usize) as u32;
     let args: Vec<String> = vec![
@@ -271,7 +271,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             queries: queries.slice_rows(0, 20),
             k: 10,
             filter: None,
-            sms: 3,
+            resident: 12,
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
         },
@@ -281,7 +281,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             queries: queries.slice_rows(0, 5),
             k: 100,
             filter: None,
-            sms: 2,
+            resident: 8,
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
         },
@@ -291,7 +291,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             queries: queries.clone(),
             k: 7,
             filter: None,
-            sms: 1,
+            resident: 4,
             tile_grid: 1,
             rerank_grid: 3,
         },
@@ -301,7 +301,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             queries: odd_queries.slice_rows(0, 17),
             k: 10,
             filter: Some(Bitset::random(n, 0.25, 5)),
-            sms: 3,
+            resident: 12,
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
         },
@@ -311,7 +311,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             queries: odd_queries.slice_rows(3, 4),
             k: 1,
             filter: None,
-            sms: 8,
+            resident: 32,
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
         },
@@ -321,7 +321,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             queries: tie_queries,
             k: 10,
             filter: None,
-            sms: 2,
+            resident: 8,
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
         },
@@ -331,7 +331,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             queries: near_queries,
             k: 10,
             filter: None,
-            sms: 2,
+            resident: 8,
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
         },
@@ -341,7 +341,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             queries: big_queries.clone(),
             k: 10,
             filter: None,
-            sms: 40,
+            resident: 160,
             tile_grid: u32::MAX,
             rerank_grid: 2,
         },
@@ -351,7 +351,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             queries: big_queries.slice_rows(0, 2),
             k: 100,
             filter: Some(Bitset::random(2500, 0.5, 8)),
-            sms: 40,
+            resident: 160,
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
         },
@@ -370,7 +370,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
                 precision: Some(precision),
             })
             .unwrap();
-            merge_groups(p.chunks(c.base.rows(), c.queries.rows(), c.sms).0).0 > 1
+            merge_groups(p.chunks(c.base.rows(), c.queries.rows(), c.resident).0).0 > 1
         }),
         "some case must take the merge level"
     );

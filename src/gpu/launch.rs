@@ -860,6 +860,30 @@ impl Launcher {
         self.launch_impl(stream, cfg, args, false)
     }
 
+    /// Blocks of `threads` threads (and `dynamic_shared_bytes`) one SM holds
+    /// at once, by this kernel's registers and shared memory
+    /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`).
+    pub fn blocks_per_sm(&self, threads: u32, dynamic_shared_bytes: u32) -> GpuResult<u32> {
+        // SAFETY: `function` belongs to the loaded module.
+        let per_sm = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                self.function,
+                threads as i32,
+                dynamic_shared_bytes as usize,
+            )
+        }
+        .map_err(driver_error("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        Ok(per_sm.max(0) as u32)
+    }
+
+    /// Blocks of this shape the whole device holds at once:
+    /// [`Self::blocks_per_sm`] × the SM count.
+    pub fn resident_blocks(&self, threads: u32, dynamic_shared_bytes: u32) -> GpuResult<u32> {
+        Ok(self
+            .blocks_per_sm(threads, dynamic_shared_bytes)?
+            .saturating_mul(self.sm_count))
+    }
+
     /// A cooperative launch (`cuLaunchCooperativeKernel`): every block is
     /// resident at once, so the grid may not exceed what the device holds.
     ///
@@ -875,17 +899,9 @@ impl Launcher {
                 "this device does not support cooperative launches",
             ));
         }
-        let threads = cfg.threads_per_block() as i32;
-        // SAFETY: `function` belongs to the loaded module.
-        let per_sm = unsafe {
-            result::occupancy::max_active_block_per_multiprocessor(
-                self.function,
-                threads,
-                cfg.dynamic_shared_bytes as usize,
-            )
-        }
-        .map_err(driver_error("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
-        let resident = per_sm.max(0) as u64 * u64::from(self.sm_count);
+        let per_sm =
+            self.blocks_per_sm(cfg.threads_per_block() as u32, cfg.dynamic_shared_bytes)?;
+        let resident = u64::from(per_sm) * u64::from(self.sm_count);
         if cfg.blocks() > resident {
             return Err(GpuError::invalid_config(format!(
                 "a cooperative launch of {} blocks exceeds the {resident} that can be resident \

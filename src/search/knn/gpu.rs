@@ -163,7 +163,12 @@ impl KnnSearch<'_> {
             id_bytes: 4,
             capacity: self.plan.capacity,
         };
-        let sms = self.gpu.context().info().sm_count;
+        // One wave of candidate blocks (KnnPlan::chunks); 4 per SM should the
+        // driver report none (it reports at least 1 for a kernel that fits).
+        let resident = match tile.resident_blocks(KNN_BLOCK, 0)? {
+            0 => 4 * self.gpu.context().info().sm_count,
+            r => r,
+        };
         let cap = self.plan.capacity as usize;
         let (k, dim) = (self.k, self.dim);
         let mut ids = Vec::with_capacity(nq * k);
@@ -175,7 +180,7 @@ impl KnnSearch<'_> {
             let d_q = crate::search::gpu::upload_vectors(t, pool, &part)?;
             let d_qa0 = t.upload_new(pool, &qa0[b0..b1])?;
             let d_qa1 = t.upload_new(pool, &qa1[b0..b1])?;
-            let (n_chunks, chunk_rows) = self.plan.chunks(self.n_rows, nb, sms);
+            let (n_chunks, chunk_rows) = self.plan.chunks(self.n_rows, nb, resident);
             let slots = nb * n_chunks as usize;
             let mut c_count = pool.alloc::<u32>(slots)?;
             let mut c_lo = pool.alloc::<f32>(slots * cap)?;

@@ -125,21 +125,26 @@ impl KnnPlan {
     }
 
     /// Row chunks of a launch over `n_rows` rows for `nq` queries on a
-    /// device with `sms` multiprocessors: `(n_chunks, chunk_rows)`.
-    pub fn chunks(&self, n_rows: usize, nq: usize, sms: u32) -> (u32, u32) {
-        chunks(n_rows, nq, self.qtile, self.row_tile(), sms)
+    /// device that holds `resident` candidate blocks at once:
+    /// `(n_chunks, chunk_rows)`.
+    pub fn chunks(&self, n_rows: usize, nq: usize, resident: u32) -> (u32, u32) {
+        chunks(n_rows, nq, self.qtile, self.row_tile(), resident)
     }
 }
 
-/// `(n_chunks, chunk_rows)`: at least `4 × sms` blocks over query tiles ×
-/// chunks where the rows allow, each chunk a whole number of row tiles.
-pub fn chunks(n_rows: usize, nq: usize, qtile: u32, row_tile: u32, sms: u32) -> (u32, u32) {
+/// `(n_chunks, chunk_rows)` for a device that holds `resident` candidate
+/// blocks at once (blocks per SM by the kernel's registers and shared
+/// memory × SMs): as many chunks as keep query tiles × chunks within one
+/// wave of `resident` blocks, where the rows allow; each chunk a whole number
+/// of row tiles. Equal chunks in one wave end together: a second, partial
+/// wave (528 blocks where 396 fit) would leave most SMs idle for a whole
+/// block's time.
+pub fn chunks(n_rows: usize, nq: usize, qtile: u32, row_tile: u32, resident: u32) -> (u32, u32) {
     let rt = row_tile.max(1) as usize;
     let tiles = nq.div_ceil(qtile.max(1) as usize).max(1);
-    let target = 4 * sms.max(1) as usize;
     let max_chunks = n_rows.div_ceil(rt).max(1);
     // grid.y holds at most 65535 chunks.
-    let want = target.div_ceil(tiles).clamp(1, max_chunks.min(65_535));
+    let want = (resident.max(1) as usize / tiles).clamp(1, max_chunks.min(65_535));
     let chunk_rows = n_rows.div_ceil(want).div_ceil(rt).max(1) * rt;
     let n_chunks = n_rows.div_ceil(chunk_rows).max(1);
     (n_chunks as u32, chunk_rows as u32)
@@ -148,8 +153,9 @@ pub fn chunks(n_rows: usize, nq: usize, qtile: u32, row_tile: u32, sms: u32) -> 
 /// Chunks per block of the re-rank's merge level. A query whose candidates
 /// span more chunks is re-ranked in two launches: blocks of this many chunks
 /// each keep their exact best k (in parallel over the groups), then one block
-/// per query merges the groups. One block walking every chunk (528 on an H100
-/// at nq = 1) would be a serial tail after a search spread over every SM.
+/// per query merges the groups. One block walking every chunk (about 400 on
+/// an H100 at nq = 1) would be a serial tail after a search spread over
+/// every SM.
 pub const MERGE_CHUNKS: u32 = 16;
 
 /// `(groups, group_chunks)` of the re-rank for `n_chunks` chunks: with
@@ -392,21 +398,25 @@ mod tests {
 
     #[test]
     fn small_batches_split_rows_over_the_sms() {
-        // nq = 1 on 132 SMs: 528 chunks of 1 895 rows → rounded to 1 920.
-        let (n, rows) = chunks(1_000_000, 1, 16, 64, 132);
+        // nq = 1, 396 resident blocks (3 per SM on 132 SMs): 396 chunks of
+        // 2 526 rows → rounded to 2 560, 391 chunks, one wave.
+        let (n, rows) = chunks(1_000_000, 1, 16, 64, 396);
         assert_eq!(rows % 64, 0);
         assert!(n as usize * rows as usize >= 1_000_000);
-        assert!((500..=528).contains(&n), "{n}");
+        assert!((380..=396).contains(&n), "{n}");
+        // 7 query tiles: at most 396 blocks, never a partial second wave.
+        let (n7, _) = chunks(1_000_000, 100, 16, 64, 396);
+        assert!(7 * n7 <= 396 && 7 * (n7 + 1) > 396, "{n7}");
         // Many queries: one chunk.
         assert_eq!(
-            chunks(1_000_000, 10_000, 16, 64, 132),
+            chunks(1_000_000, 10_000, 16, 64, 396),
             (1, 1_000_000u32.div_ceil(64) * 64)
         );
         // Tiny bases: never a chunk shorter than a row tile.
-        assert_eq!(chunks(10, 1, 16, 64, 132), (1, 64));
-        assert_eq!(chunks(0, 1, 16, 64, 132), (1, 64));
+        assert_eq!(chunks(10, 1, 16, 64, 396), (1, 64));
+        assert_eq!(chunks(0, 1, 16, 64, 396), (1, 64));
         // A huge device never asks for more chunks than grid.y holds.
-        assert!(chunks(1 << 31, 1, 16, 64, 1 << 20).0 <= 65_535);
+        assert!(chunks(1 << 31, 1, 16, 64, 1 << 24).0 <= 65_535);
     }
 
     #[test]
