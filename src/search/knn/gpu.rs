@@ -99,6 +99,37 @@ impl KnnRows {
     }
 }
 
+/// One candidate list per (query, chunk) slot, in knn_tile's output format
+/// (fragments/README.md): a count and up to `capacity` (lo, hi, id) entries.
+/// knn_tile writes them, knn_rerank's merge level writes them per group, and
+/// knn_rerank reads them.
+struct Candidates {
+    count: GpuBuffer<u32>,
+    lo: GpuBuffer<f32>,
+    hi: GpuBuffer<f32>,
+    ids: GpuBuffer<u32>,
+}
+
+impl Candidates {
+    fn alloc(pool: &MemoryPool, slots: usize, capacity: usize) -> Result<Self, GpuError> {
+        Ok(Candidates {
+            count: pool.alloc(slots)?,
+            lo: pool.alloc(slots * capacity)?,
+            hi: pool.alloc(slots * capacity)?,
+            ids: pool.alloc(slots * capacity)?,
+        })
+    }
+
+    /// The four as a kernel's outputs, in the contract's order.
+    fn push_outputs<'b>(&'b mut self, a: &mut KernelArgs<'b>) -> Result<(), GpuError> {
+        a.output(self.count.view_mut())?
+            .output(self.lo.view_mut())?
+            .output(self.hi.view_mut())?
+            .output(self.ids.view_mut())?;
+        Ok(())
+    }
+}
+
 /// The launch-invariant arguments of one search.
 pub(crate) struct KnnSearch<'a> {
     pub(crate) gpu: &'a GpuSearcher,
@@ -112,26 +143,25 @@ pub(crate) struct KnnSearch<'a> {
 }
 
 impl KnnSearch<'_> {
-    /// knn_rerank's arguments up to `group_chunks`: the rows, `nb` queries,
-    /// candidates `[count, ids]` and `[lo, hi]` over `[n_chunks,
-    /// group_chunks]`; the caller adds the outputs of its level.
+    /// knn_rerank's arguments up to `group_chunks`: the rows, `nb` queries
+    /// and the candidates of `n_chunks` slots per query; the caller adds the
+    /// outputs of its level.
     fn rerank_args<'b>(
         &'b self,
         queries: &'b DeviceVectors,
         nb: usize,
         contract: &ScanContract,
-        cand: [&'b GpuBuffer<u32>; 2],
-        lohi: [&'b GpuBuffer<f32>; 2],
+        cand: &'b Candidates,
         [n_chunks, group_chunks]: [u32; 2],
     ) -> Result<KernelArgs<'b>, GpuSearchError> {
         let mut a = KernelArgs::new();
         self.data
             .push_rows(&mut a, contract, "dataset", 0..self.n_rows * self.dim)?;
         queries.push_rows(&mut a, contract, "queries", 0..nb * self.dim)?;
-        a.input(cand[0])?
-            .input(lohi[0])?
-            .input(lohi[1])?
-            .input(cand[1])?;
+        a.input(&cand.count)?
+            .input(&cand.lo)?
+            .input(&cand.hi)?
+            .input(&cand.ids)?;
         a.value(self.dim as u32)
             .value(nb as u32)
             .value(n_chunks)
@@ -163,12 +193,8 @@ impl KnnSearch<'_> {
             id_bytes: 4,
             capacity: self.plan.capacity,
         };
-        // One wave of candidate blocks (KnnPlan::chunks); 4 per SM should the
-        // driver report none (it reports at least 1 for a kernel that fits).
-        let resident = match tile.resident_blocks(KNN_BLOCK, 0)? {
-            0 => 4 * self.gpu.context().info().sm_count,
-            r => r,
-        };
+        // One wave of candidate blocks (KnnPlan::chunks).
+        let resident = tile.resident_blocks(KNN_BLOCK, 0)?;
         let cap = self.plan.capacity as usize;
         let (k, dim) = (self.k, self.dim);
         let mut ids = Vec::with_capacity(nq * k);
@@ -181,11 +207,7 @@ impl KnnSearch<'_> {
             let d_qa0 = t.upload_new(pool, &qa0[b0..b1])?;
             let d_qa1 = t.upload_new(pool, &qa1[b0..b1])?;
             let (n_chunks, chunk_rows) = self.plan.chunks(self.n_rows, nb, resident);
-            let slots = nb * n_chunks as usize;
-            let mut c_count = pool.alloc::<u32>(slots)?;
-            let mut c_lo = pool.alloc::<f32>(slots * cap)?;
-            let mut c_hi = pool.alloc::<f32>(slots * cap)?;
-            let mut c_ids = pool.alloc::<u32>(slots * cap)?;
+            let mut cand = Candidates::alloc(pool, nb * n_chunks as usize, cap)?;
             {
                 let tiles = nb.div_ceil(self.plan.qtile as usize) as u32;
                 let cfg = LaunchConfig::new((tiles, n_chunks, 1), (KNN_BLOCK, 1, 1));
@@ -204,10 +226,7 @@ impl KnnSearch<'_> {
                     .value(nb as u32)
                     .value(k as u32)
                     .value(chunk_rows);
-                a.output(c_count.view_mut())?
-                    .output(c_lo.view_mut())?
-                    .output(c_hi.view_mut())?
-                    .output(c_ids.view_mut())?;
+                cand.push_outputs(&mut a)?;
                 // SAFETY: arguments in the order and types of knn_tile's
                 // contract (fragments/README.md); counts fit their u32
                 // parameters (n_rows < 2^32 - 1 and dim ≤ 2^17 by the plan,
@@ -222,24 +241,11 @@ impl KnnSearch<'_> {
             // Merge level: each group's exact best k, in knn_tile's format.
             // Kept until the download below: the final launch reads it.
             let merged = if groups > 1 {
-                let slots = nb * groups as usize;
-                let mut m_count = pool.alloc::<u32>(slots)?;
-                let mut m_lo = pool.alloc::<f32>(slots * cap)?;
-                let mut m_hi = pool.alloc::<f32>(slots * cap)?;
-                let mut m_ids = pool.alloc::<u32>(slots * cap)?;
+                let mut merged = Candidates::alloc(pool, nb * groups as usize, cap)?;
                 let cfg = LaunchConfig::new((nb as u32, groups, 1), (KNN_BLOCK, 1, 1));
-                let mut a = self.rerank_args(
-                    &d_q,
-                    nb,
-                    &contract,
-                    [&c_count, &c_ids],
-                    [&c_lo, &c_hi],
-                    [n_chunks, group_chunks],
-                )?;
-                a.output(m_count.view_mut())?
-                    .output(m_lo.view_mut())?
-                    .output(m_hi.view_mut())?
-                    .output(m_ids.view_mut())?;
+                let mut a =
+                    self.rerank_args(&d_q, nb, &contract, &cand, [n_chunks, group_chunks])?;
+                merged.push_outputs(&mut a)?;
                 a.null_ptr().null_ptr();
                 // SAFETY: knn_rerank's contract, merge level: the candidate
                 // buffers knn_tile just filled (nb × n_chunks slots); the
@@ -247,16 +253,16 @@ impl KnnSearch<'_> {
                 // group_chunks ≥ n_chunks (merge_groups); same stream.
                 unsafe { rerank.launch(&cfg, &mut a)? };
                 drop(a);
-                Some((m_count, m_lo, m_hi, m_ids))
+                Some(merged)
             } else {
                 None
             };
-            let (cand, lohi, chunks) = match &merged {
-                Some((mc, ml, mh, mi)) => ([mc, mi], [ml, mh], groups),
-                None => ([&c_count, &c_ids], [&c_lo, &c_hi], n_chunks),
+            let (last, chunks) = match &merged {
+                Some(m) => (m, groups),
+                None => (&cand, n_chunks),
             };
             let cfg = LaunchConfig::new((nb as u32, 1, 1), (KNN_BLOCK, 1, 1));
-            let mut a = self.rerank_args(&d_q, nb, &contract, cand, lohi, [chunks, chunks])?;
+            let mut a = self.rerank_args(&d_q, nb, &contract, last, [chunks, chunks])?;
             a.null_ptr().null_ptr().null_ptr().null_ptr();
             push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
             push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
