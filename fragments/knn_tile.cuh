@@ -14,8 +14,9 @@
 //   so any dim works), laid out in slabs of one MMA K step so every fragment load is
 //   32-byte aligned. Each chunk is loaded into registers one step ahead (16-byte
 //   loads where dim and alignment allow), so global loads overlap the MMAs of the
-//   chunk before and the select after the last chunk of a row iteration. From each dot product and the precomputed norms (knn_bounds.cuh)
-//   a pair gets lo <= d <= hi (integers: lo = hi = d). The select is fused: per query
+//   chunk before and the select after the last chunk of a row iteration. From each
+//   dot product and the precomputed norms (knn_bounds.cuh) a pair gets
+//   lo <= d <= hi (integers: lo = hi = d). The select is fused: per query
 //   a shared buffer of BUF = CAP + RT (lo, hi, id) entries takes the rows with
 //   lo < T, T an upper bound of the k-th smallest key of the chunk so far; the
 //   distance matrix is never written. When a buffer holds more than CAP entries a

@@ -152,10 +152,7 @@ fn run_case(
     let found = Neighbors {
         nq,
         k: c.k,
-        ids: emulated::read_of(&d.join("ids.bin"), |b| match u32::from_le_bytes(b) {
-            u32::MAX => Neighbors::PAD_ID,
-            i => i64::from(i),
-        }),
+        ids: emulated::read_u32_ids(&d.join("ids.bin")),
         distances: emulated::read_of(&d.join("dists.bin"), f32::from_le_bytes),
     };
     (plan, found)

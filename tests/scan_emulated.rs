@@ -93,10 +93,7 @@ fn check_scan(
     );
     emulated::run(exe, &args, &what);
     let ids = if kernel.contains("_u32_") {
-        emulated::read_of(&d.join("ids.bin"), |b| match u32::from_le_bytes(b) {
-            u32::MAX => Neighbors::PAD_ID,
-            i => i64::from(i),
-        })
+        emulated::read_u32_ids(&d.join("ids.bin"))
     } else {
         emulated::read_of(&d.join("ids.bin"), i64::from_le_bytes)
     };

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fraglink::search::{Bitset, DType};
+use fraglink::search::{Bitset, DType, Neighbors};
 
 use super::host_cxx;
 
@@ -68,7 +68,7 @@ pub fn build(dir: &Path, name: &str, fragments: &[String], driver: &str, rest: &
     let cpp = dir.join(format!("{name}.cpp"));
     std::fs::write(&cpp, src).unwrap();
     let exe = dir.join(name);
-    let simt = host_cxx::repo().join("tests/support/simt");
+    let simt = super::manifest_dir().join("tests/support/simt");
     // -Wno-unknown-pragmas: `#pragma unroll` is for NVRTC.
     host_cxx::compile(&exe, &[simt], &["-O2", "-Wno-unknown-pragmas"], &[cpp]);
     exe
@@ -103,6 +103,15 @@ pub fn read_of<T, const N: usize>(path: &Path, from: impl Fn([u8; N]) -> T) -> V
     b.chunks_exact(N)
         .map(|c| from(c.try_into().unwrap()))
         .collect()
+}
+
+/// u32 result ids as the search API gives them: the padding id (all ones)
+/// becomes [`Neighbors::PAD_ID`].
+pub fn read_u32_ids(path: &Path) -> Vec<i64> {
+    read_of(path, |b| match u32::from_le_bytes(b) {
+        u32::MAX => Neighbors::PAD_ID,
+        i => i64::from(i),
+    })
 }
 
 /// A filter's words as the kernels read them (bit r % 32 of word r / 32).

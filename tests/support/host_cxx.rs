@@ -6,11 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The crate's root directory (see [`super::manifest_dir`]).
-pub fn repo() -> PathBuf {
-    super::manifest_dir()
-}
-
 /// CUDA's headers, found at run time the way run-time NVRTC finds them (so
 /// the tests also run from an archive on another machine).
 pub fn cuda_includes() -> Vec<PathBuf> {
@@ -67,11 +62,12 @@ pub fn compile(exe: &Path, first: &[PathBuf], extra: &[&str], sources: &[PathBuf
     for inc in first {
         cmd.arg("-I").arg(inc);
     }
-    cmd.arg("-I").arg(repo().join("fragments"));
+    cmd.arg("-I").arg(super::manifest_dir().join("fragments"));
     for inc in cuda_includes() {
         cmd.arg("-I").arg(inc);
     }
-    cmd.arg("-I").arg(repo().join("fragments/host"));
+    cmd.arg("-I")
+        .arg(super::manifest_dir().join("fragments/host"));
     cmd.arg("-x").arg("c++");
     cmd.args(sources);
     cmd.arg("-o").arg(exe);

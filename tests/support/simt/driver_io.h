@@ -63,6 +63,17 @@ inline void require_written(const std::vector<float>& dists) {
   }
 }
 
+// The end of a driver: every output distance written (require_written), then the
+// ids and distances into DIR/<ids_name> and DIR/dists.bin. Returns exit code 0.
+template <typename Id>
+int write_results(const std::string& dir, const char* ids_name, const std::vector<Id>& ids,
+                  const std::vector<float>& dists) {
+  require_written(dists);
+  write_file(dir + "/" + ids_name, ids);
+  write_file(dir + "/dists.bin", dists);
+  return 0;
+}
+
 inline uint32_t arg_u32(const char* s) {
   char* end = nullptr;
   const unsigned long v = std::strtoul(s, &end, 10);

@@ -46,10 +46,7 @@ int ivf_main(int argc, char** argv, const entry<ivf_fn<T>>* kernels, size_t n_ke
               bits.empty() ? nullptr : bits.data(), dim, nq, k, out_ids.data(), dists.data());
   };
   simt::launch(simt::extent{grid, 1, 1}, simt::extent{128, 1, 1}, run, seed);
-  require_written(dists);
-  write_file(dir + "/ids_out.bin", out_ids);
-  write_file(dir + "/dists.bin", dists);
-  return 0;
+  return write_results(dir, "ids_out.bin", out_ids, dists);
 }
 
 }  // namespace simt_ivf

@@ -124,10 +124,7 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
               out_ids.data(), out_dists.data());
   };
   simt::launch(simt::extent{rerank_grid, 1, 1}, simt::extent{128, 1, 1}, run_rerank, seed + 1);
-  require_written(out_dists);
-  write_file(dir + "/ids.bin", out_ids);
-  write_file(dir + "/dists.bin", out_dists);
-  return 0;
+  return write_results(dir, "ids.bin", out_ids, out_dists);
 }
 
 }  // namespace simt_knn

@@ -36,10 +36,7 @@ int scan_main(int argc, char** argv, const entry<scan_fn<T, Idx>>* kernels, size
               dists.data());
   };
   simt::launch(simt::extent{grid, 1, 1}, simt::extent{128, 1, 1}, run, seed);
-  require_written(dists);
-  write_file(dir + "/ids.bin", ids);
-  write_file(dir + "/dists.bin", dists);
-  return 0;
+  return write_results(dir, "ids.bin", ids, dists);
 }
 
 }  // namespace simt_scan

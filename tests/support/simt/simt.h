@@ -96,7 +96,6 @@ struct machine {
   void (*body)(void*) = nullptr;
   void* body_arg = nullptr;
   uint64_t rng = 1;
-  uint64_t switches = 0;
 };
 
 inline machine& m() {
@@ -124,7 +123,6 @@ inline warp_slots& warp_of(const fiber& f) { return m().warps[f.tid / 32u]; }
 inline void yield_as(state st) {
   fiber& f = self();
   f.st = st;
-  ++m().switches;
   if (swapcontext(&f.ctx, &m().scheduler) != 0) fail("swapcontext failed");
 }
 
@@ -212,7 +210,6 @@ inline void run_block(size_t threads) {
     if (!runnable.empty()) {
       fiber& f = mm.fibers[runnable[static_cast<size_t>(next_random() % runnable.size())]];
       mm.current = &f;
-      ++mm.switches;
       if (swapcontext(&mm.scheduler, &f.ctx) != 0) fail("swapcontext failed");
       mm.current = nullptr;
       while (release_one()) {
