@@ -62,8 +62,12 @@ namespace knn {
 namespace wmma = nvcuda::wmma;
 
 // ----- the tensor-core step per (element type, precision) ------------------------
-// `a`: 16 query rows, `b`: 16 dataset rows, both one K slab of K elements per row
-// (row r at r * K), 32-byte aligned. Adds the 16 x 16 dot products to `acc`.
+// Operands come from shared memory as K-element slabs: 16 query rows (A, row-major)
+// or 16 dataset rows (B, col-major: a dataset row is a column of B), row r at r * LD,
+// LD a multiple of 16 bytes, every fragment 32-byte aligned. load_a / load_b bring one
+// fragment into registers in the form the MMA takes (converted to TF32, or split
+// into TF32 hi + lo), so a warp that computes several 16 x 16 tiles loads each
+// operand once and reuses it; `multiply` adds one 16 x 16 x K product to `acc`.
 template <typename T, int PREC>
 struct mma;
 
@@ -74,12 +78,16 @@ struct mma_k16 {
   typedef E staged;
   typedef Acc acc_t;
   typedef wmma::fragment<wmma::accumulator, 16, 16, 16, Acc> acc_frag;
-  static __device__ FRAGLINK_INLINE void step(acc_frag& acc, const staged* a, const staged* b) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> fb;
-    wmma::load_matrix_sync(fa, a, K);
-    wmma::load_matrix_sync(fb, b, K);
-    wmma::mma_sync(acc, fa, fb, acc);
+  typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> a_op;
+  typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> b_op;
+  static __device__ FRAGLINK_INLINE void load_a(a_op& a, const staged* p, unsigned ld) {
+    wmma::load_matrix_sync(a, p, ld);
+  }
+  static __device__ FRAGLINK_INLINE void load_b(b_op& b, const staged* p, unsigned ld) {
+    wmma::load_matrix_sync(b, p, ld);
+  }
+  static __device__ FRAGLINK_INLINE void multiply(acc_frag& acc, const a_op& a, const b_op& b) {
+    wmma::mma_sync(acc, a, b, acc);
   }
 };
 template <>
@@ -92,6 +100,29 @@ struct mma<uint8_t, precision_int> : mma_k16<unsigned char, int> {};
 // On the host only under tests/support/simt (the kernel emulator).
 #if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(FRAGLINK_HOST_SIMT)
 // TF32 (sm_80+). THREE = 3xTF32: x = hi + lo, acc += lo_a hi_b + hi_a lo_b + hi_a hi_b.
+template <typename F, bool THREE>
+struct tf32_op;
+template <typename F>
+struct tf32_op<F, false> {
+  F v;
+  __device__ FRAGLINK_INLINE void set(const F& x) {
+#pragma unroll
+    for (int i = 0; i < x.num_elements; ++i) v.x[i] = wmma::__float_to_tf32(x.x[i]);
+  }
+};
+template <typename F>
+struct tf32_op<F, true> {
+  F hi, lo;
+  __device__ FRAGLINK_INLINE void set(const F& x) {
+#pragma unroll
+    for (int i = 0; i < x.num_elements; ++i) {
+      const float h = wmma::__float_to_tf32(x.x[i]);
+      hi.x[i] = h;
+      lo.x[i] = wmma::__float_to_tf32(sub_rn(x.x[i], h));
+    }
+  }
+};
+
 template <bool THREE>
 struct mma_tf32 {
   static constexpr int K = 8;
@@ -100,35 +131,27 @@ struct mma_tf32 {
   typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc_frag;
   typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> a_frag;
   typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> b_frag;
-  template <typename F>
-  static __device__ FRAGLINK_INLINE void split(const F& x, F& hi, F& lo) {
-#pragma unroll
-    for (int i = 0; i < x.num_elements; ++i) {
-      const float h = wmma::__float_to_tf32(x.x[i]);
-      hi.x[i] = h;
-      lo.x[i] = wmma::__float_to_tf32(sub_rn(x.x[i], h));
-    }
+  typedef tf32_op<a_frag, THREE> a_op;
+  typedef tf32_op<b_frag, THREE> b_op;
+  static __device__ FRAGLINK_INLINE void load_a(a_op& a, const staged* p, unsigned ld) {
+    a_frag f;
+    wmma::load_matrix_sync(f, p, ld);
+    a.set(f);
   }
-  static __device__ FRAGLINK_INLINE void step(acc_frag& acc, const staged* a, const staged* b) {
-    a_frag fa;
-    b_frag fb;
-    wmma::load_matrix_sync(fa, a, K);
-    wmma::load_matrix_sync(fb, b, K);
-    if (THREE) {
-      a_frag ah, al;
-      b_frag bh, bl;
-      split(fa, ah, al);
-      split(fb, bh, bl);
-      wmma::mma_sync(acc, al, bh, acc);
-      wmma::mma_sync(acc, ah, bl, acc);
-      wmma::mma_sync(acc, ah, bh, acc);
-    } else {
-#pragma unroll
-      for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = wmma::__float_to_tf32(fa.x[i]);
-#pragma unroll
-      for (int i = 0; i < fb.num_elements; ++i) fb.x[i] = wmma::__float_to_tf32(fb.x[i]);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
+  static __device__ FRAGLINK_INLINE void load_b(b_op& b, const staged* p, unsigned ld) {
+    b_frag f;
+    wmma::load_matrix_sync(f, p, ld);
+    b.set(f);
+  }
+  static __device__ FRAGLINK_INLINE void multiply(acc_frag& acc, const tf32_op<a_frag, false>& a,
+                                             const tf32_op<b_frag, false>& b) {
+    wmma::mma_sync(acc, a.v, b.v, acc);
+  }
+  static __device__ FRAGLINK_INLINE void multiply(acc_frag& acc, const tf32_op<a_frag, true>& a,
+                                             const tf32_op<b_frag, true>& b) {
+    wmma::mma_sync(acc, a.lo, b.hi, acc);
+    wmma::mma_sync(acc, a.hi, b.lo, acc);
+    wmma::mma_sync(acc, a.hi, b.hi, acc);
   }
 };
 template <>
@@ -304,13 +327,13 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
 // With `vectors` (dim % VEC == 0 and 16-byte aligned rows: the same for every
 // thread) a group is one 16-byte load, else VEC element loads; zero outside the
 // matrix, so any dim works.
-template <int ROWS, int KC, int K, typename T>
+template <int ROWS, int KC, int K, int LD, typename T>
 struct staged_chunk {
   static constexpr int VEC = 16 / static_cast<int>(sizeof(T));
   static constexpr int PER_ROW = KC / VEC;
   static constexpr int GROUPS = ROWS * PER_ROW;
   static constexpr int PER_THREAD = (GROUPS + FRAGLINK_KNN_BLOCK - 1) / FRAGLINK_KNN_BLOCK;
-  static_assert(KC % VEC == 0 && K % VEC == 0, "a group stays inside one MMA K slab");
+  static_assert(KC % VEC == 0 && K % VEC == 0 && LD % VEC == 0, "a group stays inside one MMA K slab");
   typedef scan::vec<T, VEC> group;
   group g[PER_THREAD];
 
@@ -334,7 +357,7 @@ struct staged_chunk {
     }
   }
 
-  // Into `dst` as K-element slabs (slab s, row r at s * ROWS * K + r * K).
+  // Into `dst` as K-element slabs of stride LD (slab s, row r at s * ROWS * LD + r * LD).
   __device__ FRAGLINK_INLINE void store(T* dst) const {
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i) {
@@ -342,29 +365,76 @@ struct staged_chunk {
       if (t < GROUPS) {
         const int r = t / PER_ROW;
         const int c = (t % PER_ROW) * VEC;
-        *reinterpret_cast<group*>(dst + (c / K) * ROWS * K + r * K + (c % K)) = g[i];
+        *reinterpret_cast<group*>(dst + (c / K) * ROWS * LD + r * LD + (c % K)) = g[i];
       }
     }
   }
 };
 
+// ----- the launch's dynamic shared memory ------------------------------------------
+#if defined(FRAGLINK_HOST_SIMT)
+__device__ FRAGLINK_INLINE unsigned char* dynamic_shared() { return simt::dynamic_shared(); }
+__device__ FRAGLINK_INLINE uint32_t dynamic_shared_bytes() { return simt::dynamic_shared_bytes(); }
+#else
+__device__ FRAGLINK_INLINE unsigned char* dynamic_shared() {
+  extern __shared__ __align__(16) unsigned char fraglink_knn_dynamic_shared[];
+  return fraglink_knn_dynamic_shared;
+}
+// What the launch gave (cuLaunchKernel's sharedMemBytes).
+__device__ FRAGLINK_INLINE uint32_t dynamic_shared_bytes() {
+  uint32_t r;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+  return r;
+}
+#endif
+
+// ----- the shape of a candidate block ---------------------------------------------
+// QT queries x RT rows per row iteration over 4 warps: WQ x WR warps, each FQ x FR
+// tiles of 16 x 16 (so a warp loads FQ + FR operand fragments per K step for
+// FQ x FR MMAs). The per-query candidate buffers (BUF = CAP + RT (lo, hi, id)
+// entries: one iteration adds at most RT) live in dynamic shared memory, so
+// variants beyond the 48 KiB of static shared memory exist (the host opts in);
+// src/search/knn/plan.rs computes the same byte counts.
+template <typename T, int PREC, int QT, int RT, int CAP>
+struct tile_shape {
+  typedef mma<T, PREC> M;
+  typedef typename M::staged S;
+  static constexpr int WARPS = FRAGLINK_KNN_BLOCK / 32;
+  static constexpr int WQ = QT >= 32 ? 2 : 1;
+  static constexpr int WR = WARPS / WQ;
+  static constexpr int FQ = QT / (16 * WQ);
+  static constexpr int FR = RT / (16 * WR);
+  static_assert(QT == 16 * WQ * FQ && RT == 16 * WR * FR && FQ >= 1 && FR >= 1, "tiles: whole 16 x 16 per warp");
+  static constexpr int BUF = CAP + RT;
+  static constexpr int K = M::K;
+  static constexpr int KC = 64 / static_cast<int>(sizeof(S));  // elements per staged chunk
+  static_assert(KC % K == 0, "a chunk is whole MMA steps");
+  // Slab row stride: 32-byte rows (f32, f16) padded to 48 bytes, so the 8 rows one
+  // fragment load phase reads start in 8 distinct bank quads (32 bytes: 2-way bank
+  // conflicts); 16-byte rows (bytes) are conflict-free as they are. Multiples of 16
+  // bytes keep every fragment 32-byte aligned (16 rows x LD).
+  static constexpr int LD = K * static_cast<int>(sizeof(S)) == 32 ? K + 16 / static_cast<int>(sizeof(S)) : K;
+  static constexpr uint32_t dynamic_bytes = static_cast<uint32_t>(QT) * BUF * 12u;
+};
+
 // The contract the kernel checks by itself (as scan.cuh's launch_ok): block shape,
 // 1 <= k <= CAP, a recognised metric, a supported dim, chunks that cover every row
 // (chunk_rows * gridDim.y >= n_rows: a row left out would be a silently wrong
-// answer), aligned pointers. The same for every thread: a violating launch writes
-// nothing.
+// answer), aligned pointers, the dynamic shared memory of the candidate buffers.
+// The same for every thread: a violating launch writes nothing.
 template <typename T, int CAP>
 __device__ FRAGLINK_INLINE bool tile_launch_ok(int metric, uint32_t n_rows, uint32_t dim, uint32_t k,
-                                               uint32_t chunk_rows, const void* const* ptrs4, int n4) {
+                                               uint32_t chunk_rows, uint32_t dynamic_bytes, const void* const* ptrs4,
+                                               int n4) {
   uint64_t bad = 0;
   for (int i = 0; i < n4; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
   return bad == 0 && metric != metric_unknown && dim_supported(dim) && k != 0 && k <= static_cast<uint32_t>(CAP) &&
          static_cast<uint64_t>(chunk_rows) * gridDim.y >= n_rows && blockDim.x == FRAGLINK_KNN_BLOCK &&
-         blockDim.y == 1 && blockDim.z == 1;
+         blockDim.y == 1 && blockDim.z == 1 && dynamic_shared_bytes() >= dynamic_bytes;
 }
 
 // ----- the candidate kernel ------------------------------------------------------
-template <typename T, int PREC, int QT, int CAP>
+template <typename T, int PREC, int QT, int RT, int CAP>
 __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T* __restrict__ queries,
                                          const uint32_t* __restrict__ filter_bits, const float* __restrict__ row_aux0,
                                          const float* __restrict__ row_aux1, const float* __restrict__ query_aux0,
@@ -372,34 +442,29 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
                                          uint32_t n_queries, uint32_t k, uint32_t chunk_rows,
                                          uint32_t* __restrict__ out_count, float* __restrict__ out_lo,
                                          float* __restrict__ out_hi, uint32_t* __restrict__ out_ids) {
-  typedef mma<T, PREC> M;
-  typedef typename M::staged S;
+  typedef tile_shape<T, PREC, QT, RT, CAP> Shape;
+  typedef typename Shape::M M;
+  typedef typename Shape::S S;
   static_assert(sizeof(S) == sizeof(T), "rows are staged as they are");
-  constexpr int K = M::K;
-  constexpr int WARPS = FRAGLINK_KNN_BLOCK / 32;
-  static_assert(QT == 16 || QT == 32, "query tile: 16 or 32");
-  constexpr int WQ = QT / 16;          // warps along the queries
-  constexpr int WR = WARPS / WQ;       // warps along the rows
-  constexpr int RT = 16 * WR;          // rows per iteration
-  constexpr int BUF = CAP + RT;        // one iteration adds at most RT entries
-  constexpr int KC = 64 / static_cast<int>(sizeof(S));  // elements per staged chunk
-  static_assert(KC % K == 0, "a chunk is whole MMA steps");
+  constexpr int K = Shape::K, KC = Shape::KC, LD = Shape::LD, BUF = Shape::BUF;
+  constexpr int WARPS = Shape::WARPS, WQ = Shape::WQ, FQ = Shape::FQ, FR = Shape::FR;
 
-  __shared__ __align__(32) T s_q[QT * KC];
-  __shared__ __align__(32) T s_x[RT * KC];
+  __shared__ __align__(32) T s_q[(KC / K) * QT * LD];
+  __shared__ __align__(32) T s_x[(KC / K) * RT * LD];
   __shared__ __align__(32) typename M::acc_t s_acc[WARPS][256];
-  __shared__ float s_lo[QT][BUF];
-  __shared__ float s_hi[QT][BUF];
-  __shared__ uint32_t s_id[QT][BUF];
   __shared__ uint32_t s_count[QT];
   __shared__ float s_thr[QT];
   __shared__ float s_qa0[QT];
   __shared__ float s_qa1[QT];
+  // The candidate buffers: [QT][BUF] each of lo, hi, id.
+  float(*const s_lo)[BUF] = reinterpret_cast<float(*)[BUF]>(dynamic_shared());
+  float(*const s_hi)[BUF] = s_lo + QT;
+  uint32_t(*const s_id)[BUF] = reinterpret_cast<uint32_t(*)[BUF]>(s_hi + QT);
 
   const int metric = linked_metric<T>();
   const void* ptrs4[] = {row_aux0, row_aux1, query_aux0, query_aux1, out_count, out_lo, out_hi, out_ids,
                          filter_bits};
-  if (!tile_launch_ok<T, CAP>(metric, n_rows, dim, k, chunk_rows, ptrs4, 9)) return;
+  if (!tile_launch_ok<T, CAP>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes, ptrs4, 9)) return;
 
   const uint32_t tid = threadIdx.x;
   const uint32_t warp = tid / 32;
@@ -413,8 +478,8 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const uint64_t row_end = row_end_u < n_rows ? row_end_u : n_rows;
   const bound_consts bc = make_bound_consts(dim, PREC);
   // 16-byte loads when every row starts 16-byte aligned (the same for every thread).
-  const bool vectors = dim % staged_chunk<RT, KC, K, T>::VEC == 0 && scan::misaligned_bits<16>(dataset) == 0 &&
-                       scan::misaligned_bits<16>(queries) == 0;
+  const bool vectors = dim % staged_chunk<RT, KC, K, LD, T>::VEC == 0 &&
+                       scan::misaligned_bits<16>(dataset) == 0 && scan::misaligned_bits<16>(queries) == 0;
 
   for (uint64_t tile = blockIdx.x; tile * QT < n_queries; tile += gridDim.x) {
     const uint64_t q0 = tile * QT;
@@ -427,15 +492,19 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
     }
     __syncthreads();
     // Chunks go (row iteration, k0) in order; each is loaded one step ahead.
-    staged_chunk<QT, KC, K, T> cq;
-    staged_chunk<RT, KC, K, T> cx;
+    staged_chunk<QT, KC, K, LD, T> cq;
+    staged_chunk<RT, KC, K, LD, T> cx;
     if (row_begin < row_end) {
       cq.load(queries, n_queries, q0, dim, 0, vectors);
       cx.load(dataset, row_end, row_begin, dim, 0, vectors);
     }
     for (uint64_t r0 = row_begin; r0 < row_end; r0 += RT) {
-      typename M::acc_frag acc;
-      wmma::fill_fragment(acc, static_cast<typename M::acc_t>(0));
+      typename M::acc_frag acc[FQ][FR];
+#pragma unroll
+      for (int fq = 0; fq < FQ; ++fq) {
+#pragma unroll
+        for (int fr = 0; fr < FR; ++fr) wmma::fill_fragment(acc[fq][fr], static_cast<typename M::acc_t>(0));
+      }
       for (uint32_t k0 = 0; k0 < dim; k0 += KC) {
         cq.store(s_q);
         cx.store(s_x);
@@ -449,39 +518,61 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
         }
 #pragma unroll
         for (int s = 0; s < KC / K; ++s) {
-          M::step(acc, s_q + s * QT * K + wq * 16 * K, s_x + s * RT * K + wr * 16 * K);
+          typename M::a_op a[FQ];
+          typename M::b_op b[FR];
+#pragma unroll
+          for (int fq = 0; fq < FQ; ++fq) {
+            M::load_a(a[fq], s_q + (s * QT + (wq * FQ + fq) * 16) * LD, LD);
+          }
+#pragma unroll
+          for (int fr = 0; fr < FR; ++fr) {
+            M::load_b(b[fr], s_x + (s * RT + (wr * FR + fr) * 16) * LD, LD);
+          }
+#pragma unroll
+          for (int fq = 0; fq < FQ; ++fq) {
+#pragma unroll
+            for (int fr = 0; fr < FR; ++fr) M::multiply(acc[fq][fr], a[fq], b[fr]);
+          }
         }
         __syncthreads();
       }
-      wmma::store_matrix_sync(s_acc[warp], acc, 16, wmma::mem_row_major);
-      __syncwarp();
-      // Lane pairs: 16 consecutive lanes take 16 consecutive rows of one query.
+      // The fused select, one 16 x 16 tile at a time through the warp's s_acc.
 #pragma unroll
-      for (int p = 0; p < 8; ++p) {
-        const uint32_t e = lane + 32u * static_cast<uint32_t>(p);
-        const uint32_t ql = wq * 16 + e / 16;
-        const uint64_t q = q0 + ql;
-        const uint64_t row = r0 + wr * 16 + e % 16;
-        if (q >= n_queries || row >= row_end ||
-            !scan::idx_abi<uint32_t>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<uint32_t>(row))) {
-          continue;
-        }
-        float lo;
-        float hi;
-        if (PREC == precision_int) {
-          const float d = int_distance(metric, static_cast<int64_t>(s_acc[warp][e]), __float_as_uint(s_qa0[ql]),
-                                       __float_as_uint(row_aux0[row]));
-          lo = d;
-          hi = d;
-        } else {
-          float_bounds(metric, bc, static_cast<float>(s_acc[warp][e]), s_qa0[ql], s_qa1[ql], row_aux0[row],
-                       row_aux1[row], &lo, &hi);
-        }
-        if (lo < s_thr[ql]) {
-          const uint32_t slot = atomicAdd(&s_count[ql], 1u);
-          s_lo[ql][slot] = lo;
-          s_hi[ql][slot] = hi;
-          s_id[ql][slot] = static_cast<uint32_t>(row);
+      for (int fq = 0; fq < FQ; ++fq) {
+#pragma unroll
+        for (int fr = 0; fr < FR; ++fr) {
+          wmma::store_matrix_sync(s_acc[warp], acc[fq][fr], 16, wmma::mem_row_major);
+          __syncwarp();
+          // Lane pairs: 16 consecutive lanes take 16 consecutive rows of one query.
+#pragma unroll
+          for (int p = 0; p < 8; ++p) {
+            const uint32_t e = lane + 32u * static_cast<uint32_t>(p);
+            const uint32_t ql = (wq * FQ + fq) * 16 + e / 16;
+            const uint64_t q = q0 + ql;
+            const uint64_t row = r0 + (wr * FR + fr) * 16 + e % 16;
+            if (q >= n_queries || row >= row_end ||
+                !scan::idx_abi<uint32_t>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<uint32_t>(row))) {
+              continue;
+            }
+            float lo;
+            float hi;
+            if (PREC == precision_int) {
+              const float d = int_distance(metric, static_cast<int64_t>(s_acc[warp][e]), __float_as_uint(s_qa0[ql]),
+                                           __float_as_uint(row_aux0[row]));
+              lo = d;
+              hi = d;
+            } else {
+              float_bounds(metric, bc, static_cast<float>(s_acc[warp][e]), s_qa0[ql], s_qa1[ql], row_aux0[row],
+                           row_aux1[row], &lo, &hi);
+            }
+            if (lo < s_thr[ql]) {
+              const uint32_t slot = atomicAdd(&s_count[ql], 1u);
+              s_lo[ql][slot] = lo;
+              s_hi[ql][slot] = hi;
+              s_id[ql][slot] = static_cast<uint32_t>(row);
+            }
+          }
+          __syncwarp();
         }
       }
       __syncthreads();

@@ -24,8 +24,8 @@ use fraglink::build::Arch;
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::{synthetic, Rng};
 use fraglink::search::knn::norms::Norms;
-use fraglink::search::knn::plan::merge_groups;
-use fraglink::search::knn::{choose, KnnPlan, KnnRequest, Precision};
+use fraglink::search::knn::plan::{merge_groups, H100_SHARED_BYTES};
+use fraglink::search::knn::{choose, choose_variant, KnnPlan, KnnRequest, Precision};
 use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use half::f16;
 use support::emulated;
@@ -90,6 +90,33 @@ struct Case<'a> {
     rerank_grid: u32,
 }
 
+/// The plan of case `c`: the planner's pick (tile shape and capacity) at
+/// the dtype's default precision, as the variant of `precision`.
+fn plan_of(c: &Case<'_>, metric: Metric, precision: Precision) -> KnnPlan {
+    let r = KnnRequest {
+        device: Arch::sm(90),
+        shared_bytes: H100_SHARED_BYTES,
+        dtype: c.base.dtype(),
+        metric,
+        filter: if c.filter.is_some() { "bitset" } else { "none" },
+        n_rows: c.base.rows(),
+        dim: c.base.dim(),
+        nq: c.queries.rows(),
+        k: c.k,
+        variant: None,
+    };
+    let pick = choose(&r).unwrap_or_else(|| panic!("{}: the planner refuses the search", c.what));
+    let name = format!(
+        "knn_tile_{}_{}_q{}_r{}_k{}",
+        pick.dtype.name(),
+        precision.name(),
+        pick.qtile,
+        pick.rtile,
+        pick.capacity
+    );
+    choose_variant(&r, &name).unwrap_or_else(|e| panic!("{}: {e}", c.what))
+}
+
 fn run_case(
     exe: &Path,
     metric: Metric,
@@ -97,18 +124,7 @@ fn run_case(
     c: &Case<'_>,
 ) -> (KnnPlan, Neighbors) {
     let (n, dim, nq) = (c.base.rows(), c.base.dim(), c.queries.rows());
-    let plan = choose(&KnnRequest {
-        device: Arch::sm(90),
-        dtype: c.base.dtype(),
-        metric,
-        filter: if c.filter.is_some() { "bitset" } else { "none" },
-        n_rows: n,
-        dim,
-        nq,
-        k: c.k,
-        precision: Some(precision),
-    })
-    .unwrap_or_else(|| panic!("{}: the planner refuses the search", c.what));
+    let plan = plan_of(c, metric, precision);
     let (rows, queries) = (Norms::of(c.base), Norms::of(&c.queries));
     assert!(
         !rows.any_special(metric) && !queries.any_special(metric),
@@ -145,6 +161,7 @@ fn run_case(
         group_chunks.to_string(),
         tiles.min(c.tile_grid).to_string(),
         (nq as u32).min(c.rerank_grid).to_string(),
+        plan.dynamic_shared_bytes().to_string(),
         "7".into(),
         d.display().to_string(),
     ];
@@ -252,10 +269,10 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     let odd = if dtype.size() == 1 { 70 } else { 45 };
     let dim = 80;
     let n = 900;
-    let (base, queries) = synthetic(n, dim, 70, dtype, 11);
+    let (base, queries) = synthetic(n, dim, 140, dtype, 11);
     let (odd_base, odd_queries) = synthetic(n, odd, 20, dtype, 16);
     let tie_base = ties(dtype, n, dim, 12);
-    let tie_queries = ties(dtype, 20, dim, 13);
+    let tie_queries = ties(dtype, 70, dim, 13);
     // Enough row tiles for more than MERGE_CHUNKS chunks: the merge level.
     let (big_base, big_queries) = synthetic(2500, odd, 3, dtype, 17);
     let near_base = near_ties(dtype, n, odd, 14);
@@ -283,9 +300,39 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             rerank_grid: u32::MAX,
         },
         Case {
-            what: label("70 queries, k 7 (query tile 32), grid-stride loops"),
+            what: label("140 queries, k 10 (query tile 64, a partial last tile)"),
             base: &base,
             queries: queries.clone(),
+            k: 10,
+            filter: None,
+            resident: 12,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+        Case {
+            what: label("70 queries, k 100 (query tile 32, capacity 128)"),
+            base: &base,
+            queries: queries.slice_rows(0, 70),
+            k: 100,
+            filter: None,
+            resident: 8,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+        Case {
+            what: label("k 200 (capacity 256)"),
+            base: &base,
+            queries: queries.slice_rows(10, 14),
+            k: 200,
+            filter: None,
+            resident: 8,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+        Case {
+            what: label("70 queries, k 7 (query tile 32), grid-stride loops"),
+            base: &base,
+            queries: queries.slice_rows(0, 70),
             k: 7,
             filter: None,
             resident: 4,
@@ -355,22 +402,26 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     ];
     assert!(
         all.iter().any(|c| {
-            let p = choose(&KnnRequest {
-                device: Arch::sm(90),
-                dtype,
-                metric,
-                filter: "none",
-                n_rows: c.base.rows(),
-                dim: c.base.dim(),
-                nq: c.queries.rows(),
-                k: c.k,
-                precision: Some(precision),
-            })
-            .unwrap();
+            let p = plan_of(c, metric, precision);
             merge_groups(p.chunks(c.base.rows(), c.queries.rows(), c.resident).0).0 > 1
         }),
         "some case must take the merge level"
     );
+    // Every candidate kernel of this dtype and precision runs.
+    let used: std::collections::BTreeSet<&str> = all
+        .iter()
+        .map(|c| plan_of(c, metric, precision).tile.name)
+        .collect();
+    let built: std::collections::BTreeSet<&str> = fraglink::fragments::catalog()
+        .iter()
+        .filter(|f| {
+            f.family == "knn_tile"
+                && f.param("dtype") == Some(dtype.name())
+                && f.param("precision") == Some(precision.name())
+        })
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(used, built, "the cases must cover every variant");
     for c in &all {
         check(exe, metric, precision, c);
     }

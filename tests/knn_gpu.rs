@@ -6,7 +6,6 @@
 //! and ties, and the row split of small batches. Without a GPU these tests
 //! only compile.
 
-use fraglink::build::Arch;
 use fraglink::gpu::GpuContext;
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::synthetic;
@@ -20,9 +19,10 @@ fn searcher() -> GpuSearcher {
     GpuSearcher::new(GpuContext::default().expect("a CUDA GPU")).unwrap()
 }
 
-/// Whether the planner gives this search to the tensor-core path on `arch`.
+/// Whether the planner gives this search to the tensor-core path on the
+/// searcher's device.
 fn expects_knn(
-    arch: Arch,
+    gpu: &GpuSearcher,
     dtype: DType,
     metric: Metric,
     n: usize,
@@ -30,8 +30,10 @@ fn expects_knn(
     nq: usize,
     k: usize,
 ) -> bool {
+    let ctx = gpu.context();
     knn::choose(&knn::KnnRequest {
-        device: arch,
+        device: ctx.arch(),
+        shared_bytes: ctx.limits().shared_bytes_per_block_optin,
         dtype,
         metric,
         filter: "none",
@@ -39,7 +41,7 @@ fn expects_knn(
         dim,
         nq,
         k,
-        precision: None,
+        variant: None,
     })
     .is_some()
 }
@@ -67,16 +69,15 @@ fn check(
 #[ignore = "needs a CUDA GPU"]
 fn tensor_core_path_equals_cpu_on_every_dtype_metric_k_and_batch() {
     let gpu = searcher();
-    let arch = gpu.context().arch();
     let (n, dim) = (20_000, 96);
     for dtype in DTYPES {
         let (base, queries) = synthetic(n, dim, 1000, dtype, 21);
         for metric in [Metric::L2, Metric::InnerProduct, Metric::Cosine] {
             for nq in [1, 100, 1000] {
                 let part = queries.slice_rows(0, nq);
-                for k in [1, 10, 100] {
+                for k in [1, 10, 100, 200] {
                     let params = SearchParams::new(k, metric);
-                    let want_knn = expects_knn(arch, dtype, metric, n, dim, nq, k);
+                    let want_knn = expects_knn(&gpu, dtype, metric, n, dim, nq, k);
                     check(
                         &gpu,
                         &base,
@@ -95,7 +96,6 @@ fn tensor_core_path_equals_cpu_on_every_dtype_metric_k_and_batch() {
 #[ignore = "needs a CUDA GPU"]
 fn filters_odd_dims_and_tiny_bases_equal_cpu() {
     let gpu = searcher();
-    let arch = gpu.context().arch();
     for dtype in DTYPES {
         for (n, dim) in [(5000, 33), (37, 7), (3000, 128)] {
             let (base, queries) = synthetic(n, dim, 70, dtype, 5);
@@ -103,7 +103,7 @@ fn filters_odd_dims_and_tiny_bases_equal_cpu() {
                 let filter = Filter::Bitset(Bitset::random(n, fraction, 9));
                 for metric in [Metric::L2, Metric::Cosine] {
                     let params = SearchParams::new(10, metric).with_filter(filter.clone());
-                    let want_knn = expects_knn(arch, dtype, metric, n, dim, 70, 10);
+                    let want_knn = expects_knn(&gpu, dtype, metric, n, dim, 70, 10);
                     check(
                         &gpu,
                         &base,
@@ -124,7 +124,6 @@ fn duplicate_rows_and_ties_go_through_the_exact_reduction() {
     // 3 distinct rows repeated 4000 times: every bound ties, every chunk's
     // buffer overflows its capacity, and ties must resolve by smaller id.
     let gpu = searcher();
-    let arch = gpu.context().arch();
     let dim = 16;
     let protos: [Vec<f32>; 3] = [
         vec![1.0; 16],
@@ -155,7 +154,7 @@ fn duplicate_rows_and_ties_go_through_the_exact_reduction() {
         for metric in [Metric::L2, Metric::InnerProduct, Metric::Cosine] {
             for k in [1, 32, 100] {
                 let params = SearchParams::new(k, metric);
-                let want_knn = expects_knn(arch, dtype, metric, 12_000, dim, 8, k);
+                let want_knn = expects_knn(&gpu, dtype, metric, 12_000, dim, 8, k);
                 check(
                     &gpu,
                     &b,
@@ -171,18 +170,9 @@ fn duplicate_rows_and_ties_go_through_the_exact_reduction() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn special_rows_and_large_k_stay_on_the_exact_scan() {
+fn special_rows_stay_on_the_exact_scan() {
     let gpu = searcher();
     let (base, queries) = synthetic(2000, 32, 10, DType::F32, 3);
-    // k beyond the largest capacity (128): the scan (capacity 256).
-    check(
-        &gpu,
-        &base,
-        &queries,
-        &SearchParams::new(200, Metric::L2),
-        false,
-        "k 200",
-    );
     // A NaN row makes every row set special for the bounds.
     let Vectors::F32(m) = &base else {
         unreachable!()
@@ -198,4 +188,50 @@ fn special_rows_and_large_k_stay_on_the_exact_scan() {
         false,
         "NaN row",
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_candidate_variant_by_name_equals_cpu() {
+    // Each knn_tile variant the device has shared memory for, named
+    // (GpuIndex::search_with_variant), on 150 queries (a partial last tile
+    // for every query tile) with k at its capacity and below.
+    let gpu = searcher();
+    let limit = gpu.context().limits().shared_bytes_per_block_optin;
+    let arch = gpu.context().arch();
+    let mut ran = 0;
+    for dtype in DTYPES {
+        let (base, queries) = synthetic(30_000, 72, 150, dtype, 31);
+        let index = gpu.upload(&base).unwrap();
+        for f in fraglink::fragments::catalog().iter().filter(|f| {
+            f.family == "knn_tile" && f.param("dtype") == Some(dtype.name()) && f.links_for(arch)
+        }) {
+            let cap: usize = f.param("capacity").unwrap().parse().unwrap();
+            for (k, metric) in [(cap, Metric::L2), (7, Metric::Cosine)] {
+                let params = SearchParams::new(k, metric);
+                let found = match index.search_with_variant(&queries, &params, Some(f.name)) {
+                    Ok(found) => found,
+                    Err(e) => {
+                        // Only a variant the device cannot hold may refuse.
+                        let plan = knn::plan::all_plans()
+                            .into_iter()
+                            .find(|p| p.tile.name == f.name)
+                            .unwrap();
+                        assert!(plan.shared_bytes() > limit, "{}: {e}", f.name);
+                        continue;
+                    }
+                };
+                assert_eq!(found.knn.as_ref().map(|p| p.tile.name), Some(f.name));
+                let want = search_cpu(&base, &queries, &params).unwrap();
+                assert!(
+                    found.neighbors.bitwise_eq(&want),
+                    "{} k {k} {metric}: first difference at {:?}",
+                    f.name,
+                    found.neighbors.first_difference(&want)
+                );
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran > 0);
 }

@@ -91,11 +91,14 @@ fn tf32_variants_do_not_exist_before_sm80() {
     let rt = runtime();
     let p = all_plans()
         .into_iter()
-        .find(|p| p.tile.name == "knn_tile_f32_tf32x3_q16_k32")
+        .find(|p| p.tile.name == "knn_tile_f32_tf32x3_q16_r64_k32")
         .unwrap();
     assert_eq!(p.tile.archs, ["compute_80", "sm_90"]);
     let e = rt.link(&p.tile_planner(), Arch::sm(75)).unwrap_err();
-    assert!(e.to_string().contains("knn_tile_f32_tf32x3_q16_k32"), "{e}");
+    assert!(
+        e.to_string().contains("knn_tile_f32_tf32x3_q16_r64_k32"),
+        "{e}"
+    );
 }
 
 #[test]

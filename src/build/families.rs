@@ -40,11 +40,14 @@ pub fn vector_search() -> Vec<Family> {
         Family::new("knn_tile", "KnnTileFragment")
             .matrix("matrices/knn_tile.json")
             .template("templates/knn_tile.cu.j2")
-            .name_format("knn_tile_{{ dtype }}_{{ precision }}_q{{ qtile }}_k{{ capacity }}")
+            .name_format(
+                "knn_tile_{{ dtype }}_{{ precision }}_q{{ qtile }}_r{{ rtile }}_k{{ capacity }}",
+            )
             .min_arch_key("min_arch")
             .tag("dtype", "DataType")
             .tag("precision", "Precision")
             .constant("qtile", "u32")
+            .constant("rtile", "u32")
             .constant("capacity", "u32")
             .constant("min_arch", "u32"),
         Family::new("knn_rerank", "KnnRerankFragment")

@@ -147,10 +147,16 @@ mod tests {
     #[test]
     fn a_minimum_that_leaves_no_arch_is_an_error_naming_the_fragment() {
         let only75 = [Arch::compute(75)];
-        let e = check("knn_tile_f32_tf32_q16_k32", "knn_tile", &only75, Some(80)).unwrap_err();
+        let e = check(
+            "knn_tile_f32_tf32_q16_r64_k32",
+            "knn_tile",
+            &only75,
+            Some(80),
+        )
+        .unwrap_err();
         let msg = e.to_string();
         for part in [
-            "knn_tile_f32_tf32_q16_k32",
+            "knn_tile_f32_tf32_q16_r64_k32",
             "knn_tile",
             "sm_80",
             "compute_75",

@@ -30,7 +30,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_void, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -253,17 +253,34 @@ impl LaunchConfig {
                 resources.max_block_threads(limits)
             ));
         }
+        if resources.static_shared_bytes > limits.shared_bytes_per_block {
+            return bad(format!(
+                "{} bytes of static shared memory exceed the {} a kernel may declare",
+                resources.static_shared_bytes, limits.shared_bytes_per_block
+            ));
+        }
         let shared =
             u64::from(resources.static_shared_bytes) + u64::from(self.dynamic_shared_bytes);
-        if shared > u64::from(limits.shared_bytes_per_block) {
+        let most = limits
+            .shared_bytes_per_block_optin
+            .max(limits.shared_bytes_per_block);
+        if shared > u64::from(most) {
             return bad(format!(
-                "{} static + {} dynamic bytes of shared memory exceed the {} bytes per block",
-                resources.static_shared_bytes,
-                self.dynamic_shared_bytes,
-                limits.shared_bytes_per_block
+                "{} static + {} dynamic bytes of shared memory exceed the {most} bytes per block \
+                 this device allows (with opt-in)",
+                resources.static_shared_bytes, self.dynamic_shared_bytes,
             ));
         }
         Ok(())
+    }
+
+    /// Whether this launch's shared memory exceeds the default per-block
+    /// limit, so the kernel must opt in first
+    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`; [`Launcher`]
+    /// does it).
+    pub fn needs_shared_opt_in(&self, resources: &KernelResources, limits: &DeviceLimits) -> bool {
+        u64::from(resources.static_shared_bytes) + u64::from(self.dynamic_shared_bytes)
+            > u64::from(limits.shared_bytes_per_block)
     }
 }
 
@@ -684,6 +701,9 @@ pub struct Launcher {
     limits: DeviceLimits,
     sm_count: u32,
     cooperative: bool,
+    /// The kernel's `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as
+    /// last set (0: the driver's default, static + dynamic ≤ 48 KiB).
+    dynamic_shared_opt_in: AtomicU32,
     timing: AtomicBool,
     state: Mutex<TimingState>,
 }
@@ -799,6 +819,7 @@ impl Launcher {
             limits: *ctx.limits(),
             sm_count: ctx.info().sm_count,
             cooperative: ctx.info().cooperative_launch,
+            dynamic_shared_opt_in: AtomicU32::new(0),
             timing: AtomicBool::new(true),
             state: Mutex::new(TimingState {
                 stats: KernelStats::default(),
@@ -864,6 +885,12 @@ impl Launcher {
     /// at once, by this kernel's registers and shared memory
     /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`).
     pub fn blocks_per_sm(&self, threads: u32, dynamic_shared_bytes: u32) -> GpuResult<u32> {
+        // The occupancy calculator counts no block whose dynamic shared
+        // memory is above the kernel's opt-in.
+        self.opt_in_shared(
+            &LaunchConfig::new((1, 1, 1), (threads.max(1), 1, 1))
+                .with_dynamic_shared(dynamic_shared_bytes),
+        )?;
         // SAFETY: `function` belongs to the loaded module.
         let per_sm = unsafe {
             result::occupancy::max_active_block_per_multiprocessor(
@@ -913,6 +940,40 @@ impl Launcher {
         self.launch_impl(&self.stream, cfg, args, true)
     }
 
+    /// Raises the kernel's dynamic shared memory limit to what `cfg` asks
+    /// when static + dynamic exceed the default 48 KiB per block (after
+    /// [`LaunchConfig::validate`]: never beyond the device's opt-in limit).
+    /// Once per larger size; a kernel's attribute is per function, shared
+    /// by every launch.
+    fn opt_in_shared(&self, cfg: &LaunchConfig) -> GpuResult<()> {
+        cfg.validate(&self.resources, &self.limits)?;
+        let bytes = cfg.dynamic_shared_bytes;
+        if !cfg.needs_shared_opt_in(&self.resources, &self.limits)
+            || bytes <= self.dynamic_shared_opt_in.load(Ordering::Acquire)
+        {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_error("cuCtxSetCurrent"))?;
+        // SAFETY: `function` belongs to the loaded module; `bytes` is within
+        // the device's opt-in limit (validated above).
+        unsafe {
+            result::function::set_function_attribute(
+                self.function,
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(launch_error(
+            &self.entry,
+            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+        ))?;
+        self.dynamic_shared_opt_in
+            .fetch_max(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+
     unsafe fn launch_impl(
         &self,
         stream: &Arc<CudaStream>,
@@ -920,7 +981,7 @@ impl Launcher {
         args: &mut KernelArgs<'_>,
         cooperative: bool,
     ) -> GpuResult<()> {
-        cfg.validate(&self.resources, &self.limits)?;
+        self.opt_in_shared(cfg)?;
         if let Some(params) = &self.params {
             check_arguments(&self.entry, params, &args.sizes())?;
         }
@@ -1196,15 +1257,26 @@ mod tests {
             .with_dynamic_shared(40 * 1024 + 1)
             .validate(&res(32, 8 * 1024, None), &limits)
             .is_err());
-        // A device with more shared memory per block accepts it.
+        assert!(!c
+            .with_dynamic_shared(40 * 1024)
+            .needs_shared_opt_in(&res(32, 8 * 1024, None), &limits));
+        // A device with an opt-in limit above 48 KiB (an H100: 227 KiB)
+        // takes more dynamic shared memory, opted in; static stays ≤ 48 KiB.
         let big = DeviceLimits {
-            shared_bytes_per_block: 100 * 1024,
+            shared_bytes_per_block_optin: 227 * 1024,
             ..limits
         };
+        let c90 = c.with_dynamic_shared(90 * 1024);
+        assert!(c90.validate(&res(32, 8 * 1024, None), &big).is_ok());
+        assert!(c90.needs_shared_opt_in(&res(32, 8 * 1024, None), &big));
+        let e = c90.validate(&res(32, 8 * 1024, None), &limits).unwrap_err();
+        assert!(e.to_string().contains("with opt-in"), "{e}");
         assert!(c
-            .with_dynamic_shared(90 * 1024)
-            .validate(&res(32, 0, None), &big)
-            .is_ok());
+            .with_dynamic_shared(227 * 1024 - 8 * 1024 + 1)
+            .validate(&res(32, 8 * 1024, None), &big)
+            .is_err());
+        let e = c.validate(&res(32, 48 * 1024 + 1, None), &big).unwrap_err();
+        assert!(e.to_string().contains("static shared memory"), "{e}");
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub enum GpuSearchError {
         variable: &'static str,
         value: String,
     },
+    /// The candidate kernel asked for (`FRAGLINK_KNN_VARIANT`,
+    /// `GpuIndex::search_with_variant`) cannot serve the search.
+    #[error("knn variant `{value}` (FRAGLINK_KNN_VARIANT or search_with_variant): {reason}")]
+    KnnVariant { value: String, reason: String },
 }
 
 impl GpuSearchError {

@@ -11,7 +11,7 @@
 //! tensor-core path: candidates from tensor-core dot products with a proven
 //! margin, then an exact re-rank ([`crate::search::knn`]). A search takes
 //! that path when the device, the workload and the data allow it
-//! ([`crate::search::knn::choose`]: TF32 needs sm_80, k ≤ 128, no "special"
+//! ([`crate::search::knn::choose`]: TF32 needs sm_80, k ≤ 256, no "special"
 //! row or query, `FRAGLINK_GPU_KNN` not off) and the exact scan otherwise;
 //! both give the same results. A bitset filter is a search parameter: it is
 //! uploaded when it first appears and kept while the following searches pass
@@ -45,7 +45,7 @@ use crate::gpu::{GpuBuffer, GpuError};
 use super::gpu::{
     upload_vectors, DeviceVectors, GpuSearch, GpuSearchError, GpuSearcher, MAX_QUERIES_PER_LAUNCH,
 };
-use super::knn::gpu::{enabled_by_env, KnnRows, KnnSearch};
+use super::knn::gpu::{enabled_by_env, variant_by_env, KnnRows, KnnSearch};
 use super::knn::norms::Norms;
 use super::plan::{plan, ScanPlan};
 use super::{DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
@@ -252,16 +252,34 @@ impl GpuIndex {
     /// length) is a typed error naming the value, found before anything
     /// moves. `elapsed` covers the query upload, the launches and the download
     /// (and, on the tensor-core path, the queries' norms on the host).
+    ///
+    /// `FRAGLINK_KNN_VARIANT` names the candidate kernel instead of the
+    /// planner ([`Self::search_with_variant`]).
     pub fn search(
         &self,
         queries: &Vectors,
         params: &SearchParams,
     ) -> Result<GpuSearch, GpuSearchError> {
+        self.search_with_variant(queries, params, variant_by_env().as_deref())
+    }
+
+    /// As [`Self::search`], with the tensor-core candidate kernel named
+    /// (a `knn_tile_*` fragment) instead of the planner's pick, for
+    /// benchmarks and tests that compare variants. Where the tensor-core
+    /// path serves the search at all (module docs), a variant that cannot
+    /// (another dtype, a capacity below k, more shared memory than the
+    /// device has) is an error naming it. `None`: the planner decides.
+    pub fn search_with_variant(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+        variant: Option<&str>,
+    ) -> Result<GpuSearch, GpuSearchError> {
         let started = Instant::now();
         let p = self.shape.plan(queries, params)?;
         let (nq, k) = (queries.rows(), params.k);
         if nq > 0 {
-            if let Some(found) = self.search_knn(queries, params, &p)? {
+            if let Some(found) = self.search_knn(queries, params, &p, variant)? {
                 return Ok(GpuSearch {
                     elapsed: started.elapsed(),
                     ..found
@@ -308,6 +326,7 @@ impl GpuIndex {
         queries: &Vectors,
         params: &SearchParams,
         plan: &ScanPlan,
+        variant: Option<&str>,
     ) -> Result<Option<GpuSearch>, GpuSearchError> {
         let Some(rows) = self.knn.as_ref() else {
             return Ok(None);
@@ -318,8 +337,9 @@ impl GpuIndex {
         if !enabled_by_env()? {
             return Ok(None);
         }
-        let Some(kp) = super::knn::choose(&super::knn::KnnRequest {
+        let request = super::knn::KnnRequest {
             device: self.gpu.context().arch(),
+            shared_bytes: self.gpu.context().limits().shared_bytes_per_block_optin,
             dtype: self.shape.dtype,
             metric: params.metric,
             filter: params.filter.fragment_name(),
@@ -327,8 +347,19 @@ impl GpuIndex {
             dim: self.shape.dim,
             nq: queries.rows(),
             k: params.k,
-            precision: None,
-        }) else {
+            variant,
+        };
+        let kp =
+            match variant {
+                Some(name) => Some(super::knn::choose_variant(&request, name).map_err(
+                    |reason| GpuSearchError::KnnVariant {
+                        value: name.to_owned(),
+                        reason,
+                    },
+                )?),
+                None => super::knn::choose(&request),
+            };
+        let Some(kp) = kp else {
             return Ok(None);
         };
         let qnorms = Norms::of(queries);

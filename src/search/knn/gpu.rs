@@ -194,7 +194,8 @@ impl KnnSearch<'_> {
             capacity: self.plan.capacity,
         };
         // One wave of candidate blocks (KnnPlan::chunks).
-        let resident = tile.resident_blocks(KNN_BLOCK, 0)?;
+        let dynamic = self.plan.dynamic_shared_bytes();
+        let resident = tile.resident_blocks(KNN_BLOCK, dynamic)?;
         let cap = self.plan.capacity as usize;
         let (k, dim) = (self.k, self.dim);
         let mut ids = Vec::with_capacity(nq * k);
@@ -210,7 +211,8 @@ impl KnnSearch<'_> {
             let mut cand = Candidates::alloc(pool, nb * n_chunks as usize, cap)?;
             {
                 let tiles = nb.div_ceil(self.plan.qtile as usize) as u32;
-                let cfg = LaunchConfig::new((tiles, n_chunks, 1), (KNN_BLOCK, 1, 1));
+                let cfg = LaunchConfig::new((tiles, n_chunks, 1), (KNN_BLOCK, 1, 1))
+                    .with_dynamic_shared(dynamic);
                 let mut a = KernelArgs::new();
                 self.data
                     .push_rows(&mut a, &contract, "dataset", 0..self.n_rows * dim)?;
@@ -302,4 +304,15 @@ pub fn enabled_by_env() -> Result<bool, GpuSearchError> {
             }),
         },
     }
+}
+
+/// `FRAGLINK_KNN_VARIANT`: a knn_tile fragment every tensor-core search
+/// must use instead of the planner's pick (benchmarks comparing tile
+/// shapes and precisions); a search it cannot serve is an error naming it.
+/// Unset or empty: the planner decides.
+pub fn variant_by_env() -> Option<String> {
+    std::env::var("FRAGLINK_KNN_VARIANT")
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
 }

@@ -13,12 +13,18 @@
 //! Precision for f32: 3xTF32 by default (its margin, dominated by the
 //! accumulation allowance 3·dim·2⁻²⁰, is about 10× narrower than TF32's 2⁻⁸
 //! at dim 128, so fewer candidates reach the exact re-rank); plain TF32 only
-//! when asked ([`KnnRequest::precision`]), e.g. by a benchmark — which one is faster is
-//! for the GPU benchmark to say. Query tile: 32 when k ≤ 32 and
-//! there are at least 64 queries (half the row reads per query), else 16.
-//! Row chunks ([`chunks`]): enough blocks for 4 per SM, so that nq = 1 still
-//! fills the GPU (the small-batch split), never chunks shorter than one
-//! row iteration.
+//! when asked ([`KnnRequest::variant`], e.g. by a benchmark) — which one is
+//! faster is for the GPU benchmark to say.
+//!
+//! Block shape (`qtile` queries × `rtile` rows per iteration, 4 warps): the
+//! smallest capacity ≥ k among the variants whose shared memory fits the
+//! device ([`KnnPlan::shared_bytes`] against the opt-in limit), then the
+//! largest query tile that at least two tiles of queries fill (a 64-query
+//! tile reads each row once per 64 queries, and its warps reuse each operand
+//! fragment for two MMAs), else the smallest. Row chunks ([`chunks`]): query
+//! tiles × chunks fill one wave of the device's resident blocks, so nq = 1
+//! still spreads over every SM (the small-batch split), never chunks shorter
+//! than one row iteration.
 
 use crate::build::Arch;
 use crate::fragment::FragmentInfo;
@@ -100,13 +106,29 @@ pub struct KnnPlan {
     pub dtype: DType,
     pub precision: Precision,
     pub qtile: u32,
+    pub rtile: u32,
     pub capacity: u32,
 }
 
 impl KnnPlan {
-    /// Rows one block iteration covers (4 warps, 16 × 16 tiles each).
+    /// Rows one block iteration covers.
     pub fn row_tile(&self) -> u32 {
-        16 * (4 / (self.qtile / 16))
+        self.rtile
+    }
+
+    /// The candidate kernel's dynamic shared memory (knn_tile.cuh
+    /// `tile_shape::dynamic_bytes`): per query a buffer of capacity +
+    /// row tile (lo, hi, id) entries. The launch passes exactly this.
+    pub fn dynamic_shared_bytes(&self) -> u32 {
+        tile_dynamic_bytes(self.qtile, self.rtile, self.capacity)
+    }
+
+    /// The candidate kernel's shared memory, static + dynamic (an upper
+    /// bound of the static part: tests/knn_link.rs checks it against the
+    /// linked cubins).
+    pub fn shared_bytes(&self) -> u32 {
+        tile_static_bytes(self.dtype.size() as u32, self.qtile, self.rtile)
+            + self.dynamic_shared_bytes()
     }
 
     /// The candidate kernel: tile + metric + filter.
@@ -148,6 +170,21 @@ pub fn chunks(n_rows: usize, nq: usize, qtile: u32, row_tile: u32, resident: u32
     let chunk_rows = n_rows.div_ceil(want).div_ceil(rt).max(1) * rt;
     let n_chunks = n_rows.div_ceil(chunk_rows).max(1);
     (n_chunks as u32, chunk_rows as u32)
+}
+
+/// knn_tile's dynamic shared memory for a block shape (its
+/// `tile_shape::dynamic_bytes`).
+pub fn tile_dynamic_bytes(qtile: u32, rtile: u32, capacity: u32) -> u32 {
+    qtile * (capacity + rtile) * 12
+}
+
+/// knn_tile's static shared memory for `elem_bytes`-byte elements: query and
+/// row staging of 64 bytes per row (16-byte slabs as they are; 32-byte slabs
+/// padded to 48 bytes, so 96), 4 warps' 16 × 16 accumulators, per query a
+/// count, threshold and two norms.
+pub fn tile_static_bytes(elem_bytes: u32, qtile: u32, rtile: u32) -> u32 {
+    let staged_row = if elem_bytes == 1 { 64 } else { 96 };
+    staged_row * (qtile + rtile) + 4 * 4 * 256 + 16 * qtile
 }
 
 /// Chunks per block of the re-rank's merge level. A query whose candidates
@@ -200,6 +237,9 @@ pub fn available(device: Arch, dtype: DType) -> bool {
 #[derive(Debug, Clone, Copy)]
 pub struct KnnRequest<'a> {
     pub device: Arch,
+    /// Shared memory one block may use on the device, opt-in included
+    /// (`DeviceLimits::shared_bytes_per_block_optin`: 227 KiB on an H100).
+    pub shared_bytes: u32,
     pub dtype: DType,
     pub metric: Metric,
     /// `none` or `bitset`.
@@ -208,36 +248,83 @@ pub struct KnnRequest<'a> {
     pub dim: usize,
     pub nq: usize,
     pub k: usize,
-    /// `None`: the dtype's default ([`Precision::default_for`]).
-    pub precision: Option<Precision>,
+    /// A knn_tile fragment to use instead of the planner's pick (a
+    /// benchmark comparing variants: `FRAGLINK_KNN_VARIANT`); [`choose`]
+    /// refuses the search when it does not apply.
+    pub variant: Option<&'a str>,
 }
+
+/// Shared memory per block with opt-in on an H100 (227 KiB), for tests and
+/// examples that plan without a device.
+pub const H100_SHARED_BYTES: u32 = 227 * 1024;
 
 /// The variant for a search, or `None` when the exact scan must serve it
 /// (module docs).
 pub fn choose(r: &KnnRequest<'_>) -> Option<KnnPlan> {
+    match r.variant {
+        Some(name) => choose_variant(r, name).ok(),
+        None => candidates(r, None).and_then(|c| pick(&c, r.nq)),
+    }
+}
+
+/// `name` for the search `r` (the default precision set aside), or why it
+/// cannot serve it.
+pub fn choose_variant(r: &KnnRequest<'_>, name: &str) -> Result<KnnPlan, String> {
+    let f = fragments::find(name)
+        .filter(|f| f.family == "knn_tile")
+        .ok_or_else(|| format!("`{name}` is not a knn_tile fragment of this build"))?;
+    let p = f.param("precision").unwrap_or_default();
+    let precision = Precision::ALL
+        .into_iter()
+        .find(|x| x.name() == p)
+        .ok_or_else(|| format!("`{name}` has no precision"))?;
+    let c = candidates(r, Some(precision)).ok_or_else(|| {
+        format!(
+            "no {} variant serves this search ({} rows, dim {}, k {}, sm_{})",
+            r.dtype.name(),
+            r.n_rows,
+            r.dim,
+            r.k,
+            r.device.number
+        )
+    })?;
+    c.into_iter().find(|p| p.tile.name == name).ok_or_else(|| {
+        format!(
+            "`{name}` does not serve this search: {} rows of dim {}, k {}, on sm_{} with {} bytes \
+                 of shared memory per block (dtype, capacity ≥ k, arch and shared memory must fit)",
+            r.n_rows, r.dim, r.k, r.device.number, r.shared_bytes
+        )
+    })
+}
+
+/// The plans that can serve `r` at `precision` (default: the dtype's), or
+/// `None` when the search is outside the kernels' range.
+fn candidates(r: &KnnRequest<'_>, precision: Option<Precision>) -> Option<Vec<KnnPlan>> {
     let (dtype, dim, k) = (r.dtype, r.dim, r.k);
-    let precision = r.precision.unwrap_or(Precision::default_for(dtype));
+    let precision = precision.unwrap_or(Precision::default_for(dtype));
     if k == 0 || r.n_rows == 0 || r.n_rows >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
         return None;
     }
     if dtype == DType::U8 && dim > MAX_DIM_U8 {
         return None;
     }
-    let tiles: Vec<&'static FragmentInfo> = tiles(r.device, dtype, precision).collect();
-    let capacity = tiles
-        .iter()
-        .filter_map(|f| param_u32(f, "capacity"))
-        .filter(|&c| c as usize >= k)
-        .min()?;
-    let qtile = if capacity <= 32 && k <= 32 && r.nq >= 64 {
-        32
-    } else {
-        16
-    };
-    let tile = tiles.iter().copied().find(|f| {
-        param_u32(f, "capacity") == Some(capacity) && param_u32(f, "qtile") == Some(qtile)
-    })?;
-    assemble(tile, r.metric, r.filter)
+    let plans: Vec<KnnPlan> = tiles(r.device, dtype, precision)
+        .filter_map(|t| assemble(t, r.metric, r.filter))
+        .filter(|p| p.capacity as usize >= k && p.shared_bytes() <= r.shared_bytes)
+        .collect();
+    (!plans.is_empty()).then_some(plans)
+}
+
+/// The smallest capacity, then the largest query tile that `nq` fills
+/// twice, else the smallest tile.
+fn pick(c: &[KnnPlan], nq: usize) -> Option<KnnPlan> {
+    let capacity = c.iter().map(|p| p.capacity).min()?;
+    let same: Vec<&KnnPlan> = c.iter().filter(|p| p.capacity == capacity).collect();
+    same.iter()
+        .filter(|p| nq >= 2 * p.qtile as usize)
+        .max_by_key(|p| (p.qtile, p.rtile))
+        .or_else(|| same.iter().min_by_key(|p| (p.qtile, p.rtile)))
+        .map(|p| (*p).clone())
 }
 
 /// The plan of candidate kernel `tile` with `metric` and `filter`: its
@@ -247,7 +334,11 @@ fn assemble(tile: &'static FragmentInfo, metric: Metric, filter: &str) -> Option
     let dtype = tile.param("dtype")?.parse::<DType>().ok()?;
     let p = tile.param("precision")?;
     let precision = Precision::ALL.into_iter().find(|x| x.name() == p)?;
-    let (qtile, capacity) = (param_u32(tile, "qtile")?, param_u32(tile, "capacity")?);
+    let (qtile, rtile, capacity) = (
+        param_u32(tile, "qtile")?,
+        param_u32(tile, "rtile")?,
+        param_u32(tile, "capacity")?,
+    );
     Some(KnnPlan {
         tile,
         rerank: fragments::find(&format!("knn_rerank_{}_k{capacity}", dtype.name()))?,
@@ -260,6 +351,7 @@ fn assemble(tile: &'static FragmentInfo, metric: Metric, filter: &str) -> Option
         dtype,
         precision,
         qtile,
+        rtile,
         capacity,
     })
 }
@@ -320,6 +412,7 @@ mod tests {
     ) -> KnnRequest<'static> {
         KnnRequest {
             device,
+            shared_bytes: H100_SHARED_BYTES,
             dtype,
             metric: Metric::L2,
             filter: "none",
@@ -327,7 +420,7 @@ mod tests {
             dim,
             nq,
             k,
-            precision: None,
+            variant: None,
         }
     }
 
@@ -347,7 +440,7 @@ mod tests {
         let p = pick(SM80, DType::F32, 1, 10).unwrap();
         assert_eq!(
             (p.precision, p.tile.name),
-            (Precision::Tf32x3, "knn_tile_f32_tf32x3_q16_k32")
+            (Precision::Tf32x3, "knn_tile_f32_tf32x3_q16_r64_k32")
         );
         assert_eq!(
             pick(SM75, DType::F16, 1, 10).unwrap().precision,
@@ -357,35 +450,95 @@ mod tests {
             pick(SM90, DType::I8, 1, 10).unwrap().precision,
             Precision::Int
         );
+        // A named variant: plain TF32, with cosine and a filter.
         let t = choose(&KnnRequest {
             metric: Metric::Cosine,
             filter: "bitset",
-            precision: Some(Precision::Tf32),
+            variant: Some("knn_tile_f32_tf32_q16_r64_k32"),
             ..req(SM90, DType::F32, 10, 8, 1, 1)
         })
         .unwrap();
-        assert_eq!(t.tile.name, "knn_tile_f32_tf32_q16_k32");
+        assert_eq!(t.precision, Precision::Tf32);
         assert_eq!(t.filter.name, "filter_bitset_u32");
         assert_eq!(t.metric.name, "metric_cosine_f32");
-        assert!(choose(&KnnRequest {
-            precision: Some(Precision::Int),
-            ..req(SM90, DType::F32, 10, 8, 1, 1)
-        })
-        .is_none());
+    }
+
+    #[test]
+    fn a_named_variant_serves_only_where_it_applies() {
+        let r = req(SM90, DType::F32, 1000, 64, 1, 10);
+        let named = |name: &'static str, r: KnnRequest<'static>| {
+            choose_variant(
+                &KnnRequest {
+                    variant: Some(name),
+                    ..r
+                },
+                name,
+            )
+        };
+        let p = named("knn_tile_f32_tf32x3_q64_r64_k32", r).unwrap();
+        assert_eq!((p.qtile, p.rtile, p.capacity), (64, 64, 32));
+        for (name, r, why) in [
+            ("knn_tile_f16_f16_q16_r64_k32", r, "no f32"),
+            (
+                "knn_tile_f32_tf32x3_q64_r64_k32",
+                KnnRequest { k: 33, ..r },
+                "does not serve",
+            ),
+            (
+                "knn_tile_f32_tf32x3_q16_r64_k32",
+                KnnRequest { device: SM75, ..r },
+                "no f32",
+            ),
+            ("scan_f32_u32_v4_k32", r, "not a knn_tile"),
+            ("knn_tile_nope", r, "not a knn_tile"),
+        ] {
+            let e = named(name, r).unwrap_err();
+            assert!(e.contains(why), "{name}: {e}");
+            assert!(choose(&KnnRequest {
+                variant: Some(name),
+                ..r
+            })
+            .is_none());
+        }
+        let small = KnnRequest {
+            shared_bytes: 64 * 1024,
+            ..r
+        };
+        let e = named("knn_tile_f32_tf32x3_q64_r64_k32", small).unwrap_err();
+        assert!(e.contains("65536 bytes of shared memory"), "{e}");
     }
 
     #[test]
     fn capacity_tile_and_limits() {
+        let shape = |p: KnnPlan| (p.qtile, p.rtile, p.capacity);
+        // Large batches: the 64-query tile; 100 queries fill two 32-query tiles.
+        assert_eq!(
+            shape(pick(SM90, DType::F16, 10_000, 10).unwrap()),
+            (64, 64, 32)
+        );
+        assert_eq!(
+            shape(pick(SM90, DType::F16, 127, 10).unwrap()),
+            (32, 64, 32)
+        );
+        assert_eq!(shape(pick(SM90, DType::F16, 10, 10).unwrap()), (16, 64, 32));
         let p = pick(SM90, DType::F16, 10_000, 10).unwrap();
-        assert_eq!((p.qtile, p.capacity, p.row_tile()), (32, 32, 32));
         assert_eq!(p.rerank.name, "knn_rerank_f16_k32");
-        let p = pick(SM90, DType::F16, 10, 10).unwrap();
-        assert_eq!((p.qtile, p.capacity, p.row_tile()), (16, 32, 64));
-        let p = pick(SM90, DType::F16, 10_000, 100).unwrap();
-        assert_eq!((p.qtile, p.capacity), (16, 128));
+        assert_eq!(
+            shape(pick(SM90, DType::F16, 10_000, 100).unwrap()),
+            (32, 64, 128)
+        );
+        assert_eq!(
+            shape(pick(SM90, DType::F16, 10, 100).unwrap()),
+            (16, 64, 128)
+        );
+        let p = pick(SM90, DType::F16, 10_000, 256).unwrap();
+        assert_eq!(
+            (shape(p.clone()), p.rerank.name),
+            ((16, 64, 256), "knn_rerank_f16_k256")
+        );
         assert!(
-            pick(SM90, DType::F16, 10, 129).is_none(),
-            "k > 128: the scan"
+            pick(SM90, DType::F16, 10, 257).is_none(),
+            "k > 256: the scan"
         );
         assert!(pick(SM90, DType::F16, 10, 0).is_none());
         assert!(pick_shape(DType::U8, 10, 32897).is_none());
@@ -394,6 +547,39 @@ mod tests {
         assert!(pick_shape(DType::I8, 10, 0).is_none());
         assert!(pick_shape(DType::I8, 0, 8).is_none());
         assert!(pick_shape(DType::F32, 10, MAX_DIM + 1).is_none());
+    }
+
+    #[test]
+    fn variants_fit_the_shared_memory_of_the_device() {
+        // sm_75 (Turing): 64 KiB per block with opt-in. Only the variants
+        // that fit are picked; k = 256 and the larger tiles leave it.
+        let turing = |nq, k| {
+            choose(&KnnRequest {
+                shared_bytes: 64 * 1024,
+                ..req(SM75, DType::F16, 1_000_000, 128, nq, k)
+            })
+        };
+        let p = turing(10_000, 10).unwrap();
+        assert_eq!((p.qtile, p.capacity), (32, 32));
+        assert!(p.shared_bytes() <= 64 * 1024);
+        assert_eq!(turing(10_000, 100).unwrap().qtile, 16);
+        assert!(turing(1, 200).is_none());
+        // Without opt-in (48 KiB) the smallest variant still fits.
+        let p = choose(&KnnRequest {
+            shared_bytes: 48 * 1024,
+            ..req(SM90, DType::F32, 1_000_000, 128, 10_000, 10)
+        })
+        .unwrap();
+        assert_eq!((p.qtile, p.capacity), (16, 32));
+        // Every variant fits an H100 (static ≤ 48 KiB, the rest dynamic).
+        for p in all_plans() {
+            assert!(p.shared_bytes() <= H100_SHARED_BYTES, "{}", p.tile.name);
+            assert!(
+                tile_static_bytes(p.dtype.size() as u32, p.qtile, p.rtile) <= 48 * 1024,
+                "{}",
+                p.tile.name
+            );
+        }
     }
 
     #[test]
@@ -438,15 +624,28 @@ mod tests {
                 for p in Precision::ALL {
                     for m in Metric::ALL {
                         for f in FILTERS {
-                            for nq in [1, 1000] {
-                                for k in [1, 32, 100] {
+                            for nq in [1, 100, 1000] {
+                                for k in [1, 32, 100, 200] {
                                     let r = KnnRequest {
                                         metric: m,
                                         filter: f,
-                                        precision: Some(p),
                                         ..req(a, d, 1000, 64, nq, k)
                                     };
-                                    if let Some(x) = choose(&r) {
+                                    // The default precision, then every other.
+                                    let named = fragments::catalog().iter().filter(|t| {
+                                        t.family == "knn_tile"
+                                            && t.param("precision") == Some(p.name())
+                                    });
+                                    for x in choose(&r).into_iter().chain(named.filter_map(|t| {
+                                        choose_variant(
+                                            &KnnRequest {
+                                                variant: Some(t.name),
+                                                ..r
+                                            },
+                                            t.name,
+                                        )
+                                        .ok()
+                                    })) {
                                         reached.push(x.tile_planner());
                                         reached.push(x.rerank_planner());
                                     }

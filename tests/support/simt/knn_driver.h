@@ -6,8 +6,9 @@
 // lists its kernels in tables for `knn_main`.
 //
 // Usage: PROGRAM TILE RERANK N_ROWS DIM NQ K CHUNK_ROWS N_CHUNKS GROUPS GROUP_CHUNKS
-//                TILE_GRID_X RERANK_GRID_X SEED DIR
-// (GROUPS, GROUP_CHUNKS: knn::plan::merge_groups; GROUPS > 1 adds the merge level.)
+//                TILE_GRID_X RERANK_GRID_X TILE_SHARED SEED DIR
+// (GROUPS, GROUP_CHUNKS: knn::plan::merge_groups; GROUPS > 1 adds the merge level;
+// TILE_SHARED: the candidate kernel's dynamic shared memory, KnnPlan::dynamic_shared_bytes.)
 // DIR holds dataset.bin, queries.bin (raw elements, row-major), row_aux0.bin,
 // row_aux1.bin, query_aux0.bin, query_aux1.bin (f32), and filter.bin (u32 words;
 // absent: no filter). Writes DIR/ids.bin (u32) and DIR/dists.bin (f32), NQ x K each.
@@ -65,17 +66,18 @@ struct candidates {
 template <typename T>
 int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_tiles,
              const entry<rerank_fn<T>>* reranks, size_t n_reranks) {
-  if (argc != 15) {
+  if (argc != 16) {
     die(2, "usage: TILE RERANK N_ROWS DIM NQ K CHUNK_ROWS N_CHUNKS GROUPS GROUP_CHUNKS TILE_GRID_X RERANK_GRID_X "
-           "SEED DIR");
+           "TILE_SHARED SEED DIR");
   }
   const entry<tile_fn<T>>& tile = find(tiles, n_tiles, argv[1]);
   const entry<rerank_fn<T>>& rerank = find(reranks, n_reranks, argv[2]);
   const uint32_t n_rows = arg_u32(argv[3]), dim = arg_u32(argv[4]), nq = arg_u32(argv[5]), k = arg_u32(argv[6]);
   const uint32_t chunk_rows = arg_u32(argv[7]), n_chunks = arg_u32(argv[8]);
   const uint32_t groups = arg_u32(argv[9]), group_chunks = arg_u32(argv[10]);
-  const uint32_t tile_grid = arg_u32(argv[11]), rerank_grid = arg_u32(argv[12]), seed = arg_u32(argv[13]);
-  const std::string dir = argv[14];
+  const uint32_t tile_grid = arg_u32(argv[11]), rerank_grid = arg_u32(argv[12]);
+  const uint32_t tile_shared = arg_u32(argv[13]), seed = arg_u32(argv[14]);
+  const std::string dir = argv[15];
   if (tile.capacity != rerank.capacity) die(2, "tile and re-rank capacities differ");
   const uint32_t cap = tile.capacity;
 
@@ -94,7 +96,7 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
     tile.fn(dataset.data(), queries.data(), filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
             chunk_rows, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data());
   };
-  simt::launch(simt::extent{tile_grid, n_chunks, 1}, simt::extent{128, 1, 1}, run_tile, seed);
+  simt::launch(simt::extent{tile_grid, n_chunks, 1}, simt::extent{128, 1, 1}, run_tile, seed, tile_shared);
   c.check("tile", cap, n_rows, [&](size_t s, uint32_t id) { return id / chunk_rows == s % n_chunks; });
 
   // The re-rank as src/search/knn/gpu.rs launches it: a merge level over groups of

@@ -99,8 +99,19 @@ inline float product(float a, float b) {
 inline int product(signed char a, signed char b) { return static_cast<int>(a) * static_cast<int>(b); }
 inline int product(unsigned char a, unsigned char b) { return static_cast<int>(a) * static_cast<int>(b); }
 
+// wmma's rules for memory operands: a 256-bit aligned pointer, and a leading
+// dimension of whole 16-byte units.
+template <typename P>
+inline void check_operand(const P* p, unsigned ldm, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0 || (ldm * sizeof(P)) % 16 != 0) {
+    simt::fail(std::string(what) + ": pointer not 32-byte aligned or ldm " + std::to_string(ldm) +
+               " not a multiple of 16 bytes");
+  }
+}
+
 template <typename F, typename L, typename P>
 inline void load(F& f, const P* p, unsigned ldm, L layout) {
+  check_operand(p, ldm, "wmma::load_matrix_sync");
   simt::warp_exchange(0, 0);  // converged, as wmma requires
   const unsigned l = lane();
   for (int i = 0; i < F::num_elements; ++i) {
@@ -126,6 +137,7 @@ inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const P* p, u
 template <int M, int N, int K, typename T, typename P>
 inline void store_matrix_sync(P* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
   typedef fragment<accumulator, M, N, K, T> F;
+  detail::check_operand(p, ldm, "wmma::store_matrix_sync");
   simt::warp_exchange(0, 0);
   const unsigned l = detail::lane();
   for (int i = 0; i < F::num_elements; ++i) {

@@ -96,6 +96,13 @@ struct machine {
   void (*body)(void*) = nullptr;
   void* body_arg = nullptr;
   uint64_t rng = 1;
+  // The launch's dynamic shared memory (`extern __shared__`), in 128-byte units
+  // so it is aligned as on a GPU; shared by the blocks like the statics.
+  struct alignas(128) unit {
+    unsigned char b[128];
+  };
+  std::vector<unit> dynamic_shared;
+  uint32_t dynamic_shared_bytes = 0;
 };
 
 inline machine& m() {
@@ -224,9 +231,15 @@ inline void run_block(size_t threads) {
 }
 
 // Runs `body(arg)` as a kernel over `grid` x `block` (block: a multiple of 32
-// threads, at most 1024), blocks in order, fibers in a `seed`ed random order.
-inline void launch(extent grid, extent block, void (*body)(void*), void* arg, uint64_t seed) {
+// threads, at most 1024), blocks in order, fibers in a `seed`ed random order, with
+// `dynamic_shared_bytes` of dynamic shared memory (filled with a pattern: a read
+// before a write sees garbage, as on a GPU).
+inline void launch(extent grid, extent block, void (*body)(void*), void* arg, uint64_t seed,
+                   uint32_t dynamic_shared_bytes = 0) {
   machine& mm = m();
+  mm.dynamic_shared.assign((dynamic_shared_bytes + 127) / 128, machine::unit{});
+  for (machine::unit& u : mm.dynamic_shared) std::memset(u.b, 0xA5, sizeof u.b);
+  mm.dynamic_shared_bytes = dynamic_shared_bytes;
   const size_t threads = static_cast<size_t>(block.x) * block.y * block.z;
   if (threads == 0 || threads % 32 != 0 || threads > 1024) {
     fail("block of " + std::to_string(threads) + " threads: the emulator takes whole warps, at most 1024");
@@ -248,8 +261,18 @@ inline void launch(extent grid, extent block, void (*body)(void*), void* arg, ui
 }
 
 template <typename F>
-void launch(extent grid, extent block, F& kernel, uint64_t seed) {
-  launch(grid, block, [](void* p) { (*static_cast<F*>(p))(); }, &kernel, seed);
+void launch(extent grid, extent block, F& kernel, uint64_t seed, uint32_t dynamic_shared_bytes = 0) {
+  launch(grid, block, [](void* p) { (*static_cast<F*>(p))(); }, &kernel, seed, dynamic_shared_bytes);
+}
+
+// `extern __shared__` and %dynamic_smem_size, for fragments built with FRAGLINK_HOST_SIMT.
+inline unsigned char* dynamic_shared() {
+  self();  // only inside a launch
+  return m().dynamic_shared.empty() ? nullptr : m().dynamic_shared.front().b;
+}
+inline uint32_t dynamic_shared_bytes() {
+  self();
+  return m().dynamic_shared_bytes;
 }
 
 inline extent thread_idx() {
