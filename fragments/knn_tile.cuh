@@ -4,21 +4,22 @@
 // Device-only. Two kernels, each linked with one metric fragment of its dtype
 // (knn_tile also with one filter_*_u32 fragment), exactly like the scan family:
 //
-// knn_tile<T, PREC, QT, CAP> — candidates. Grid = (query tiles, row chunks): block
-//   (x, y) takes queries [QT x, QT x + QT) and rows [chunk_rows y, chunk_rows (y + 1)),
-//   so a small batch (nq = 1) still spreads over every SM (the "small batch split").
-//   Four warps; per row iteration the block covers QT queries x RT rows (RT = 64 for
-//   QT = 16, 32 for QT = 32), each warp one 16 x 16 tile of dot products from the
-//   tensor cores (WMMA: f16 -> f32 accumulation, TF32 or 3xTF32 for f32, s8/u8 ->
-//   s32). K is consumed in chunks of 64 bytes staged in shared memory (zero padded,
-//   so any dim works), laid out in slabs of one MMA K step so every fragment load is
-//   32-byte aligned. Each chunk is loaded into registers one step ahead (16-byte
-//   loads where dim and alignment allow), so global loads overlap the MMAs of the
-//   chunk before and the select after the last chunk of a row iteration. From each
-//   dot product and the precomputed norms (knn_bounds.cuh) a pair gets
-//   lo <= d <= hi (integers: lo = hi = d). The select is fused: per query
-//   a shared buffer of BUF = CAP + RT (lo, hi, id) entries takes the rows with
-//   lo < T, T an upper bound of the k-th smallest key of the chunk so far; the
+// knn_tile<T, PREC, QT, RT, CAP> — candidates. Grid = (query tiles, row chunks):
+//   block (x, y) takes queries [QT x, QT x + QT) and rows [chunk_rows y,
+//   chunk_rows (y + 1)), so a small batch (nq = 1) still spreads over every SM (the
+//   "small batch split"). Four warps; per row iteration the block covers QT queries
+//   x RT rows, each warp FQ x FR tiles of 16 x 16 dot products from the tensor
+//   cores (tile_shape: WMMA f16 -> f32 accumulation, TF32 or 3xTF32 for f32, s8/u8
+//   -> s32), loading each operand fragment once for FQ or FR MMAs. K is consumed in
+//   chunks of 64 bytes staged in shared memory (zero padded, so any dim), laid out
+//   in slabs of one MMA K step, rows padded so fragment loads are free of bank
+//   conflicts and 32-byte aligned. Each chunk is loaded into registers one step
+//   ahead (16-byte loads where dim and alignment allow), so global loads overlap
+//   the MMAs of the chunk before and the select after the last chunk of a row
+//   iteration. From each dot product and the precomputed norms (knn_bounds.cuh) a
+//   pair gets lo <= d <= hi (integers: lo = hi = d). The select is fused: per
+//   query a buffer of BUF = CAP + RT (lo, hi, id) entries in dynamic shared memory
+//   takes the rows with lo < T, T an upper bound of the k-th smallest key of the chunk so far; the
 //   distance matrix is never written. When a buffer holds more than CAP entries a
 //   warp compacts it: T = min(T, k-th smallest hi of the buffer), keep lo <= T; if
 //   more than CAP remain (many equal distances), the members' exact distances come

@@ -202,7 +202,7 @@ def render(r, summary=False):
         names = []
         for c in p["cases"]:
             for n in c["sides"]:
-                if n not in names:
+                if n not in names and not n.startswith("fraglink["):
                     names.append(n)
         lines.append("| dtype | nq | k | " + " | ".join(names)
                      + " | fraglink kernel | fraglink / best peer | goal (met) | tensor cores / scan | floor QPS (bound) |")
@@ -224,6 +224,25 @@ def render(r, summary=False):
                          + f" | {fmt(kernel)} | {fmt(c.get('fraglink_vs_best_peer'))} | {met}"
                          + f" | {fmt(c.get('tensor_core_vs_scan'))} | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
         lines.append("")
+        named = [(c, n[len("fraglink["):-1], s_) for c in p["cases"] for n, s_ in c["sides"].items()
+                 if n.startswith("fraglink[")]
+        if named:
+            lines.append("### Candidate kernels by name (`FRAGLINK_KNN_VARIANT`)\n")
+            lines.append("QPS (recall) of each knn_tile variant, against the planner's pick "
+                         "(the `fraglink` side above).\n")
+            lines.append("| dtype | nq | k | variant | QPS (recall) | / planner's pick | planner's pick |")
+            lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+            for c, v, s_ in named:
+                pick = c["sides"].get("fraglink") or {}
+                if "error" in s_:
+                    cell, ratio = f"error: {s_['error'][:80]}", None
+                else:
+                    cell = f"{fmt(s_.get('qps'))} ({fmt(s_.get('recall'))})"
+                    ratio = (s_["qps"] / pick["qps"]) if (s_.get("qps") and pick.get("qps")) else None
+                best = " **best**" if c.get("best_variant") == v else ""
+                lines.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | {v}{best} | {cell} | {fmt(ratio)} | "
+                             f"{fmt(pick.get('gpu_kernel'))} |")
+            lines.append("")
     prof = [c for c in (r.get("profiles") or []) if c.get("kernels")]
     if prof:
         lines.append("## Kernel profiles (Nsight Compute; n 1M x 128 f32, k 10, the second search)\n")

@@ -105,6 +105,15 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
     };
     assert!(floor(1) < floor(100) && floor(100) <= floor(10_000));
 
+    // A measured case with one candidate kernel timed by name, as
+    // gpu_peers.py writes it.
+    let mut doc = doc;
+    doc["cases"][0]["sides"] = serde_json::json!({
+        "fraglink": {"qps": 100.0, "recall": 1.0, "gpu_kernel": "knn_tile_f32_tf32x3_q16_r64_k32"},
+        "fraglink[knn_tile_f32_tf32_q64_r64_k32]": {"qps": 150.0, "recall": 1.0},
+        "fraglink[knn_tile_f32_tf32x3_q64_r64_k32]": {"error": "FRAGLINK_KNN_VARIANT = ..."}
+    });
+    doc["cases"][0]["best_variant"] = "knn_tile_f32_tf32_q64_r64_k32".into();
     let results = dir.path().join("results.json");
     // One line of the search matrix, as gpu-run.sh collects it.
     let search = serde_json::json!([{
@@ -127,11 +136,19 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         md.contains("fraglink kernel") && md.contains("tensor cores / scan"),
         "{md}"
     );
+    // The variants get their own table, not columns of the main one.
+    assert!(
+        md.contains("Candidate kernels by name")
+            && md.contains("| knn_tile_f32_tf32_q64_r64_k32 **best** | 150 (1) | 1.5 |")
+            && md.contains("| knn_tile_f32_tf32x3_q64_r64_k32 | error: "),
+        "{md}"
+    );
+    assert!(!md.contains("| fraglink[knn_tile"), "{md}");
     let rows = md
         .lines()
         .filter(|l| l.starts_with("| f32 |") || l.starts_with("| f16 |"))
         .count();
-    assert_eq!(rows, 12, "{md}");
+    assert_eq!(rows, 12 + 2, "{md}");
 }
 
 /// gpu-run.sh's Nsight Compute step: `collect` reads each `ncu-<case>.csv`

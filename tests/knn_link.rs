@@ -9,7 +9,7 @@ mod support;
 
 use fraglink::build::Arch;
 use fraglink::link::{LinkRuntime, Planner, RuntimeConfig};
-use fraglink::search::knn::plan::all_plans;
+use fraglink::search::knn::plan::{all_plans, tile_static_bytes};
 use support::scan_links::link_each_checked;
 
 fn runtime() -> LinkRuntime {
@@ -32,16 +32,13 @@ fn elem_bytes(p: &Planner) -> u32 {
     }
 }
 
-/// knn_tile's static shared memory: query and row staging (64 bytes per
-/// row each), 4 warps' 16 × 16 accumulators, QT buffers of CAP + RT (lo, hi,
-/// id) entries, per query its count, threshold and two norms (integers use
-/// one: the compiler drops the other).
+/// knn_tile's static shared memory: the plan's figure
+/// (`knn::plan::tile_static_bytes`), less the second query norm integers do
+/// not use (the compiler drops it). The candidate buffers are dynamic.
 fn tile_shared(p: &Planner) -> u32 {
-    let (qt, cap) = (param(p, "qtile"), param(p, "capacity"));
-    let rt = 16 * (4 / (qt / 16));
-    assert_eq!(64 % elem_bytes(p), 0);
-    let words = if elem_bytes(p) == 1 { 3 } else { 4 };
-    64 * (qt + rt) + 4 * 4 * 256 + 12 * qt * (cap + rt) + 4 * words * qt
+    let (qt, rt) = (param(p, "qtile"), param(p, "rtile"));
+    let unused = if elem_bytes(p) == 1 { 4 * qt } else { 0 };
+    tile_static_bytes(elem_bytes(p), qt, rt) - unused
 }
 
 /// knn_rerank's: scan.cuh's block top-k, next_pow2(CAP + 128) (f32, u32) keys.
@@ -68,9 +65,9 @@ fn rerank_plans() -> Vec<Planner> {
 #[test]
 fn every_knn_tile_variant_links_spill_free_for_its_archs() {
     let rt = runtime();
-    // 15 variants × 3 metrics × 2 filters; the f32 ones (6) need sm_80.
-    assert_eq!(tile_plans(Arch::sm(90)).len(), 15 * 6);
-    assert_eq!(tile_plans(Arch::sm(75)).len(), 9 * 6);
+    // 30 variants × 3 metrics × 2 filters; the f32 ones (12) need sm_80.
+    assert_eq!(tile_plans(Arch::sm(90)).len(), 30 * 6);
+    assert_eq!(tile_plans(Arch::sm(75)).len(), 18 * 6);
     for arch in [Arch::sm(75), Arch::sm(80), Arch::sm(90)] {
         let plans = tile_plans(arch);
         let regs = link_each_checked(&rt, &plans, arch, 255, tile_shared);
@@ -105,8 +102,8 @@ fn tf32_variants_do_not_exist_before_sm80() {
 fn every_knn_rerank_variant_links_spill_free() {
     let rt = runtime();
     let plans = rerank_plans();
-    // 4 dtypes × 2 capacities × 3 metrics.
-    assert_eq!(plans.len(), 24);
+    // 4 dtypes × 3 capacities × 3 metrics.
+    assert_eq!(plans.len(), 36);
     for arch in [Arch::sm(75), Arch::sm(80), Arch::sm(90)] {
         for (entry, r) in link_each_checked(&rt, &plans, arch, 64, rerank_shared) {
             println!("{arch} {entry}: {r} registers, 0 spills");

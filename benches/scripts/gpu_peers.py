@@ -22,6 +22,12 @@ out of memory on the distance matrix):
                        takes it (`gpu_kernel` names what ran)
   fraglink/scan        the same with FRAGLINK_GPU_KNN=0: the exact scan kernel,
                        to see where it still wins
+  fraglink[<variant>]  for the cases of --variant-nq x --variant-k: fraglink
+                       with FRAGLINK_KNN_VARIANT naming each candidate kernel
+                       (knn_tile_*: query tile, capacity, TF32 or 3xTF32) of
+                       the dtype that holds k, from `fraglink catalog --json`;
+                       `best_variant` says which was fastest, so the planner's
+                       pick (the `fraglink` side) can be checked against it
 
 Recall is against the exact answer computed in float64 on the GPU. Each
 case also gets its floor: the larger of the bytes it must read at the
@@ -155,14 +161,29 @@ def goal(nq):
     return None
 
 
-def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True):
+def knn_variants(bin_, dtype, k):
+    """The candidate kernels (knn_tile_*) of `dtype` whose capacity holds k,
+    from the binary's own catalog."""
+    p = subprocess.run([bin_, "catalog", "--json"], capture_output=True, text=True)
+    if p.returncode != 0:
+        return []
+    return sorted(f["name"] for f in json.loads(p.stdout)["fragments"]
+                  if f["family"] == "knn_tile" and f["params"].get("dtype") == dtype
+                  and int(f["params"].get("capacity", 0)) >= k)
+
+
+def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None):
     """fraglink's side, timed as the peers are (`timed`): one warm-up search,
     then the median of `reps` (`--repeat reps+1` in one process; the first
-    search, which links or loads the kernels, is reported apart)."""
+    search, which links or loads the kernels, is reported apart). `variant`
+    names the candidate kernel (FRAGLINK_KNN_VARIANT)."""
     cmd = [bin_, "search", "--device", "gpu", "--json", "--base", base, "--queries", queries,
            "--groundtruth", gt, "--k", str(k), "--metric", "l2", "--dtype", dtype,
            "--repeat", str(reps + 1)]
     env = dict(os.environ, FRAGLINK_GPU_KNN="1" if knn else "0")
+    env.pop("FRAGLINK_KNN_VARIANT", None)
+    if variant:
+        env["FRAGLINK_KNN_VARIANT"] = variant
     started = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
@@ -180,6 +201,9 @@ def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True):
 def finish_case(case):
     """Ratios and the goal of a case whose sides are measured."""
     peers = [s.get("qps") or 0 for n, s in case["sides"].items() if not n.startswith("fraglink")]
+    variants = {n[len("fraglink["):-1]: s.get("qps") or 0 for n, s in case["sides"].items()
+                if n.startswith("fraglink[")}
+    case["best_variant"] = max(variants, key=variants.get) if any(variants.values()) else None
     best = max(peers, default=0)
     fq = case["sides"].get("fraglink", {}).get("qps")
     sq = case["sides"].get("fraglink/scan", {}).get("qps")
@@ -219,6 +243,10 @@ def main():
     ap.add_argument("--k", default="10,100")
     ap.add_argument("--dtypes", default="f32,f16")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--variant-nq", default="100,10000",
+                    help="nq values whose cases also time every candidate kernel by name ('' for none)")
+    ap.add_argument("--variant-k", default="10",
+                    help="k values whose cases also time every candidate kernel by name")
     ap.add_argument("--dry-run", action="store_true",
                     help="write the cases' shapes, floors and goals only (no GPU, no torch)")
     ap.add_argument("--bandwidth", type=float, default=3.35e12,
@@ -226,6 +254,8 @@ def main():
     a = ap.parse_args()
     nqs = [int(v) for v in a.nq.split(",")]
     ks = [int(v) for v in a.k.split(",")]
+    variant_nqs = {int(v) for v in a.variant_nq.split(",") if v}
+    variant_ks = {int(v) for v in a.variant_k.split(",") if v}
     if a.dry_run:
         return dry_run(a, nqs, ks)
     if not a.fraglink:
@@ -295,13 +325,18 @@ def main():
                                                          a.reps)
                 case["sides"]["fraglink/scan"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype,
                                                               a.reps, knn=False)
+                if nq in variant_nqs and k in variant_ks:
+                    for v in knn_variants(a.fraglink, dtype, k):
+                        case["sides"][f"fraglink[{v}]"] = run_fraglink(
+                            a.fraglink, base, qpath, gt, k, dtype, a.reps, variant=v)
                 finish_case(case)
                 out["cases"].append(case)
                 # Written after every case, so a late failure keeps the rest.
                 with open(a.out, "w") as f:
                     json.dump(out, f, indent=1)
                 print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer",
-                                                          "tensor_core_vs_scan", "goal", "goal_met")}),
+                                                          "tensor_core_vs_scan", "best_variant", "goal",
+                                                          "goal_met")}),
                       flush=True)
         del x, x64, xf, qall
         torch.cuda.empty_cache()
