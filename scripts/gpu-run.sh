@@ -50,6 +50,12 @@ export RUST_BACKTRACE=1
 # the downstream crate's build. Everything else runs, ignored tests included
 # (the downstream crate's GPU test runs its binary from the archive).
 filter='not (binary(compile_fail) | (binary(downstream) & test(downstream_crate_builds_and_plans_all_its_kernels)))'
+# GPU_RUN_TESTS: a nextest filterset the tests must also match, to rerun a part
+# after a fix without the whole suite (e.g. 'binary(knn_gpu)'; 'none()' runs no
+# test but still unpacks the binaries for the steps below).
+if [ -n "${GPU_RUN_TESTS:-}" ]; then
+  filter="($filter) & ($GPU_RUN_TESTS)"
+fi
 ignored=all
 [ "$gpu" = 1 ] || ignored=default
 echo "== tests (run-ignored=$ignored)"
@@ -59,7 +65,7 @@ rm -f "$root/target/nextest/gpu/junit.xml"
   --workspace-remap "$root" \
   --extract-to "$work/x" --extract-overwrite \
   --tool-config-file "fraglink:$root/.config/nextest.toml" \
-  --profile gpu --run-ignored "$ignored" --no-fail-fast \
+  --profile gpu --run-ignored "$ignored" --no-fail-fast --no-tests pass \
   -E "$filter" 2>&1 | tee "$logs/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 # nextest writes JUnit under the (remapped) workspace's target/nextest/<profile>/.
