@@ -320,57 +320,123 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
   __syncwarp();
 }
 
-// One chunk of a row-major matrix on its way to shared memory: rows [row0, row0 +
-// ROWS) x elements [k0, k0 + KC), held in registers as 16-byte groups of VEC
-// consecutive elements, so the next chunk's global loads are in flight while the
-// tensor cores work on the current one. Group t of the chunk (row t / PER_ROW,
-// elements (t % PER_ROW) VEC ..) belongs to thread t % BLOCK, slot t / BLOCK.
-// With `vectors` (dim % VEC == 0 and 16-byte aligned rows: the same for every
-// thread) a group is one 16-byte load, else VEC element loads; zero outside the
-// matrix, so any dim works.
+// ----- global -> shared memory copies, a pipeline of STAGES steps ----------------
+// 16- and 4-byte asynchronous copies (cp.async, sm_80+; zero-filled when `valid` is
+// false), one commit group per pipeline step, and a wait until at most N groups of
+// the calling thread are pending. Before sm_80 (the f16 and integer variants on
+// sm_75) they are plain loads and stores: correct, without the overlap. Under the
+// kernel emulator a copy happens at the wait that completes it, so a read that
+// lacks its wait or its barrier sees stale shared memory.
+template <int BYTES>
+__device__ FRAGLINK_INLINE void copy_async(void* dst, const void* src, bool valid) {
+  static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 4, 8 or 16 bytes");
+#if defined(FRAGLINK_HOST_SIMT)
+  simt::copy_async(dst, src, BYTES, valid);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const uint32_t n = valid ? BYTES : 0u;
+  if (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(n) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to), "l"(src), "r"(n) : "memory");
+  }
+#else
+  if (BYTES == 16) {
+    *static_cast<uint4*>(dst) = valid ? *static_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+  } else {
+    *static_cast<uint32_t*>(dst) = valid ? *static_cast<const uint32_t*>(src) : 0u;
+  }
+#endif
+}
+
+__device__ FRAGLINK_INLINE void copy_commit() {
+#if defined(FRAGLINK_HOST_SIMT)
+  simt::copy_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ FRAGLINK_INLINE void copy_wait() {
+#if defined(FRAGLINK_HOST_SIMT)
+  simt::copy_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// `dst` <- rows [row0, row0 + ROWS) x elements [k0, k0 + KC) of the row-major `src`
+// (`rows` x `dim`) in copies of BYTES, as K-element slabs of stride LD (slab s, row
+// r at s * ROWS * LD + r * LD); zero outside the matrix. Needs dim a whole number
+// of copies and `src` aligned to BYTES (copy_unit), so a copy is wholly in or out.
+template <int ROWS, int KC, int K, int LD, int BYTES, typename T>
+__device__ FRAGLINK_INLINE void copy_groups(T* dst, const T* __restrict__ src, uint64_t rows, uint64_t row0,
+                                            uint32_t dim, uint32_t k0) {
+  constexpr int E = BYTES / static_cast<int>(sizeof(T));
+  constexpr int PER_ROW = KC / E;
+  constexpr int GROUPS = ROWS * PER_ROW;
+  static_assert(E >= 1 && KC % E == 0 && K % E == 0 && LD % E == 0, "a copy stays inside one MMA K slab");
+#pragma unroll
+  for (int i = 0; i < (GROUPS + FRAGLINK_KNN_BLOCK - 1) / FRAGLINK_KNN_BLOCK; ++i) {
+    const int t = static_cast<int>(threadIdx.x) + i * FRAGLINK_KNN_BLOCK;
+    if (GROUPS % FRAGLINK_KNN_BLOCK == 0 || t < GROUPS) {
+      const int r = t / PER_ROW;
+      const int c = (t % PER_ROW) * E;
+      const uint64_t row = row0 + static_cast<uint64_t>(r);
+      const uint32_t col = k0 + static_cast<uint32_t>(c);
+      const bool valid = row < rows && col < dim;
+      copy_async<BYTES>(dst + (c / K) * ROWS * LD + r * LD + (c % K), valid ? src + row * dim + col : src, valid);
+    }
+  }
+}
+
+// The same with element loads and 16-byte stores, for any dim and alignment
+// (synchronous).
 template <int ROWS, int KC, int K, int LD, typename T>
-struct staged_chunk {
-  static constexpr int VEC = 16 / static_cast<int>(sizeof(T));
-  static constexpr int PER_ROW = KC / VEC;
-  static constexpr int GROUPS = ROWS * PER_ROW;
-  static constexpr int PER_THREAD = (GROUPS + FRAGLINK_KNN_BLOCK - 1) / FRAGLINK_KNN_BLOCK;
+__device__ FRAGLINK_INLINE void copy_elements(T* dst, const T* __restrict__ src, uint64_t rows, uint64_t row0,
+                                              uint32_t dim, uint32_t k0) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  constexpr int PER_ROW = KC / VEC;
+  constexpr int GROUPS = ROWS * PER_ROW;
   static_assert(KC % VEC == 0 && K % VEC == 0 && LD % VEC == 0, "a group stays inside one MMA K slab");
-  typedef scan::vec<T, VEC> group;
-  group g[PER_THREAD];
-
-  __device__ FRAGLINK_INLINE void load(const T* __restrict__ src, uint64_t rows, uint64_t row0, uint32_t dim,
-                                       uint32_t k0, bool vectors) {
+  for (int t = static_cast<int>(threadIdx.x); t < GROUPS; t += FRAGLINK_KNN_BLOCK) {
+    const int r = t / PER_ROW;
+    const int c = (t % PER_ROW) * VEC;
+    const uint64_t row = row0 + static_cast<uint64_t>(r);
+    const uint32_t col = k0 + static_cast<uint32_t>(c);
+    const T* p = src + row * dim + col;
+    scan::vec<T, VEC> g;
 #pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) {
-      const int t = static_cast<int>(threadIdx.x) + i * FRAGLINK_KNN_BLOCK;
-      const uint64_t row = row0 + static_cast<uint64_t>(t / PER_ROW);
-      const uint32_t col = k0 + static_cast<uint32_t>((t % PER_ROW) * VEC);
-      const bool in = t < GROUPS && row < rows;
-      const T* p = src + row * dim + col;
-      if (vectors && in && col < dim) {
-        g[i] = scan::load_vec<T, VEC>(p);
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          g[i].v[e] = in && col + static_cast<uint32_t>(e) < dim ? p[e] : small_value<T>(0);
-        }
-      }
+    for (int e = 0; e < VEC; ++e) {
+      g.v[e] = row < rows && col + static_cast<uint32_t>(e) < dim ? p[e] : small_value<T>(0);
     }
+    *reinterpret_cast<scan::vec<T, VEC>*>(dst + (c / K) * ROWS * LD + r * LD + (c % K)) = g;
   }
+}
 
-  // Into `dst` as K-element slabs of stride LD (slab s, row r at s * ROWS * LD + r * LD).
-  __device__ FRAGLINK_INLINE void store(T* dst) const {
-#pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) {
-      const int t = static_cast<int>(threadIdx.x) + i * FRAGLINK_KNN_BLOCK;
-      if (t < GROUPS) {
-        const int r = t / PER_ROW;
-        const int c = (t % PER_ROW) * VEC;
-        *reinterpret_cast<group*>(dst + (c / K) * ROWS * LD + r * LD + (c % K)) = g[i];
-      }
-    }
+// Bytes per copy for `dim` and both matrices (the same for every thread): 16
+// when rows are whole 16-byte groups and 16-byte aligned, 4 for 4 bytes, else 0
+// (element copies).
+template <typename T>
+__device__ FRAGLINK_INLINE int copy_unit(uint32_t dim, const T* a, const T* b) {
+  const uint32_t row_bytes = dim * static_cast<uint32_t>(sizeof(T));
+  if (row_bytes % 16 == 0 && scan::misaligned_bits<16>(a) == 0 && scan::misaligned_bits<16>(b) == 0) return 16;
+  if (row_bytes % 4 == 0 && scan::misaligned_bits<4>(a) == 0 && scan::misaligned_bits<4>(b) == 0) return 4;
+  return 0;
+}
+
+template <int ROWS, int KC, int K, int LD, typename T>
+__device__ FRAGLINK_INLINE void copy_chunk(T* dst, const T* __restrict__ src, uint64_t rows, uint64_t row0,
+                                           uint32_t dim, uint32_t k0, int unit) {
+  if (unit == 16) {
+    copy_groups<ROWS, KC, K, LD, 16>(dst, src, rows, row0, dim, k0);
+  } else if (unit == 4) {
+    copy_groups<ROWS, KC, K, LD, 4>(dst, src, rows, row0, dim, k0);
+  } else {
+    copy_elements<ROWS, KC, K, LD>(dst, src, rows, row0, dim, k0);
   }
-};
+}
 
 // ----- the launch's dynamic shared memory ------------------------------------------
 #if defined(FRAGLINK_HOST_SIMT)
@@ -416,6 +482,12 @@ struct tile_shape {
   // bytes keep every fragment 32-byte aligned (16 rows x LD).
   static constexpr int LD = K * static_cast<int>(sizeof(S)) == 32 ? K + 16 / static_cast<int>(sizeof(S)) : K;
   static constexpr uint32_t dynamic_bytes = static_cast<uint32_t>(QT) * BUF * 12u;
+  // Copy pipeline depth: chunks in shared memory at once, STAGES - 1 of them in
+  // flight while the block computes on one. The 64-query tile keeps two, so two
+  // of its blocks (about 100 KiB of shared memory each) still fit an SM.
+  static constexpr int STAGES = QT >= 64 ? 2 : 3;
+  static constexpr int Q_STAGE = (KC / K) * QT * LD;  // elements of one stage
+  static constexpr int X_STAGE = (KC / K) * RT * LD;
 };
 
 // The contract the kernel checks by itself (as scan.cuh's launch_ok): block shape,
@@ -450,8 +522,10 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   constexpr int K = Shape::K, KC = Shape::KC, LD = Shape::LD, BUF = Shape::BUF;
   constexpr int WARPS = Shape::WARPS, WQ = Shape::WQ, FQ = Shape::FQ, FR = Shape::FR;
 
-  __shared__ __align__(32) T s_q[(KC / K) * QT * LD];
-  __shared__ __align__(32) T s_x[(KC / K) * RT * LD];
+  constexpr int STAGES = Shape::STAGES, Q_STAGE = Shape::Q_STAGE, X_STAGE = Shape::X_STAGE;
+
+  __shared__ __align__(128) T s_q[STAGES * Q_STAGE];
+  __shared__ __align__(128) T s_x[STAGES * X_STAGE];
   __shared__ __align__(32) typename M::acc_t s_acc[WARPS][256];
   __shared__ uint32_t s_count[QT];
   __shared__ float s_thr[QT];
@@ -478,9 +552,10 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const uint64_t row_end_u = row_begin + chunk_rows;
   const uint64_t row_end = row_end_u < n_rows ? row_end_u : n_rows;
   const bound_consts bc = make_bound_consts(dim, PREC);
-  // 16-byte loads when every row starts 16-byte aligned (the same for every thread).
-  const bool vectors = dim % staged_chunk<RT, KC, K, LD, T>::VEC == 0 &&
-                       scan::misaligned_bits<16>(dataset) == 0 && scan::misaligned_bits<16>(queries) == 0;
+  const int unit = copy_unit<T>(dim, dataset, queries);
+  // Pipeline steps: (row iteration, K chunk) in order, n_k chunks per iteration.
+  const uint32_t n_k = (dim + KC - 1) / KC;
+  const uint64_t steps = row_end > row_begin ? (row_end - row_begin + RT - 1) / RT * n_k : 0;
 
   for (uint64_t tile = blockIdx.x; tile * QT < n_queries; tile += gridDim.x) {
     const uint64_t q0 = tile * QT;
@@ -492,51 +567,66 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
       s_qa1[i] = q < n_queries ? query_aux1[q] : 0.0f;
     }
     __syncthreads();
-    // Chunks go (row iteration, k0) in order; each is loaded one step ahead.
-    staged_chunk<QT, KC, K, LD, T> cq;
-    staged_chunk<RT, KC, K, LD, T> cx;
-    if (row_begin < row_end) {
-      cq.load(queries, n_queries, q0, dim, 0, vectors);
-      cx.load(dataset, row_end, row_begin, dim, 0, vectors);
-    }
-    for (uint64_t r0 = row_begin; r0 < row_end; r0 += RT) {
-      typename M::acc_frag acc[FQ][FR];
-#pragma unroll
-      for (int fq = 0; fq < FQ; ++fq) {
-#pragma unroll
-        for (int fr = 0; fr < FR; ++fr) wmma::fill_fragment(acc[fq][fr], static_cast<typename M::acc_t>(0));
+    // Copies of step `next` into stage next % STAGES, one commit group per step
+    // (empty past the end, so every wait counts the same).
+    uint64_t next = 0;
+    uint64_t next_row = row_begin;
+    uint32_t next_k = 0;
+    auto issue = [&]() {
+      if (next < steps) {
+        const int st = static_cast<int>(next % STAGES);
+        copy_chunk<QT, KC, K, LD>(s_q + st * Q_STAGE, queries, n_queries, q0, dim, next_k, unit);
+        copy_chunk<RT, KC, K, LD>(s_x + st * X_STAGE, dataset, row_end, next_row, dim, next_k, unit);
+        next_k += KC;
+        if (next_k >= dim) {
+          next_k = 0;
+          next_row += RT;
+        }
       }
-      for (uint32_t k0 = 0; k0 < dim; k0 += KC) {
-        cq.store(s_q);
-        cx.store(s_x);
-        __syncthreads();
-        const bool next_row = k0 + KC >= dim;
-        const uint32_t nk = next_row ? 0u : k0 + KC;
-        const uint64_t nr = next_row ? r0 + RT : r0;
-        if (nr < row_end) {
-          cq.load(queries, n_queries, q0, dim, nk, vectors);
-          cx.load(dataset, row_end, nr, dim, nk, vectors);
+      copy_commit();
+      ++next;
+    };
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) issue();
+    typename M::acc_frag acc[FQ][FR];
+    uint64_t r0 = row_begin;
+    uint32_t kc = 0;
+    for (uint64_t step = 0; step < steps; ++step) {
+      // This step's copies are done (own: the wait; everyone's: the barrier), and
+      // every warp has left the stage the next issue overwrites (the previous step's).
+      copy_wait<STAGES - 2>();
+      __syncthreads();
+      issue();
+      if (kc == 0) {
+#pragma unroll
+        for (int fq = 0; fq < FQ; ++fq) {
+#pragma unroll
+          for (int fr = 0; fr < FR; ++fr) wmma::fill_fragment(acc[fq][fr], static_cast<typename M::acc_t>(0));
+        }
+      }
+      const T* const sq = s_q + static_cast<int>(step % STAGES) * Q_STAGE;
+      const T* const sx = s_x + static_cast<int>(step % STAGES) * X_STAGE;
+#pragma unroll
+      for (int s = 0; s < KC / K; ++s) {
+        typename M::a_op a[FQ];
+        typename M::b_op b[FR];
+#pragma unroll
+        for (int fq = 0; fq < FQ; ++fq) {
+          M::load_a(a[fq], sq + (s * QT + (wq * FQ + fq) * 16) * LD, LD);
         }
 #pragma unroll
-        for (int s = 0; s < KC / K; ++s) {
-          typename M::a_op a[FQ];
-          typename M::b_op b[FR];
-#pragma unroll
-          for (int fq = 0; fq < FQ; ++fq) {
-            M::load_a(a[fq], s_q + (s * QT + (wq * FQ + fq) * 16) * LD, LD);
-          }
-#pragma unroll
-          for (int fr = 0; fr < FR; ++fr) {
-            M::load_b(b[fr], s_x + (s * RT + (wr * FR + fr) * 16) * LD, LD);
-          }
-#pragma unroll
-          for (int fq = 0; fq < FQ; ++fq) {
-#pragma unroll
-            for (int fr = 0; fr < FR; ++fr) M::multiply(acc[fq][fr], a[fq], b[fr]);
-          }
+        for (int fr = 0; fr < FR; ++fr) {
+          M::load_b(b[fr], sx + (s * RT + (wr * FR + fr) * 16) * LD, LD);
         }
-        __syncthreads();
+#pragma unroll
+        for (int fq = 0; fq < FQ; ++fq) {
+#pragma unroll
+          for (int fr = 0; fr < FR; ++fr) M::multiply(acc[fq][fr], a[fq], b[fr]);
+        }
       }
+      kc += 1;
+      if (kc < n_k) continue;
+      kc = 0;
       // The fused select, one 16 x 16 tile at a time through the warp's s_acc.
 #pragma unroll
       for (int fq = 0; fq < FQ; ++fq) {
@@ -586,6 +676,7 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
         }
       }
       __syncthreads();
+      r0 += RT;
     }
     // Out: per (query, chunk) its count and up to CAP entries.
     for (uint32_t ql = warp; ql < QT; ql += WARPS) {

@@ -178,13 +178,23 @@ pub fn tile_dynamic_bytes(qtile: u32, rtile: u32, capacity: u32) -> u32 {
     qtile * (capacity + rtile) * 12
 }
 
-/// knn_tile's static shared memory for `elem_bytes`-byte elements: query and
-/// row staging of 64 bytes per row (16-byte slabs as they are; 32-byte slabs
-/// padded to 48 bytes, so 96), 4 warps' 16 × 16 accumulators, per query a
-/// count, threshold and two norms.
+/// knn_tile's static shared memory for `elem_bytes`-byte elements: the copy
+/// pipeline's stages (`tile_stages`) of query and row chunks, 64 bytes per row
+/// (16-byte slabs as they are; 32-byte slabs padded to 48 bytes, so 96), 4
+/// warps' 16 × 16 accumulators, per query a count, threshold and two norms.
 pub fn tile_static_bytes(elem_bytes: u32, qtile: u32, rtile: u32) -> u32 {
     let staged_row = if elem_bytes == 1 { 64 } else { 96 };
-    staged_row * (qtile + rtile) + 4 * 4 * 256 + 16 * qtile
+    tile_stages(qtile) * staged_row * (qtile + rtile) + 4 * 4 * 256 + 16 * qtile
+}
+
+/// Chunks knn_tile holds in shared memory at once (`tile_shape::STAGES`):
+/// three, two for the 64-query tile (so two of its blocks fit an SM).
+pub fn tile_stages(qtile: u32) -> u32 {
+    if qtile >= 64 {
+        2
+    } else {
+        3
+    }
 }
 
 /// Chunks per block of the re-rank's merge level. A query whose candidates
@@ -552,18 +562,23 @@ mod tests {
     #[test]
     fn variants_fit_the_shared_memory_of_the_device() {
         // sm_75 (Turing): 64 KiB per block with opt-in. Only the variants
-        // that fit are picked; k = 256 and the larger tiles leave it.
-        let turing = |nq, k| {
+        // that fit are picked: the 16-query tile up to capacity 128.
+        let on = |shared, nq, k| {
             choose(&KnnRequest {
-                shared_bytes: 64 * 1024,
+                shared_bytes: shared,
                 ..req(SM75, DType::F16, 1_000_000, 128, nq, k)
             })
         };
-        let p = turing(10_000, 10).unwrap();
-        assert_eq!((p.qtile, p.capacity), (32, 32));
+        let p = on(64 * 1024, 10_000, 10).unwrap();
+        assert_eq!((p.qtile, p.capacity), (16, 32));
+        let p = on(64 * 1024, 10_000, 100).unwrap();
+        assert_eq!((p.qtile, p.capacity), (16, 128));
         assert!(p.shared_bytes() <= 64 * 1024);
-        assert_eq!(turing(10_000, 100).unwrap().qtile, 16);
-        assert!(turing(1, 200).is_none());
+        assert!(on(64 * 1024, 1, 200).is_none());
+        // sm_86 (99 KiB): the 32-query tile at capacity 32, and capacity 256.
+        let p = on(99 * 1024, 10_000, 10).unwrap();
+        assert_eq!((p.qtile, p.capacity), (32, 32));
+        assert_eq!(on(99 * 1024, 1, 200).unwrap().capacity, 256);
         // Without opt-in (48 KiB) the smallest variant still fits.
         let p = choose(&KnnRequest {
             shared_bytes: 48 * 1024,

@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -65,10 +66,20 @@ struct extent {
 
 enum class state { runnable, at_block_barrier, at_warp_barrier, done };
 
+// A cp.async of `bytes` from `src` (null: zero-fill) into `dst`.
+struct pending_copy {
+  void* dst;
+  const void* src;
+  unsigned bytes;
+};
+
 struct fiber {
   ucontext_t ctx;
   unsigned tid = 0;  // linear thread index in the block
   state st = state::runnable;
+  // cp.async: issued since the last commit, and committed groups not yet waited for.
+  std::vector<pending_copy> open_copies;
+  std::deque<std::vector<pending_copy>> copy_groups;
 };
 
 // Per-warp exchange slots, double-buffered by barrier generation: a lane reads
@@ -263,6 +274,33 @@ inline void launch(extent grid, extent block, void (*body)(void*), void* arg, ui
 template <typename F>
 void launch(extent grid, extent block, F& kernel, uint64_t seed, uint32_t dynamic_shared_bytes = 0) {
   launch(grid, block, [](void* p) { (*static_cast<F*>(p))(); }, &kernel, seed, dynamic_shared_bytes);
+}
+
+// cp.async for fragments built with FRAGLINK_HOST_SIMT: a copy is recorded at issue
+// and performed when a wait completes its group (copy_wait(n): every group but the
+// newest n), so shared memory read before its wait, or another thread's copies read
+// before the barrier that follows their wait, is stale, as on a GPU.
+inline void copy_async(void* dst, const void* src, unsigned bytes, bool valid) {
+  fiber& f = self();
+  f.open_copies.push_back(pending_copy{dst, valid ? src : nullptr, bytes});
+}
+inline void copy_commit() {
+  fiber& f = self();
+  f.copy_groups.push_back(std::move(f.open_copies));
+  f.open_copies.clear();
+}
+inline void copy_wait(unsigned pending) {
+  fiber& f = self();
+  while (f.copy_groups.size() > pending) {
+    for (const pending_copy& c : f.copy_groups.front()) {
+      if (c.src != nullptr) {
+        std::memcpy(c.dst, c.src, c.bytes);
+      } else {
+        std::memset(c.dst, 0, c.bytes);
+      }
+    }
+    f.copy_groups.pop_front();
+  }
 }
 
 // `extern __shared__` and %dynamic_smem_size, for fragments built with FRAGLINK_HOST_SIMT.
