@@ -13,10 +13,9 @@
 //   -> s32), loading each operand fragment once for FQ or FR MMAs. K is consumed in
 //   chunks of 64 bytes staged in shared memory (zero padded, so any dim), laid out
 //   in slabs of one MMA K step, rows padded so fragment loads are free of bank
-//   conflicts and 32-byte aligned. Each chunk is loaded into registers one step
-//   ahead (16-byte loads where dim and alignment allow), so global loads overlap
-//   the MMAs of the chunk before and the select after the last chunk of a row
-//   iteration. From each dot product and the precomputed norms (knn_bounds.cuh) a
+//   conflicts and 32-byte aligned. Chunks come through a pipeline of STAGES
+//   buffers (cp.async where the arch, dim and alignment allow), so the next two
+//   chunks' global loads overlap the MMAs and the select. From each dot product and the precomputed norms (knn_bounds.cuh) a
 //   pair gets lo <= d <= hi (integers: lo = hi = d). The select is fused: per
 //   query a buffer of BUF = CAP + RT (lo, hi, id) entries in dynamic shared memory
 //   takes the rows with lo < T, T an upper bound of the k-th smallest key of the chunk so far; the

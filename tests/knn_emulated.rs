@@ -262,15 +262,22 @@ fn knn_kernels_match_the_cpu_path_under_emulation() {
 }
 
 fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
-    // An odd dim (element loads, zero padding of the last staged chunk; bytes
-    // stage 64 elements per chunk, so 70 crosses a chunk boundary too) and a
-    // dim of whole 16-byte groups (16-byte loads; 80 is a partial chunk for
-    // f16 and bytes).
+    // An odd dim (element copies, except f32: 4-byte copies; zero padding of
+    // the last chunk; bytes take 64 elements per chunk, so 70 crosses a chunk
+    // boundary too) and a dim of whole 16-byte groups (16-byte copies; 80 is
+    // a partial chunk for f16 and bytes).
     let odd = if dtype.size() == 1 { 70 } else { 45 };
     let dim = 80;
     let n = 900;
     let (base, queries) = synthetic(n, dim, 140, dtype, 11);
     let (odd_base, odd_queries) = synthetic(n, odd, 20, dtype, 16);
+    // Rows of whole 4-byte groups but not 16-byte ones: 4-byte copies.
+    let dim4 = match dtype.size() {
+        1 => 36,
+        2 => 46,
+        _ => 45,
+    };
+    let (base4, queries4) = synthetic(300, dim4, 5, dtype, 18);
     let tie_base = ties(dtype, n, dim, 12);
     let tie_queries = ties(dtype, 70, dim, 13);
     // Enough row tiles for more than MERGE_CHUNKS chunks: the merge level.
@@ -346,6 +353,16 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             k: 10,
             filter: Some(Bitset::random(n, 0.25, 5)),
             resident: 12,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        },
+        Case {
+            what: label("rows of 4-byte groups (4-byte copies)"),
+            base: &base4,
+            queries: queries4,
+            k: 10,
+            filter: None,
+            resident: 4,
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
         },

@@ -205,8 +205,9 @@ impl KnnSearch<'_> {
             let nb = b1 - b0;
             let part = queries.slice_rows(b0, b1);
             let d_q = crate::search::gpu::upload_vectors(t, pool, &part)?;
-            let d_qa0 = t.upload_new(pool, &qa0[b0..b1])?;
-            let d_qa1 = t.upload_new(pool, &qa1[b0..b1])?;
+            // Both query norms in one upload (each upload waits for its copy).
+            let d_qaux = t.upload_new(pool, &[&qa0[b0..b1], &qa1[b0..b1]].concat())?;
+            let (d_qa0, d_qa1) = d_qaux.view().split_at(nb)?;
             let (n_chunks, chunk_rows) = self.plan.chunks(self.n_rows, nb, resident);
             let mut cand = Candidates::alloc(pool, nb * n_chunks as usize, cap)?;
             {
@@ -222,7 +223,7 @@ impl KnnSearch<'_> {
                     None => a.null_ptr(),
                 };
                 a.input(self.rows.0)?.input(self.rows.1)?;
-                a.input(&d_qa0)?.input(&d_qa1)?;
+                a.input(d_qa0)?.input(d_qa1)?;
                 a.value(self.n_rows as u32)
                     .value(dim as u32)
                     .value(nb as u32)
