@@ -552,9 +552,6 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const uint64_t row_end = row_end_u < n_rows ? row_end_u : n_rows;
   const bound_consts bc = make_bound_consts(dim, PREC);
   const int unit = copy_unit<T>(dim, dataset, queries);
-  // Pipeline steps: (row iteration, K chunk) in order, n_k chunks per iteration.
-  const uint32_t n_k = (dim + KC - 1) / KC;
-  const uint64_t steps = row_end > row_begin ? (row_end - row_begin + RT - 1) / RT * n_k : 0;
 
   for (uint64_t tile = blockIdx.x; tile * QT < n_queries; tile += gridDim.x) {
     const uint64_t q0 = tile * QT;
@@ -566,16 +563,16 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
       s_qa1[i] = q < n_queries ? query_aux1[q] : 0.0f;
     }
     __syncthreads();
-    // Copies of step `next` into stage next % STAGES, one commit group per step
-    // (empty past the end, so every wait counts the same).
-    uint64_t next = 0;
+    // Copies of the next chunk (row iteration next_row, elements next_k..) into
+    // stage `in_stage`, one commit group per step (empty past the rows' end, so
+    // every wait counts the same).
     uint64_t next_row = row_begin;
     uint32_t next_k = 0;
+    int in_stage = 0;
     auto issue = [&]() {
-      if (next < steps) {
-        const int st = static_cast<int>(next % STAGES);
-        copy_chunk<QT, KC, K, LD>(s_q + st * Q_STAGE, queries, n_queries, q0, dim, next_k, unit);
-        copy_chunk<RT, KC, K, LD>(s_x + st * X_STAGE, dataset, row_end, next_row, dim, next_k, unit);
+      if (next_row < row_end) {
+        copy_chunk<QT, KC, K, LD>(s_q + in_stage * Q_STAGE, queries, n_queries, q0, dim, next_k, unit);
+        copy_chunk<RT, KC, K, LD>(s_x + in_stage * X_STAGE, dataset, row_end, next_row, dim, next_k, unit);
         next_k += KC;
         if (next_k >= dim) {
           next_k = 0;
@@ -583,49 +580,47 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
         }
       }
       copy_commit();
-      ++next;
+      in_stage = in_stage + 1 == STAGES ? 0 : in_stage + 1;
     };
-#pragma unroll
+#pragma unroll 1
     for (int i = 0; i < STAGES - 1; ++i) issue();
-    typename M::acc_frag acc[FQ][FR];
-    uint64_t r0 = row_begin;
-    uint32_t kc = 0;
-    for (uint64_t step = 0; step < steps; ++step) {
-      // This step's copies are done (own: the wait; everyone's: the barrier), and
-      // every warp has left the stage the next issue overwrites (the previous step's).
-      copy_wait<STAGES - 2>();
-      __syncthreads();
-      issue();
-      if (kc == 0) {
+    int stage = 0;
+    for (uint64_t r0 = row_begin; r0 < row_end; r0 += RT) {
+      typename M::acc_frag acc[FQ][FR];
 #pragma unroll
-        for (int fq = 0; fq < FQ; ++fq) {
+      for (int fq = 0; fq < FQ; ++fq) {
 #pragma unroll
-          for (int fr = 0; fr < FR; ++fr) wmma::fill_fragment(acc[fq][fr], static_cast<typename M::acc_t>(0));
+        for (int fr = 0; fr < FR; ++fr) wmma::fill_fragment(acc[fq][fr], static_cast<typename M::acc_t>(0));
+      }
+      for (uint32_t k0 = 0; k0 < dim; k0 += KC) {
+        // This chunk's copies are done (own: the wait; everyone's: the barrier),
+        // and every warp has left the stage the next issue overwrites (the
+        // previous chunk's).
+        copy_wait<STAGES - 2>();
+        __syncthreads();
+        issue();
+        const T* const sq = s_q + stage * Q_STAGE;
+        const T* const sx = s_x + stage * X_STAGE;
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+#pragma unroll
+        for (int s = 0; s < KC / K; ++s) {
+          typename M::a_op a[FQ];
+          typename M::b_op b[FR];
+#pragma unroll
+          for (int fq = 0; fq < FQ; ++fq) {
+            M::load_a(a[fq], sq + (s * QT + (wq * FQ + fq) * 16) * LD, LD);
+          }
+#pragma unroll
+          for (int fr = 0; fr < FR; ++fr) {
+            M::load_b(b[fr], sx + (s * RT + (wr * FR + fr) * 16) * LD, LD);
+          }
+#pragma unroll
+          for (int fq = 0; fq < FQ; ++fq) {
+#pragma unroll
+            for (int fr = 0; fr < FR; ++fr) M::multiply(acc[fq][fr], a[fq], b[fr]);
+          }
         }
       }
-      const T* const sq = s_q + static_cast<int>(step % STAGES) * Q_STAGE;
-      const T* const sx = s_x + static_cast<int>(step % STAGES) * X_STAGE;
-#pragma unroll
-      for (int s = 0; s < KC / K; ++s) {
-        typename M::a_op a[FQ];
-        typename M::b_op b[FR];
-#pragma unroll
-        for (int fq = 0; fq < FQ; ++fq) {
-          M::load_a(a[fq], sq + (s * QT + (wq * FQ + fq) * 16) * LD, LD);
-        }
-#pragma unroll
-        for (int fr = 0; fr < FR; ++fr) {
-          M::load_b(b[fr], sx + (s * RT + (wr * FR + fr) * 16) * LD, LD);
-        }
-#pragma unroll
-        for (int fq = 0; fq < FQ; ++fq) {
-#pragma unroll
-          for (int fr = 0; fr < FR; ++fr) M::multiply(acc[fq][fr], a[fq], b[fr]);
-        }
-      }
-      kc += 1;
-      if (kc < n_k) continue;
-      kc = 0;
       // The fused select, one 16 x 16 tile at a time through the warp's s_acc.
 #pragma unroll
       for (int fq = 0; fq < FQ; ++fq) {
@@ -634,7 +629,9 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
           wmma::store_matrix_sync(s_acc[warp], acc[fq][fr], 16, wmma::mem_row_major);
           __syncwarp();
           // Lane pairs: 16 consecutive lanes take 16 consecutive rows of one query.
-#pragma unroll
+          // Unrolled by 2 only: fully unrolled, the q64 variants took 240-255
+          // registers for no gain the linker reports.
+#pragma unroll 2
           for (int p = 0; p < 8; ++p) {
             const uint32_t e = lane + 32u * static_cast<uint32_t>(p);
             const uint32_t ql = (wq * FQ + fq) * 16 + e / 16;
@@ -675,7 +672,6 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
         }
       }
       __syncthreads();
-      r0 += RT;
     }
     // Out: per (query, chunk) its count and up to CAP entries.
     for (uint32_t ql = warp; ql < QT; ql += WARPS) {

@@ -24,8 +24,9 @@ out of memory on the distance matrix):
                        to see where it still wins
   fraglink[<variant>]  for the cases of --variant-nq x --variant-k: fraglink
                        with FRAGLINK_KNN_VARIANT naming each candidate kernel
-                       (knn_tile_*: query tile, capacity, TF32 or 3xTF32) of
-                       the dtype that holds k, from `fraglink catalog --json`;
+                       (knn_tile_*) of the dtype, per precision (TF32 or
+                       3xTF32) and block shape the smallest capacity holding
+                       k, from `fraglink catalog --json`;
                        `best_variant` says which was fastest, so the planner's
                        pick (the `fraglink` side) can be checked against it
 
@@ -162,14 +163,21 @@ def goal(nq):
 
 
 def knn_variants(bin_, dtype, k):
-    """The candidate kernels (knn_tile_*) of `dtype` whose capacity holds k,
-    from the binary's own catalog."""
+    """The candidate kernels (knn_tile_*) of `dtype` from the binary's own
+    catalog: per precision and block shape the smallest capacity that holds
+    k (a larger one only costs more)."""
     p = subprocess.run([bin_, "catalog", "--json"], capture_output=True, text=True)
     if p.returncode != 0:
         return []
-    return sorted(f["name"] for f in json.loads(p.stdout)["fragments"]
-                  if f["family"] == "knn_tile" and f["params"].get("dtype") == dtype
-                  and int(f["params"].get("capacity", 0)) >= k)
+    best = {}
+    for f in json.loads(p.stdout)["fragments"]:
+        q = f["params"]
+        if f["family"] != "knn_tile" or q.get("dtype") != dtype or int(q.get("capacity", 0)) < k:
+            continue
+        shape = (q.get("precision"), q.get("qtile"), q.get("rtile"))
+        if shape not in best or int(q["capacity"]) < int(best[shape]["params"]["capacity"]):
+            best[shape] = f
+    return sorted(f["name"] for f in best.values())
 
 
 def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None):
