@@ -90,6 +90,22 @@ struct Case<'a> {
     rerank_grid: u32,
 }
 
+impl<'a> Case<'a> {
+    /// A case without a filter, both grids as large as the search needs.
+    fn new(what: String, base: &'a Vectors, queries: Vectors, k: usize, resident: u32) -> Self {
+        Case {
+            what,
+            base,
+            queries,
+            k,
+            filter: None,
+            resident,
+            tile_grid: u32::MAX,
+            rerank_grid: u32::MAX,
+        }
+    }
+}
+
 /// The plan of case `c`: the planner's pick (tile shape and capacity) at
 /// the dtype's default precision, as the variant of `precision`.
 fn plan_of(c: &Case<'_>, metric: Metric, precision: Precision) -> KnnPlan {
@@ -286,135 +302,109 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     let near_queries = near_ties(dtype, 12, odd, 15);
     let label = |s: &str| format!("{dtype:?}/{precision:?}/{metric:?}: {s}");
     let all = [
+        Case::new(
+            label("20 queries, k 10, rows split in chunks"),
+            &base,
+            queries.slice_rows(0, 20),
+            10,
+            12,
+        ),
+        Case::new(
+            label("k 100 (capacity 128)"),
+            &base,
+            queries.slice_rows(0, 5),
+            100,
+            8,
+        ),
+        Case::new(
+            label("140 queries, k 10 (query tile 64, a partial last tile)"),
+            &base,
+            queries.clone(),
+            10,
+            12,
+        ),
+        Case::new(
+            label("70 queries, k 100 (query tile 32, capacity 128)"),
+            &base,
+            queries.slice_rows(0, 70),
+            100,
+            8,
+        ),
+        Case::new(
+            label("k 200 (capacity 256)"),
+            &base,
+            queries.slice_rows(10, 14),
+            200,
+            8,
+        ),
         Case {
-            what: label("20 queries, k 10, rows split in chunks"),
-            base: &base,
-            queries: queries.slice_rows(0, 20),
-            k: 10,
-            filter: None,
-            resident: 12,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
-        },
-        Case {
-            what: label("k 100 (capacity 128)"),
-            base: &base,
-            queries: queries.slice_rows(0, 5),
-            k: 100,
-            filter: None,
-            resident: 8,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
-        },
-        Case {
-            what: label("140 queries, k 10 (query tile 64, a partial last tile)"),
-            base: &base,
-            queries: queries.clone(),
-            k: 10,
-            filter: None,
-            resident: 12,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
-        },
-        Case {
-            what: label("70 queries, k 100 (query tile 32, capacity 128)"),
-            base: &base,
-            queries: queries.slice_rows(0, 70),
-            k: 100,
-            filter: None,
-            resident: 8,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
-        },
-        Case {
-            what: label("k 200 (capacity 256)"),
-            base: &base,
-            queries: queries.slice_rows(10, 14),
-            k: 200,
-            filter: None,
-            resident: 8,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
-        },
-        Case {
-            what: label("70 queries, k 7 (query tile 32), grid-stride loops"),
-            base: &base,
-            queries: queries.slice_rows(0, 70),
-            k: 7,
-            filter: None,
-            resident: 4,
             tile_grid: 1,
             rerank_grid: 3,
+            ..Case::new(
+                label("70 queries, k 7 (query tile 32), grid-stride loops"),
+                &base,
+                queries.slice_rows(0, 70),
+                7,
+                4,
+            )
         },
         Case {
-            what: label("odd dim, bitset filter, a quarter of the rows"),
-            base: &odd_base,
-            queries: odd_queries.slice_rows(0, 17),
-            k: 10,
             filter: Some(Bitset::random(n, 0.25, 5)),
-            resident: 12,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
+            ..Case::new(
+                label("odd dim, bitset filter, a quarter of the rows"),
+                &odd_base,
+                odd_queries.slice_rows(0, 17),
+                10,
+                12,
+            )
         },
+        Case::new(
+            label("rows of 4-byte groups (4-byte copies)"),
+            &base4,
+            queries4,
+            10,
+            4,
+        ),
+        Case::new(
+            label("odd dim, one query, k 1, split over many chunks"),
+            &odd_base,
+            odd_queries.slice_rows(3, 4),
+            1,
+            32,
+        ),
+        Case::new(
+            label("ties and duplicate rows (exact reduction)"),
+            &tie_base,
+            tie_queries,
+            10,
+            8,
+        ),
+        Case::new(
+            label("odd dim, near ties: every row close to one vector"),
+            &near_base,
+            near_queries,
+            10,
+            8,
+        ),
         Case {
-            what: label("rows of 4-byte groups (4-byte copies)"),
-            base: &base4,
-            queries: queries4,
-            k: 10,
-            filter: None,
-            resident: 4,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
-        },
-        Case {
-            what: label("odd dim, one query, k 1, split over many chunks"),
-            base: &odd_base,
-            queries: odd_queries.slice_rows(3, 4),
-            k: 1,
-            filter: None,
-            resident: 32,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
-        },
-        Case {
-            what: label("ties and duplicate rows (exact reduction)"),
-            base: &tie_base,
-            queries: tie_queries,
-            k: 10,
-            filter: None,
-            resident: 8,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
-        },
-        Case {
-            what: label("odd dim, near ties: every row close to one vector"),
-            base: &near_base,
-            queries: near_queries,
-            k: 10,
-            filter: None,
-            resident: 8,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
-        },
-        Case {
-            what: label("3 queries over 40 chunks: merge level, then final"),
-            base: &big_base,
-            queries: big_queries.clone(),
-            k: 10,
-            filter: None,
-            resident: 160,
-            tile_grid: u32::MAX,
             rerank_grid: 2,
+            ..Case::new(
+                label("3 queries over 40 chunks: merge level, then final"),
+                &big_base,
+                big_queries.clone(),
+                10,
+                160,
+            )
         },
         Case {
-            what: label("merge level at capacity 128 with a filter"),
-            base: &big_base,
-            queries: big_queries.slice_rows(0, 2),
-            k: 100,
             filter: Some(Bitset::random(2500, 0.5, 8)),
-            resident: 160,
-            tile_grid: u32::MAX,
-            rerank_grid: u32::MAX,
+            ..Case::new(
+                label("merge level at capacity 128 with a filter"),
+                &big_base,
+                big_queries.slice_rows(0, 2),
+                100,
+                160,
+            )
         },
     ];
     assert!(
