@@ -14,8 +14,8 @@
 //   chunks of 64 bytes staged in shared memory (zero padded, so any dim), laid out
 //   in slabs of one MMA K step, rows padded so fragment loads are free of bank
 //   conflicts and 32-byte aligned. Chunks come through a pipeline of STAGES
-//   buffers (cp.async where the arch, dim and alignment allow), so the next two
-//   chunks' global loads overlap the MMAs and the select. From each dot product and the precomputed norms (knn_bounds.cuh) a
+//   buffers (cp.async where the arch, dim and alignment allow), so the next
+//   STAGES - 1 chunks' global loads overlap the MMAs and the select. From each dot product and the precomputed norms (knn_bounds.cuh) a
 //   pair gets lo <= d <= hi (integers: lo = hi = d). The select is fused: per
 //   query a buffer of BUF = CAP + RT (lo, hi, id) entries in dynamic shared memory
 //   takes the rows with lo < T, T an upper bound of the k-th smallest key of the chunk so far; the
@@ -322,11 +322,13 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
 // ----- global -> shared memory copies, a pipeline of STAGES steps ----------------
 // 16- and 4-byte asynchronous copies (cp.async, sm_80+; zero-filled when `valid` is
 // false), one commit group per pipeline step, and a wait until at most N groups of
-// the calling thread are pending. Before sm_80 (the f16 and integer variants on
+// the calling thread are pending. L1: keep the data in L1 (`.ca`: the query tile,
+// copied again every row iteration); else 16-byte copies bypass it (`.cg`: rows,
+// read once). Before sm_80 (the f16 and integer variants on
 // sm_75) they are plain loads and stores: correct, without the overlap. Under the
 // kernel emulator a copy happens at the wait that completes it, so a read that
 // lacks its wait or its barrier sees stale shared memory.
-template <int BYTES>
+template <int BYTES, bool L1>
 __device__ FRAGLINK_INLINE void copy_async(void* dst, const void* src, bool valid) {
   static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 4, 8 or 16 bytes");
 #if defined(FRAGLINK_HOST_SIMT)
@@ -334,8 +336,10 @@ __device__ FRAGLINK_INLINE void copy_async(void* dst, const void* src, bool vali
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   const uint32_t n = valid ? BYTES : 0u;
-  if (BYTES == 16) {
+  if (BYTES == 16 && !L1) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(n) : "memory");
+  } else if (BYTES == 16) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(n) : "memory");
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to), "l"(src), "r"(n) : "memory");
   }
@@ -369,7 +373,7 @@ __device__ FRAGLINK_INLINE void copy_wait() {
 // (`rows` x `dim`) in copies of BYTES, as K-element slabs of stride LD (slab s, row
 // r at s * ROWS * LD + r * LD); zero outside the matrix. Needs dim a whole number
 // of copies and `src` aligned to BYTES (copy_unit), so a copy is wholly in or out.
-template <int ROWS, int KC, int K, int LD, int BYTES, typename T>
+template <int ROWS, int KC, int K, int LD, int BYTES, bool L1, typename T>
 __device__ FRAGLINK_INLINE void copy_groups(T* dst, const T* __restrict__ src, uint64_t rows, uint64_t row0,
                                             uint32_t dim, uint32_t k0) {
   constexpr int E = BYTES / static_cast<int>(sizeof(T));
@@ -385,7 +389,8 @@ __device__ FRAGLINK_INLINE void copy_groups(T* dst, const T* __restrict__ src, u
       const uint64_t row = row0 + static_cast<uint64_t>(r);
       const uint32_t col = k0 + static_cast<uint32_t>(c);
       const bool valid = row < rows && col < dim;
-      copy_async<BYTES>(dst + (c / K) * ROWS * LD + r * LD + (c % K), valid ? src + row * dim + col : src, valid);
+      copy_async<BYTES, L1>(dst + (c / K) * ROWS * LD + r * LD + (c % K), valid ? src + row * dim + col : src,
+                            valid);
     }
   }
 }
@@ -425,13 +430,14 @@ __device__ FRAGLINK_INLINE int copy_unit(uint32_t dim, const T* a, const T* b) {
   return 0;
 }
 
-template <int ROWS, int KC, int K, int LD, typename T>
+// One chunk in copies of `unit` bytes (copy_unit); L1 as for copy_async.
+template <int ROWS, int KC, int K, int LD, bool L1, typename T>
 __device__ FRAGLINK_INLINE void copy_chunk(T* dst, const T* __restrict__ src, uint64_t rows, uint64_t row0,
                                            uint32_t dim, uint32_t k0, int unit) {
   if (unit == 16) {
-    copy_groups<ROWS, KC, K, LD, 16>(dst, src, rows, row0, dim, k0);
+    copy_groups<ROWS, KC, K, LD, 16, L1>(dst, src, rows, row0, dim, k0);
   } else if (unit == 4) {
-    copy_groups<ROWS, KC, K, LD, 4>(dst, src, rows, row0, dim, k0);
+    copy_groups<ROWS, KC, K, LD, 4, L1>(dst, src, rows, row0, dim, k0);
   } else {
     copy_elements<ROWS, KC, K, LD>(dst, src, rows, row0, dim, k0);
   }
@@ -571,8 +577,8 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
     int in_stage = 0;
     auto issue = [&]() {
       if (next_row < row_end) {
-        copy_chunk<QT, KC, K, LD>(s_q + in_stage * Q_STAGE, queries, n_queries, q0, dim, next_k, unit);
-        copy_chunk<RT, KC, K, LD>(s_x + in_stage * X_STAGE, dataset, row_end, next_row, dim, next_k, unit);
+        copy_chunk<QT, KC, K, LD, true>(s_q + in_stage * Q_STAGE, queries, n_queries, q0, dim, next_k, unit);
+        copy_chunk<RT, KC, K, LD, false>(s_x + in_stage * X_STAGE, dataset, row_end, next_row, dim, next_k, unit);
         next_k += KC;
         if (next_k >= dim) {
           next_k = 0;

@@ -24,7 +24,7 @@ use fraglink::build::Arch;
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::{synthetic, Rng};
 use fraglink::search::knn::norms::Norms;
-use fraglink::search::knn::plan::{merge_groups, H100_SHARED_BYTES};
+use fraglink::search::knn::plan::{merge_groups, SharedMemory};
 use fraglink::search::knn::{choose, choose_variant, KnnPlan, KnnRequest, Precision};
 use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use half::f16;
@@ -111,7 +111,7 @@ impl<'a> Case<'a> {
 fn plan_of(c: &Case<'_>, metric: Metric, precision: Precision) -> KnnPlan {
     let r = KnnRequest {
         device: Arch::sm(90),
-        shared_bytes: H100_SHARED_BYTES,
+        shared: SharedMemory::H100,
         dtype: c.base.dtype(),
         metric,
         filter: if c.filter.is_some() { "bitset" } else { "none" },

@@ -33,7 +33,7 @@ fn expects_knn(
     let ctx = gpu.context();
     knn::choose(&knn::KnnRequest {
         device: ctx.arch(),
-        shared_bytes: ctx.limits().shared_bytes_per_block_optin,
+        shared: knn::plan::SharedMemory::of(ctx.limits()),
         dtype,
         metric,
         filter: "none",

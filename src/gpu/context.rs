@@ -93,6 +93,8 @@ pub struct DeviceLimits {
     pub shared_bytes_per_block: u32,
     /// Shared memory per block a kernel may opt in to.
     pub shared_bytes_per_block_optin: u32,
+    /// Shared memory of one SM, shared by its resident blocks.
+    pub shared_bytes_per_sm: u32,
     pub warp_size: u32,
 }
 
@@ -105,6 +107,7 @@ impl Default for DeviceLimits {
             registers_per_block: 65536,
             shared_bytes_per_block: 48 * 1024,
             shared_bytes_per_block_optin: 48 * 1024,
+            shared_bytes_per_sm: 64 * 1024,
             warp_size: 32,
         }
     }
@@ -266,6 +269,10 @@ fn read_device(ordinal: usize) -> GpuResult<DeviceInfo> {
         shared_bytes_per_block_optin: attribute(
             dev,
             Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?,
+        shared_bytes_per_sm: attribute(
+            dev,
+            Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
         )?,
         warp_size: attribute(dev, Attr::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
     };

@@ -30,7 +30,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_void, CString};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -702,8 +702,10 @@ pub struct Launcher {
     sm_count: u32,
     cooperative: bool,
     /// The kernel's `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as
-    /// last set (0: the driver's default, static + dynamic ≤ 48 KiB).
-    dynamic_shared_opt_in: AtomicU32,
+    /// last set (0: the driver's default, static + dynamic ≤ 48 KiB); the
+    /// lock orders the driver call with the record, so concurrent launches
+    /// asking for different sizes leave the larger.
+    dynamic_shared_opt_in: Mutex<u32>,
     timing: AtomicBool,
     state: Mutex<TimingState>,
 }
@@ -819,7 +821,7 @@ impl Launcher {
             limits: *ctx.limits(),
             sm_count: ctx.info().sm_count,
             cooperative: ctx.info().cooperative_launch,
-            dynamic_shared_opt_in: AtomicU32::new(0),
+            dynamic_shared_opt_in: Mutex::new(0),
             timing: AtomicBool::new(true),
             state: Mutex::new(TimingState {
                 stats: KernelStats::default(),
@@ -948,9 +950,14 @@ impl Launcher {
     fn opt_in_shared(&self, cfg: &LaunchConfig) -> GpuResult<()> {
         cfg.validate(&self.resources, &self.limits)?;
         let bytes = cfg.dynamic_shared_bytes;
-        if !cfg.needs_shared_opt_in(&self.resources, &self.limits)
-            || bytes <= self.dynamic_shared_opt_in.load(Ordering::Acquire)
-        {
+        if !cfg.needs_shared_opt_in(&self.resources, &self.limits) {
+            return Ok(());
+        }
+        let mut set = self
+            .dynamic_shared_opt_in
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if bytes <= *set {
             return Ok(());
         }
         self.ctx
@@ -969,8 +976,7 @@ impl Launcher {
             &self.entry,
             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
         ))?;
-        self.dynamic_shared_opt_in
-            .fetch_max(bytes, Ordering::AcqRel);
+        *set = bytes;
         Ok(())
     }
 

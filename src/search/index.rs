@@ -266,9 +266,11 @@ impl GpuIndex {
     /// As [`Self::search`], with the tensor-core candidate kernel named
     /// (a `knn_tile_*` fragment) instead of the planner's pick, for
     /// benchmarks and tests that compare variants. Where the tensor-core
-    /// path serves the search at all (module docs), a variant that cannot
-    /// (another dtype, a capacity below k, more shared memory than the
-    /// device has) is an error naming it. `None`: the planner decides.
+    /// path serves the search at all (module docs: shape, k and device in
+    /// its range, no special row or query), a variant that cannot (another
+    /// dtype, a capacity below k, more shared memory than the device has)
+    /// is an error naming it; elsewhere the scan serves the search as
+    /// without a variant. `None`: the planner decides.
     pub fn search_with_variant(
         &self,
         queries: &Vectors,
@@ -339,7 +341,7 @@ impl GpuIndex {
         }
         let request = super::knn::KnnRequest {
             device: self.gpu.context().arch(),
-            shared_bytes: self.gpu.context().limits().shared_bytes_per_block_optin,
+            shared: super::knn::plan::SharedMemory::of(self.gpu.context().limits()),
             dtype: self.shape.dtype,
             metric: params.metric,
             filter: params.filter.fragment_name(),
@@ -351,6 +353,8 @@ impl GpuIndex {
         };
         let kp =
             match variant {
+                // Outside the kernels' range the scan serves it, named variant or not.
+                Some(_) if !super::knn::plan::in_range(&request) => None,
                 Some(name) => Some(super::knn::choose_variant(&request, name).map_err(
                     |reason| GpuSearchError::KnnVariant {
                         value: name.to_owned(),

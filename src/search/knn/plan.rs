@@ -18,7 +18,8 @@
 //!
 //! Block shape (`qtile` queries × `rtile` rows per iteration, 4 warps): the
 //! smallest capacity ≥ k among the variants whose shared memory fits the
-//! device ([`KnnPlan::shared_bytes`] against the opt-in limit), then the
+//! device ([`KnnPlan::shared_bytes`] against the opt-in limit), among them
+//! the shapes two blocks of which fit an SM where any do, then the
 //! largest query tile that at least two tiles of queries fill (a 64-query
 //! tile reads each row once per 64 queries, and its warps reuse each operand
 //! fragment for two MMAs), else the smallest. Row chunks ([`chunks`]): query
@@ -243,13 +244,41 @@ pub fn available(device: Arch, dtype: DType) -> bool {
         .is_some()
 }
 
+/// The device's shared memory, as the planner weighs variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedMemory {
+    /// What one block may use, opt-in included
+    /// (`DeviceLimits::shared_bytes_per_block_optin`).
+    pub per_block: u32,
+    /// What one SM holds for all its blocks (`shared_bytes_per_sm`).
+    pub per_sm: u32,
+}
+
+impl SharedMemory {
+    /// An H100 (227 KiB per block, 228 KiB per SM), for tests and examples
+    /// that plan without a device.
+    pub const H100: SharedMemory = SharedMemory {
+        per_block: 227 * 1024,
+        per_sm: 228 * 1024,
+    };
+
+    /// The figures of a device.
+    pub fn of(limits: &crate::gpu::DeviceLimits) -> SharedMemory {
+        SharedMemory {
+            per_block: limits.shared_bytes_per_block_optin,
+            per_sm: limits.shared_bytes_per_sm,
+        }
+    }
+}
+
+/// Shared memory the driver reserves per resident block (1 KiB from sm_80).
+const RESERVED_SHARED_PER_BLOCK: u32 = 1024;
+
 /// One search as the planner sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct KnnRequest<'a> {
     pub device: Arch,
-    /// Shared memory one block may use on the device, opt-in included
-    /// (`DeviceLimits::shared_bytes_per_block_optin`: 227 KiB on an H100).
-    pub shared_bytes: u32,
+    pub shared: SharedMemory,
     pub dtype: DType,
     pub metric: Metric,
     /// `none` or `bitset`.
@@ -264,17 +293,20 @@ pub struct KnnRequest<'a> {
     pub variant: Option<&'a str>,
 }
 
-/// Shared memory per block with opt-in on an H100 (227 KiB), for tests and
-/// examples that plan without a device.
-pub const H100_SHARED_BYTES: u32 = 227 * 1024;
-
 /// The variant for a search, or `None` when the exact scan must serve it
 /// (module docs).
 pub fn choose(r: &KnnRequest<'_>) -> Option<KnnPlan> {
     match r.variant {
         Some(name) => choose_variant(r, name).ok(),
-        None => candidates(r, None).and_then(|c| pick(&c, r.nq)),
+        None => candidates(r, None).and_then(|c| pick(&c, r.nq, r.shared.per_sm)),
     }
+}
+
+/// Whether some variant can serve `r` at the dtype's default precision:
+/// the shape, k and device are within the kernels' range. Where they are
+/// not, the scan serves the search whatever variant is named.
+pub fn in_range(r: &KnnRequest<'_>) -> bool {
+    candidates(r, None).is_some()
 }
 
 /// `name` for the search `r` (the default precision set aside), or why it
@@ -302,7 +334,7 @@ pub fn choose_variant(r: &KnnRequest<'_>, name: &str) -> Result<KnnPlan, String>
         format!(
             "`{name}` does not serve this search: {} rows of dim {}, k {}, on sm_{} with {} bytes \
                  of shared memory per block (dtype, capacity ≥ k, arch and shared memory must fit)",
-            r.n_rows, r.dim, r.k, r.device.number, r.shared_bytes
+            r.n_rows, r.dim, r.k, r.device.number, r.shared.per_block
         )
     })
 }
@@ -320,16 +352,24 @@ fn candidates(r: &KnnRequest<'_>, precision: Option<Precision>) -> Option<Vec<Kn
     }
     let plans: Vec<KnnPlan> = tiles(r.device, dtype, precision)
         .filter_map(|t| assemble(t, r.metric, r.filter))
-        .filter(|p| p.capacity as usize >= k && p.shared_bytes() <= r.shared_bytes)
+        .filter(|p| p.capacity as usize >= k && p.shared_bytes() <= r.shared.per_block)
         .collect();
     (!plans.is_empty()).then_some(plans)
 }
 
-/// The smallest capacity, then the largest query tile that `nq` fills
-/// twice, else the smallest tile.
-fn pick(c: &[KnnPlan], nq: usize) -> Option<KnnPlan> {
+/// The smallest capacity; among its shapes those two blocks of which fit
+/// an SM's `sm_shared` bytes, where any do (one block of 4 warps per SM
+/// leaves it idle while it waits on memory); then the largest query tile
+/// that `nq` fills twice, else the smallest tile.
+fn pick(c: &[KnnPlan], nq: usize, sm_shared: u32) -> Option<KnnPlan> {
     let capacity = c.iter().map(|p| p.capacity).min()?;
     let same: Vec<&KnnPlan> = c.iter().filter(|p| p.capacity == capacity).collect();
+    let two_fit = |p: &&KnnPlan| 2 * (p.shared_bytes() + RESERVED_SHARED_PER_BLOCK) <= sm_shared;
+    let same: Vec<&KnnPlan> = if same.iter().any(two_fit) {
+        same.into_iter().filter(two_fit).collect()
+    } else {
+        same
+    };
     same.iter()
         .filter(|p| nq >= 2 * p.qtile as usize)
         .max_by_key(|p| (p.qtile, p.rtile))
@@ -422,7 +462,7 @@ mod tests {
     ) -> KnnRequest<'static> {
         KnnRequest {
             device,
-            shared_bytes: H100_SHARED_BYTES,
+            shared: SharedMemory::H100,
             dtype,
             metric: Metric::L2,
             filter: "none",
@@ -511,7 +551,10 @@ mod tests {
             .is_none());
         }
         let small = KnnRequest {
-            shared_bytes: 64 * 1024,
+            shared: SharedMemory {
+                per_block: 64 * 1024,
+                per_sm: 64 * 1024,
+            },
             ..r
         };
         let e = named("knn_tile_f32_tf32x3_q64_r64_k32", small).unwrap_err();
@@ -561,34 +604,49 @@ mod tests {
 
     #[test]
     fn variants_fit_the_shared_memory_of_the_device() {
-        // sm_75 (Turing): 64 KiB per block with opt-in. Only the variants
-        // that fit are picked: the 16-query tile up to capacity 128.
-        let on = |shared, nq, k| {
+        // sm_75 (Turing): 64 KiB per block with opt-in and per SM. Only the
+        // variants that fit a block are picked: the 16-query tile up to
+        // capacity 128.
+        let on = |per_block: u32, per_sm: u32, nq, k| {
             choose(&KnnRequest {
-                shared_bytes: shared,
+                shared: SharedMemory { per_block, per_sm },
                 ..req(SM75, DType::F16, 1_000_000, 128, nq, k)
             })
         };
-        let p = on(64 * 1024, 10_000, 10).unwrap();
+        let kib = |n: u32| n * 1024;
+        let p = on(kib(64), kib(64), 10_000, 10).unwrap();
         assert_eq!((p.qtile, p.capacity), (16, 32));
-        let p = on(64 * 1024, 10_000, 100).unwrap();
+        let p = on(kib(64), kib(64), 10_000, 100).unwrap();
         assert_eq!((p.qtile, p.capacity), (16, 128));
-        assert!(p.shared_bytes() <= 64 * 1024);
-        assert!(on(64 * 1024, 1, 200).is_none());
-        // sm_86 (99 KiB): the 32-query tile at capacity 32, and capacity 256.
-        let p = on(99 * 1024, 10_000, 10).unwrap();
-        assert_eq!((p.qtile, p.capacity), (32, 32));
-        assert_eq!(on(99 * 1024, 1, 200).unwrap().capacity, 256);
+        assert!(p.shared_bytes() <= kib(64));
+        assert!(on(kib(64), kib(64), 1, 200).is_none());
+        // sm_86 (99 KiB per block, 100 per SM): the 32-query tile fits a
+        // block but only one per SM; the 16-query tile fits two.
+        let p = on(kib(99), kib(100), 10_000, 10).unwrap();
+        assert_eq!((p.qtile, p.capacity), (16, 32));
+        assert_eq!(on(kib(99), kib(100), 1, 200).unwrap().capacity, 256);
+        // A100 (163 KiB per block, 164 per SM): q64 fits one block per SM,
+        // q32 two.
+        assert_eq!(on(kib(163), kib(164), 10_000, 10).unwrap().qtile, 32);
+        // H100: q64, two per SM.
+        assert_eq!(on(kib(227), kib(228), 10_000, 10).unwrap().qtile, 64);
         // Without opt-in (48 KiB) the smallest variant still fits.
         let p = choose(&KnnRequest {
-            shared_bytes: 48 * 1024,
+            shared: SharedMemory {
+                per_block: 48 * 1024,
+                per_sm: 228 * 1024,
+            },
             ..req(SM90, DType::F32, 1_000_000, 128, 10_000, 10)
         })
         .unwrap();
         assert_eq!((p.qtile, p.capacity), (16, 32));
         // Every variant fits an H100 (static ≤ 48 KiB, the rest dynamic).
         for p in all_plans() {
-            assert!(p.shared_bytes() <= H100_SHARED_BYTES, "{}", p.tile.name);
+            assert!(
+                p.shared_bytes() <= SharedMemory::H100.per_block,
+                "{}",
+                p.tile.name
+            );
             assert!(
                 tile_static_bytes(p.dtype.size() as u32, p.qtile, p.rtile) <= 48 * 1024,
                 "{}",

@@ -276,13 +276,30 @@ void launch(extent grid, extent block, F& kernel, uint64_t seed, uint32_t dynami
   launch(grid, block, [](void* p) { (*static_cast<F*>(p))(); }, &kernel, seed, dynamic_shared_bytes);
 }
 
-// cp.async for fragments built with FRAGLINK_HOST_SIMT: a copy is recorded at issue
-// and performed when a wait completes its group (copy_wait(n): every group but the
-// newest n), so shared memory read before its wait, or another thread's copies read
-// before the barrier that follows their wait, is stale, as on a GPU.
+// cp.async for fragments built with FRAGLINK_HOST_SIMT. A copy lands at a point
+// drawn from the seed: at once (at issue), or only when a wait completes its group
+// (copy_wait(n): every group but the newest n). So shared memory read before its
+// wait, another thread's copies read before the barrier that follows their wait,
+// and a copy into a stage another warp still reads all give stale or clobbered
+// data, as on a GPU. Misaligned operands fail.
+inline void perform(const pending_copy& c) {
+  if (c.src != nullptr) {
+    std::memcpy(c.dst, c.src, c.bytes);
+  } else {
+    std::memset(c.dst, 0, c.bytes);
+  }
+}
 inline void copy_async(void* dst, const void* src, unsigned bytes, bool valid) {
   fiber& f = self();
-  f.open_copies.push_back(pending_copy{dst, valid ? src : nullptr, bytes});
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 || reinterpret_cast<uintptr_t>(src) % bytes != 0) {
+    fail("cp.async of " + std::to_string(bytes) + " bytes with a misaligned source or destination");
+  }
+  const pending_copy c{dst, valid ? src : nullptr, bytes};
+  if (next_random() % 2 == 0) {
+    perform(c);
+  } else {
+    f.open_copies.push_back(c);
+  }
 }
 inline void copy_commit() {
   fiber& f = self();
@@ -292,13 +309,7 @@ inline void copy_commit() {
 inline void copy_wait(unsigned pending) {
   fiber& f = self();
   while (f.copy_groups.size() > pending) {
-    for (const pending_copy& c : f.copy_groups.front()) {
-      if (c.src != nullptr) {
-        std::memcpy(c.dst, c.src, c.bytes);
-      } else {
-        std::memset(c.dst, 0, c.bytes);
-      }
-    }
+    for (const pending_copy& c : f.copy_groups.front()) perform(c);
     f.copy_groups.pop_front();
   }
 }
