@@ -108,8 +108,11 @@ if [ "$gpu" = 1 ]; then
   # minute, most of it the CLI's exact CPU answer for the recall).
   if [ "${GPU_RUN_NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
     echo "== kernel profiles (ncu)"
-    # name, nq, FRAGLINK_GPU_KNN, launches of the first search (skipped), launches profiled
-    for spec in "knn-nq1 1 1 2 2" "knn-nq1000 1000 1 2 2" "scan-nq1 1 0 1 1"; do
+    # name, nq, FRAGLINK_GPU_KNN, launches of the first search (skipped), launches profiled.
+    # At nq 1 a search's rows span hundreds of chunks, so the re-rank has its merge
+    # level: knn_tile, knn_rerank (merge), knn_rerank (final). At nq 1000 (16 query
+    # tiles of 64) the chunks fit one re-rank level on an H100 or H200: two launches.
+    for spec in "knn-nq1 1 1 3 3" "knn-nq1000 1000 1 2 2" "scan-nq1 1 0 1 1"; do
       set -- $spec
       FRAGLINK_GPU_KNN=$3 ncu --target-processes all --kernel-name regex:'knn_|scan_' \
         --launch-skip "$4" --launch-count "$5" \
