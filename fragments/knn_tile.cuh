@@ -324,10 +324,11 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
 // false), one commit group per pipeline step, and a wait until at most N groups of
 // the calling thread are pending. L1: keep the data in L1 (`.ca`: the query tile,
 // copied again every row iteration); else 16-byte copies bypass it (`.cg`: rows,
-// read once). Before sm_80 (the f16 and integer variants on
-// sm_75) they are plain loads and stores: correct, without the overlap. Under the
-// kernel emulator a copy happens at the wait that completes it, so a read that
-// lacks its wait or its barrier sees stale shared memory.
+// read once). Before sm_80 (the f16 and integer variants on sm_75) they are plain
+// loads and stores: correct, without the overlap. Under the kernel emulator a copy
+// lands at issue or only at the wait that completes it (seeded), so a read that
+// lacks its wait or barrier, or a copy into a stage still being read, gives wrong
+// results.
 template <int BYTES, bool L1>
 __device__ FRAGLINK_INLINE void copy_async(void* dst, const void* src, bool valid) {
   static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 4, 8 or 16 bytes");
