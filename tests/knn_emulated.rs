@@ -119,7 +119,6 @@ fn plan_of(c: &Case<'_>, metric: Metric, precision: Precision) -> KnnPlan {
         dim: c.base.dim(),
         nq: c.queries.rows(),
         k: c.k,
-        variant: None,
     };
     let pick = choose(&r).unwrap_or_else(|| panic!("{}: the planner refuses the search", c.what));
     let name = format!(

@@ -41,7 +41,6 @@ fn expects_knn(
         dim,
         nq,
         k,
-        variant: None,
     })
     .is_some()
 }

@@ -349,20 +349,13 @@ impl GpuIndex {
             dim: self.shape.dim,
             nq: queries.rows(),
             k: params.k,
-            variant,
         };
-        let kp =
-            match variant {
-                // Outside the kernels' range the scan serves it, named variant or not.
-                Some(_) if !super::knn::plan::in_range(&request) => None,
-                Some(name) => Some(super::knn::choose_variant(&request, name).map_err(
-                    |reason| GpuSearchError::KnnVariant {
-                        value: name.to_owned(),
-                        reason,
-                    },
-                )?),
-                None => super::knn::choose(&request),
-            };
+        let kp = super::knn::choose_named(&request, variant).map_err(|reason| {
+            GpuSearchError::KnnVariant {
+                value: variant.unwrap_or_default().to_owned(),
+                reason,
+            }
+        })?;
         let Some(kp) = kp else {
             return Ok(None);
         };

@@ -9,4 +9,4 @@ pub mod gpu;
 pub mod norms;
 pub mod plan;
 
-pub use plan::{choose, choose_variant, KnnPlan, KnnRequest, Precision, KNN_FAMILY};
+pub use plan::{choose, choose_named, choose_variant, KnnPlan, KnnRequest, Precision, KNN_FAMILY};

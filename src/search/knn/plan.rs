@@ -13,7 +13,7 @@
 //! Precision for f32: 3xTF32 by default (its margin, dominated by the
 //! accumulation allowance 3·dim·2⁻²⁰, is about 10× narrower than TF32's 2⁻⁸
 //! at dim 128, so fewer candidates reach the exact re-rank); plain TF32 only
-//! when asked ([`KnnRequest::variant`], e.g. by a benchmark) — which one is
+//! when asked ([`choose_named`], e.g. by a benchmark) — which one is
 //! faster is for the GPU benchmark to say.
 //!
 //! Block shape (`qtile` queries × `rtile` rows per iteration, 4 warps): the
@@ -112,11 +112,6 @@ pub struct KnnPlan {
 }
 
 impl KnnPlan {
-    /// Rows one block iteration covers.
-    pub fn row_tile(&self) -> u32 {
-        self.rtile
-    }
-
     /// The candidate kernel's dynamic shared memory (knn_tile.cuh
     /// `tile_shape::dynamic_bytes`): per query a buffer of capacity +
     /// row tile (lo, hi, id) entries. The launch passes exactly this.
@@ -151,7 +146,7 @@ impl KnnPlan {
     /// device that holds `resident` candidate blocks at once:
     /// `(n_chunks, chunk_rows)`.
     pub fn chunks(&self, n_rows: usize, nq: usize, resident: u32) -> (u32, u32) {
-        chunks(n_rows, nq, self.qtile, self.row_tile(), resident)
+        chunks(n_rows, nq, self.qtile, self.rtile, resident)
     }
 }
 
@@ -287,26 +282,26 @@ pub struct KnnRequest<'a> {
     pub dim: usize,
     pub nq: usize,
     pub k: usize,
-    /// A knn_tile fragment to use instead of the planner's pick (a
-    /// benchmark comparing variants: `FRAGLINK_KNN_VARIANT`); [`choose`]
-    /// refuses the search when it does not apply.
-    pub variant: Option<&'a str>,
 }
 
-/// The variant for a search, or `None` when the exact scan must serve it
-/// (module docs).
+/// The planner's variant for a search, or `None` when the exact scan must
+/// serve it (module docs).
 pub fn choose(r: &KnnRequest<'_>) -> Option<KnnPlan> {
-    match r.variant {
-        Some(name) => choose_variant(r, name).ok(),
-        None => candidates(r, None).and_then(|c| pick(&c, r.nq, r.shared.per_sm)),
-    }
+    candidates(r, None).and_then(|c| pick(&c, r.nq, r.shared.per_sm))
 }
 
-/// Whether some variant can serve `r` at the dtype's default precision:
-/// the shape, k and device are within the kernels' range. Where they are
-/// not, the scan serves the search whatever variant is named.
-pub fn in_range(r: &KnnRequest<'_>) -> bool {
-    candidates(r, None).is_some()
+/// The variant for a search with a candidate kernel perhaps named (a
+/// benchmark comparing variants: `FRAGLINK_KNN_VARIANT`): without a name,
+/// [`choose`]; with one, `None` where no variant serves the search at the
+/// dtype's default precision (shape, k or device outside the kernels'
+/// range: the scan serves it, named variant or not), else
+/// [`choose_variant`], an error saying why the named one cannot serve it.
+pub fn choose_named(r: &KnnRequest<'_>, variant: Option<&str>) -> Result<Option<KnnPlan>, String> {
+    match variant {
+        None => Ok(choose(r)),
+        Some(_) if candidates(r, None).is_none() => Ok(None),
+        Some(name) => choose_variant(r, name).map(Some),
+    }
 }
 
 /// `name` for the search `r` (the default precision set aside), or why it
@@ -470,7 +465,6 @@ mod tests {
             dim,
             nq,
             k,
-            variant: None,
         }
     }
 
@@ -501,12 +495,14 @@ mod tests {
             Precision::Int
         );
         // A named variant: plain TF32, with cosine and a filter.
-        let t = choose(&KnnRequest {
-            metric: Metric::Cosine,
-            filter: "bitset",
-            variant: Some("knn_tile_f32_tf32_q16_r64_k32"),
-            ..req(SM90, DType::F32, 10, 8, 1, 1)
-        })
+        let t = choose_variant(
+            &KnnRequest {
+                metric: Metric::Cosine,
+                filter: "bitset",
+                ..req(SM90, DType::F32, 10, 8, 1, 1)
+            },
+            "knn_tile_f32_tf32_q16_r64_k32",
+        )
         .unwrap();
         assert_eq!(t.precision, Precision::Tf32);
         assert_eq!(t.filter.name, "filter_bitset_u32");
@@ -516,15 +512,7 @@ mod tests {
     #[test]
     fn a_named_variant_serves_only_where_it_applies() {
         let r = req(SM90, DType::F32, 1000, 64, 1, 10);
-        let named = |name: &'static str, r: KnnRequest<'static>| {
-            choose_variant(
-                &KnnRequest {
-                    variant: Some(name),
-                    ..r
-                },
-                name,
-            )
-        };
+        let named = |name: &'static str, r: KnnRequest<'static>| choose_variant(&r, name);
         let p = named("knn_tile_f32_tf32x3_q64_r64_k32", r).unwrap();
         assert_eq!((p.qtile, p.rtile, p.capacity), (64, 64, 32));
         for (name, r, why) in [
@@ -544,12 +532,16 @@ mod tests {
         ] {
             let e = named(name, r).unwrap_err();
             assert!(e.contains(why), "{name}: {e}");
-            assert!(choose(&KnnRequest {
-                variant: Some(name),
-                ..r
-            })
-            .is_none());
+            // A search never takes a variant that cannot serve it: an error
+            // where the kernels serve the search at all, else the scan.
+            let with = choose_named(&r, Some(name));
+            assert!(with.as_ref().map_or(true, |p| p.is_none()), "{name}");
+            assert_eq!(with.is_ok(), r.device == SM75, "{name}: {with:?}");
         }
+        assert_eq!(
+            choose_named(&r, None).unwrap().map(|p| p.tile.name),
+            choose(&r).map(|p| p.tile.name)
+        );
         let small = KnnRequest {
             shared: SharedMemory {
                 per_block: 64 * 1024,
@@ -691,37 +683,29 @@ mod tests {
 
     #[test]
     fn the_enumerator_is_exactly_what_choose_reaches() {
+        let named: Vec<&str> = fragments::catalog()
+            .iter()
+            .filter(|t| t.family == "knn_tile")
+            .map(|t| t.name)
+            .collect();
         let mut reached = Vec::new();
         for a in [SM75, SM80, SM90] {
             for d in DType::ALL {
-                for p in Precision::ALL {
-                    for m in Metric::ALL {
-                        for f in FILTERS {
-                            for nq in [1, 100, 1000] {
-                                for k in [1, 32, 100, 200] {
-                                    let r = KnnRequest {
-                                        metric: m,
-                                        filter: f,
-                                        ..req(a, d, 1000, 64, nq, k)
-                                    };
-                                    // The default precision, then every other.
-                                    let named = fragments::catalog().iter().filter(|t| {
-                                        t.family == "knn_tile"
-                                            && t.param("precision") == Some(p.name())
-                                    });
-                                    for x in choose(&r).into_iter().chain(named.filter_map(|t| {
-                                        choose_variant(
-                                            &KnnRequest {
-                                                variant: Some(t.name),
-                                                ..r
-                                            },
-                                            t.name,
-                                        )
-                                        .ok()
-                                    })) {
-                                        reached.push(x.tile_planner());
-                                        reached.push(x.rerank_planner());
-                                    }
+                for m in Metric::ALL {
+                    for f in FILTERS {
+                        for nq in [1, 100, 1000] {
+                            for k in [1, 32, 100, 200] {
+                                let r = KnnRequest {
+                                    metric: m,
+                                    filter: f,
+                                    ..req(a, d, 1000, 64, nq, k)
+                                };
+                                // The planner's pick, then every variant by name.
+                                let by_name =
+                                    named.iter().filter_map(|t| choose_variant(&r, t).ok());
+                                for x in choose(&r).into_iter().chain(by_name) {
+                                    reached.push(x.tile_planner());
+                                    reached.push(x.rerank_planner());
                                 }
                             }
                         }
