@@ -370,10 +370,18 @@ __device__ FRAGLINK_INLINE void copy_wait() {
 #endif
 }
 
+// Where element c of row r of a staged chunk lives: K-element slabs of ROWS rows of
+// stride LD (slab c / K, row r at (c / K) * ROWS * LD + r * LD). The copies store
+// and the MMAs load through it (a fragment: row 16 f, element s K).
+template <int ROWS, int K, int LD>
+__device__ FRAGLINK_INLINE int slab_offset(int r, int c) {
+  return (c / K) * ROWS * LD + r * LD + (c % K);
+}
+
 // `dst` <- rows [row0, row0 + ROWS) x elements [k0, k0 + KC) of the row-major `src`
-// (`rows` x `dim`) in copies of BYTES, as K-element slabs of stride LD (slab s, row
-// r at s * ROWS * LD + r * LD); zero outside the matrix. Needs dim a whole number
-// of copies and `src` aligned to BYTES (copy_unit), so a copy is wholly in or out.
+// (`rows` x `dim`) in copies of BYTES, laid out by slab_offset; zero outside the
+// matrix. Needs dim a whole number of copies and `src` aligned to BYTES
+// (copy_unit), so a copy is wholly in or out.
 template <int ROWS, int KC, int K, int LD, int BYTES, bool L1, typename T>
 __device__ FRAGLINK_INLINE void copy_groups(T* dst, const T* __restrict__ src, uint64_t rows, uint64_t row0,
                                             uint32_t dim, uint32_t k0) {
@@ -390,8 +398,7 @@ __device__ FRAGLINK_INLINE void copy_groups(T* dst, const T* __restrict__ src, u
       const uint64_t row = row0 + static_cast<uint64_t>(r);
       const uint32_t col = k0 + static_cast<uint32_t>(c);
       const bool valid = row < rows && col < dim;
-      copy_async<BYTES, L1>(dst + (c / K) * ROWS * LD + r * LD + (c % K), valid ? src + row * dim + col : src,
-                            valid);
+      copy_async<BYTES, L1>(dst + slab_offset<ROWS, K, LD>(r, c), valid ? src + row * dim + col : src, valid);
     }
   }
 }
@@ -416,7 +423,7 @@ __device__ FRAGLINK_INLINE void copy_elements(T* dst, const T* __restrict__ src,
     for (int e = 0; e < VEC; ++e) {
       g.v[e] = row < rows && col + static_cast<uint32_t>(e) < dim ? p[e] : small_value<T>(0);
     }
-    *reinterpret_cast<scan::vec<T, VEC>*>(dst + (c / K) * ROWS * LD + r * LD + (c % K)) = g;
+    *reinterpret_cast<scan::vec<T, VEC>*>(dst + slab_offset<ROWS, K, LD>(r, c)) = g;
   }
 }
 
@@ -615,11 +622,11 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
           typename M::b_op b[FR];
 #pragma unroll
           for (int fq = 0; fq < FQ; ++fq) {
-            M::load_a(a[fq], sq + (s * QT + (wq * FQ + fq) * 16) * LD, LD);
+            M::load_a(a[fq], sq + slab_offset<QT, K, LD>((wq * FQ + fq) * 16, s * K), LD);
           }
 #pragma unroll
           for (int fr = 0; fr < FR; ++fr) {
-            M::load_b(b[fr], sx + (s * RT + (wr * FR + fr) * 16) * LD, LD);
+            M::load_b(b[fr], sx + slab_offset<RT, K, LD>((wr * FR + fr) * 16, s * K), LD);
           }
 #pragma unroll
           for (int fq = 0; fq < FQ; ++fq) {
