@@ -44,7 +44,7 @@
 //   path's bit for bit.
 //
 // Not handled here (the host routes such searches to the scan kernel): rows or
-// queries that are "special" for the bounds (knn_bounds.cuh), k > CAP, n_rows >=
+// queries that are "special" for the bounds (knn_bounds.cuh), k > CAP (1024 at most), n_rows >=
 // 2^32 - 1 (ids are u32), dim beyond knn::dim_supported, u8 dim > 32896.
 #pragma once
 
@@ -219,24 +219,90 @@ struct buffer {
   float* thr;
 };
 
-// Lanes' own ranks of entries i = lane + 32 j (j < SLOTS) among the m entries by
-// `less(i', i)`; -1 for i >= m.
-template <int SLOTS, typename Less>
-__device__ FRAGLINK_INLINE void ranks(uint32_t m, uint32_t lane, Less less, int (&r)[SLOTS]) {
-#pragma unroll
-  for (int j = 0; j < SLOTS; ++j) {
-    const uint32_t i = lane + 32u * static_cast<uint32_t>(j);
-    int rank = -1;
-    if (i < m) {
-      rank = 0;
-      for (uint32_t o = 0; o < m; ++o) rank += less(o, i) ? 1 : 0;
-    }
-    r[j] = rank;
-  }
+// Order-preserving u32 key of a float: a < b exactly when key(a) < key(b), and
+// -0 and +0 share one key (they compare equal, as scan::key_less has them).
+__device__ FRAGLINK_INLINE uint32_t order_key(float v) {
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t c = u == 0x80000000u ? 0u : u;
+  return (c & 0x80000000u) != 0u ? ~c : (c | 0x80000000u);
 }
 
-// Keeps the entries with lo <= T (order preserved); returns the new count.
-__device__ FRAGLINK_INLINE uint32_t keep_below(const buffer& b, uint32_t m, float t, uint32_t lane) {
+// The float of an order_key.
+__device__ FRAGLINK_INLINE float from_order_key(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) != 0u ? (key & 0x7fffffffu) : ~key);
+}
+
+// The k-th smallest (1 <= k <= m) of the m 64-bit keys key(i), i < m, by one warp:
+// a radix select on bytes from the top, BYTES rounds, so the result is exact in its
+// top BYTES bytes (the others are zero). Each round counts, in the warp's 256-word
+// `hist`, the next byte of the keys that share the bytes found so far, and finds the
+// byte holding the k-th by a prefix sum over the lanes (lane l owns bins 8l..8l+7).
+// O(BYTES * m / 32) per lane, where ranking every entry against every other was
+// O(m^2 / 32): 37 000 steps per lane at m = 1088 (capacity 1024).
+template <int BYTES, typename Key>
+__device__ FRAGLINK_INLINE uint64_t kth_smallest(uint32_t m, uint32_t k, Key key, uint32_t* hist, uint32_t lane) {
+  static_assert(BYTES >= 1 && BYTES <= 8, "a 64-bit key has 8 bytes");
+  uint64_t prefix = 0;
+  uint32_t rank = k;  // among the keys that share `prefix`'s found bytes
+#pragma unroll 1
+  for (int r = 0; r < BYTES; ++r) {
+    const int shift = 56 - 8 * r;
+    const uint64_t high = r == 0 ? 0ull : ~0ull << (shift + 8);
+    for (uint32_t b = lane; b < 256u; b += 32u) hist[b] = 0u;
+    __syncwarp();
+    for (uint32_t i = lane; i < m; i += 32u) {
+      const uint64_t v = key(i);
+      if ((v & high) == prefix) atomicAdd(&hist[static_cast<uint32_t>(v >> shift) & 255u], 1u);
+    }
+    __syncwarp();
+    uint32_t c[8];
+    uint32_t sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      c[j] = hist[8u * lane + static_cast<uint32_t>(j)];
+      sum += c[j];
+    }
+    // Inclusive prefix sum over the lanes (a butterfly: `group` is the sum of the
+    // aligned group of lanes `incl` has seen so far).
+    uint32_t incl = sum;
+    uint32_t group = sum;
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, group, off);
+      if ((lane & static_cast<uint32_t>(off)) != 0u) incl += other;
+      group += other;
+    }
+    uint32_t below = incl - sum;
+    // Exactly one lane holds the k-th key's byte; the others contribute zeros.
+    uint32_t digit = 0;
+    uint32_t skipped = 0;
+    if (below < rank && rank <= incl) {
+      bool found = false;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (!found && below + c[j] >= rank) {
+          found = true;
+          digit = 8u * lane + static_cast<uint32_t>(j);
+        } else if (!found) {
+          below += c[j];
+        }
+      }
+      skipped = below;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      digit |= __shfl_xor_sync(0xffffffffu, digit, off);
+      skipped |= __shfl_xor_sync(0xffffffffu, skipped, off);
+    }
+    prefix |= static_cast<uint64_t>(digit) << shift;
+    rank -= skipped;
+    __syncwarp();
+  }
+  return prefix;
+}
+
+// Keeps the entries that `keep(lo, id)` accepts (order preserved); returns the new
+// count.
+template <typename Keep>
+__device__ FRAGLINK_INLINE uint32_t keep_if(const buffer& b, uint32_t m, Keep keep_entry, uint32_t lane) {
   uint32_t out = 0;
   for (uint32_t base = 0; base < m; base += 32) {
     const uint32_t i = base + lane;
@@ -244,7 +310,7 @@ __device__ FRAGLINK_INLINE uint32_t keep_below(const buffer& b, uint32_t m, floa
     const float lo = valid ? b.lo[i] : 0.0f;
     const float hi = valid ? b.hi[i] : 0.0f;
     const uint32_t id = valid ? b.id[i] : 0u;
-    const bool keep = valid && lo <= t;
+    const bool keep = valid && keep_entry(lo, id);
     const uint32_t mask = __ballot_sync(0xffffffffu, keep);
     __syncwarp();
     if (keep) {
@@ -259,59 +325,32 @@ __device__ FRAGLINK_INLINE uint32_t keep_below(const buffer& b, uint32_t m, floa
   return out;
 }
 
-// Compacts one query's buffer (called by a whole warp when *count > k): T =
-// min(T, k-th smallest hi), keep lo <= T; if more than CAP remain, replace them by
-// the exact best k. Ends with *count <= CAP.
-template <typename T, int BUF, int CAP>
-__device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qrow, const T* dataset, uint32_t dim) {
-  constexpr int SLOTS = (BUF + 31) / 32;
+// Compacts one query's buffer (called by a whole warp when *count > k; `hist` is
+// the warp's 256-word scratch): T = min(T, k-th smallest hi), keep lo <= T; if more
+// than CAP remain, replace them by the exact best k (the k smallest (d, id) keys,
+// scan::key_less's order). Ends with *count <= CAP.
+template <typename T, int CAP>
+__device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qrow, const T* dataset, uint32_t dim,
+                                        uint32_t* hist) {
   const uint32_t lane = threadIdx.x & 31u;
   uint32_t m = *b.count;
-  int r[SLOTS];
-  ranks<SLOTS>(m, lane, [&](uint32_t o, uint32_t i) { return b.hi[o] < b.hi[i] || (b.hi[o] == b.hi[i] && o < i); },
-               r);
-  float kth = scan::pos_inf();
-#pragma unroll
-  for (int j = 0; j < SLOTS; ++j) {
-    if (r[j] == static_cast<int>(k) - 1) kth = b.hi[lane + 32u * static_cast<uint32_t>(j)];
-  }
-  // Exactly one lane found it; the others hold +inf.
-  for (int off = 16; off > 0; off >>= 1) kth = fminf(kth, __shfl_xor_sync(0xffffffffu, kth, off));
-  const float t = fminf(*b.thr, kth);
-  __syncwarp();
-  m = keep_below(b, m, t, lane);
+  const uint64_t kth_hi = kth_smallest<4>(
+      m, k, [&](uint32_t i) { return static_cast<uint64_t>(order_key(b.hi[i])) << 32; }, hist, lane);
+  const float t = fminf(*b.thr, from_order_key(static_cast<uint32_t>(kth_hi >> 32)));
+  m = keep_if(b, m, [&](float lo, uint32_t) { return lo <= t; }, lane);
   if (m > static_cast<uint32_t>(CAP)) {
-    // Many equal bounds: decide by exact distances.
+    // Many equal bounds: decide by exact distances. (d, id) keys are distinct, so
+    // exactly k entries are at or below the k-th.
     for (uint32_t i = lane; i < m; i += 32) {
       const float d = exact_distance<T>(qrow, dataset + static_cast<uint64_t>(b.id[i]) * dim, dim);
       b.lo[i] = d;
       b.hi[i] = d;
     }
     __syncwarp();
-    ranks<SLOTS>(m, lane, [&](uint32_t o, uint32_t i) { return scan::key_less(b.lo[o], b.id[o], b.lo[i], b.id[i]); },
-                 r);
-    float d[SLOTS];
-    uint32_t id[SLOTS];
-#pragma unroll
-    for (int j = 0; j < SLOTS; ++j) {
-      const uint32_t i = lane + 32u * static_cast<uint32_t>(j);
-      d[j] = i < m ? b.lo[i] : 0.0f;
-      id[j] = i < m ? b.id[i] : 0u;
-    }
-    __syncwarp();
-    float last = -scan::pos_inf();
-#pragma unroll
-    for (int j = 0; j < SLOTS; ++j) {
-      if (r[j] >= 0 && r[j] < static_cast<int>(k)) {
-        b.lo[r[j]] = d[j];
-        b.hi[r[j]] = d[j];
-        b.id[r[j]] = id[j];
-        if (r[j] == static_cast<int>(k) - 1) last = d[j];
-      }
-    }
-    for (int off = 16; off > 0; off >>= 1) last = fmaxf(last, __shfl_xor_sync(0xffffffffu, last, off));
-    m = k;
-    if (lane == 0) *b.thr = fminf(t, last);
+    auto exact_key = [](float d, uint32_t id) { return (static_cast<uint64_t>(order_key(d)) << 32) | id; };
+    const uint64_t kth = kth_smallest<8>(m, k, [&](uint32_t i) { return exact_key(b.lo[i], b.id[i]); }, hist, lane);
+    m = keep_if(b, m, [&](float d, uint32_t id) { return exact_key(d, id) <= kth; }, lane);
+    if (lane == 0) *b.thr = fminf(t, from_order_key(static_cast<uint32_t>(kth >> 32)));
   } else if (lane == 0) {
     *b.thr = t;
   }
@@ -497,8 +536,10 @@ struct tile_shape {
   static constexpr uint32_t dynamic_bytes = static_cast<uint32_t>(QT) * BUF * 12u;
   // Copy pipeline depth: chunks in shared memory at once, STAGES - 1 of them in
   // flight while the block computes on one. The 64-query tile keeps two, so two
-  // of its blocks (about 100 KiB of shared memory each) still fit an SM.
-  static constexpr int STAGES = QT >= 64 ? 2 : 3;
+  // of its blocks (about 100 KiB of shared memory each) still fit an SM, and so does
+  // capacity 1024, whose candidate buffers (204 KiB) leave room for two stages only
+  // within an H100's 227 KiB per block.
+  static constexpr int STAGES = QT >= 64 || CAP >= 1024 ? 2 : 3;
   static constexpr int Q_STAGE = (KC / K) * QT * LD;  // elements of one stage
   static constexpr int X_STAGE = (KC / K) * RT * LD;
 };
@@ -539,6 +580,8 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
 
   __shared__ __align__(128) T s_q[STAGES * Q_STAGE];
   __shared__ __align__(128) T s_x[STAGES * X_STAGE];
+  // Each warp's 16 x 16 products on their way to the select, and its 256-bin
+  // histogram when it compacts a buffer (after the select's barrier).
   __shared__ __align__(32) typename M::acc_t s_acc[WARPS][256];
   __shared__ uint32_t s_count[QT];
   __shared__ float s_thr[QT];
@@ -682,7 +725,7 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
         const uint32_t limit = last ? k : static_cast<uint32_t>(CAP);
         if (s_count[ql] > limit) {
           const buffer b = {s_lo[ql], s_hi[ql], s_id[ql], &s_count[ql], &s_thr[ql]};
-          compact<T, BUF, CAP>(b, k, queries + (q0 + ql) * dim, dataset, dim);
+          compact<T, CAP>(b, k, queries + (q0 + ql) * dim, dataset, dim, reinterpret_cast<uint32_t*>(s_acc[warp]));
         }
       }
       __syncthreads();

@@ -374,14 +374,14 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         Case::new(
             label("ties and duplicate rows (exact reduction)"),
             &tie_base,
-            tie_queries,
+            tie_queries.clone(),
             10,
             8,
         ),
         Case::new(
             label("odd dim, near ties: every row close to one vector"),
             &near_base,
-            near_queries,
+            near_queries.clone(),
             10,
             8,
         ),
@@ -395,6 +395,41 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
                 160,
             )
         },
+        Case::new(
+            label("k 300 (capacity 512), rows split in chunks"),
+            &base,
+            queries.slice_rows(0, 3),
+            300,
+            8,
+        ),
+        Case::new(
+            label("k 700 over 2500 rows in one chunk (capacity 1024: compactions)"),
+            &big_base,
+            big_queries.clone(),
+            700,
+            1,
+        ),
+        Case::new(
+            label("ties at k 300 in one chunk (exact reduction at capacity 512)"),
+            &tie_base,
+            tie_queries.slice_rows(0, 4),
+            300,
+            1,
+        ),
+        Case::new(
+            label("odd dim, near ties at k 300 in one chunk (capacity 512)"),
+            &near_base,
+            near_queries.slice_rows(0, 2),
+            300,
+            1,
+        ),
+        Case::new(
+            label("k 600 over 40 chunks: merge level at capacity 1024"),
+            &big_base,
+            big_queries.slice_rows(1, 2),
+            600,
+            160,
+        ),
         Case {
             filter: Some(Bitset::random(2500, 0.5, 8)),
             ..Case::new(

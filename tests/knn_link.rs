@@ -36,9 +36,9 @@ fn elem_bytes(p: &Planner) -> u32 {
 /// (`knn::plan::tile_static_bytes`), less the second query norm integers do
 /// not use (the compiler drops it). The candidate buffers are dynamic.
 fn tile_shared(p: &Planner) -> u32 {
-    let (qt, rt) = (param(p, "qtile"), param(p, "rtile"));
+    let (qt, rt, cap) = (param(p, "qtile"), param(p, "rtile"), param(p, "capacity"));
     let unused = if elem_bytes(p) == 1 { 4 * qt } else { 0 };
-    tile_static_bytes(elem_bytes(p), qt, rt) - unused
+    tile_static_bytes(elem_bytes(p), qt, rt, cap) - unused
 }
 
 /// knn_rerank's: scan.cuh's block top-k, next_pow2(CAP + 128) (f32, u32) keys.
@@ -65,9 +65,9 @@ fn rerank_plans() -> Vec<Planner> {
 #[test]
 fn every_knn_tile_variant_links_spill_free_for_its_archs() {
     let rt = runtime();
-    // 30 variants × 3 metrics × 2 filters; the f32 ones (12) need sm_80.
-    assert_eq!(tile_plans(Arch::sm(90)).len(), 30 * 6);
-    assert_eq!(tile_plans(Arch::sm(75)).len(), 18 * 6);
+    // 40 variants × 3 metrics × 2 filters; the f32 ones (16) need sm_80.
+    assert_eq!(tile_plans(Arch::sm(90)).len(), 40 * 6);
+    assert_eq!(tile_plans(Arch::sm(75)).len(), 24 * 6);
     for arch in [Arch::sm(75), Arch::sm(80), Arch::sm(90)] {
         let plans = tile_plans(arch);
         let regs = link_each_checked(&rt, &plans, arch, 255, tile_shared);
@@ -102,10 +102,13 @@ fn tf32_variants_do_not_exist_before_sm80() {
 fn every_knn_rerank_variant_links_spill_free() {
     let rt = runtime();
     let plans = rerank_plans();
-    // 4 dtypes × 3 capacities × 3 metrics.
-    assert_eq!(plans.len(), 36);
+    // 4 dtypes × 5 capacities × 3 metrics.
+    assert_eq!(plans.len(), 60);
     for arch in [Arch::sm(75), Arch::sm(80), Arch::sm(90)] {
-        for (entry, r) in link_each_checked(&rt, &plans, arch, 64, rerank_shared) {
+        // Up to 96 registers: the 1024-capacity re-rank's block sort of 2048
+        // keys takes 74-76 on sm_75; 5 of its 128-thread blocks still fit an
+        // SM by registers (the others stay at 64 or below).
+        for (entry, r) in link_each_checked(&rt, &plans, arch, 96, rerank_shared) {
             println!("{arch} {entry}: {r} registers, 0 spills");
         }
     }

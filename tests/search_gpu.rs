@@ -536,7 +536,7 @@ fn datasets_over_4_gib_stay_on_the_gpu() {
     // The old pool refused anything over 4 GiB (AllocationTooLarge: the
     // CPU path); the device-sized pool takes it.
     let got = gpu.search(&base, &queries, &params).unwrap();
-    assert_eq!(got.plan.idx, "u32");
+    assert_eq!(got.plan.as_ref().unwrap().idx, "u32");
     let want = search_cpu(&base, &queries, &params).unwrap();
     assert!(
         got.neighbors.bitwise_eq(&want),
@@ -571,8 +571,8 @@ fn i64_ids_are_reachable_beyond_u32_rows() {
     let queries = Vectors::U8(Matrix::new(vec![0u8, 251, 255], 3, 1).unwrap());
     let params = SearchParams::new(5, Metric::L2);
     let got = gpu.search(&base, &queries, &params).unwrap();
-    assert_eq!(got.plan.idx, "i64");
-    assert_eq!(got.plan.scan.name, "scan_u8_i64_v1_k32");
+    assert_eq!(got.plan.as_ref().unwrap().idx, "i64");
+    assert_eq!(got.plan.as_ref().unwrap().scan.name, "scan_u8_i64_v1_k32");
     let ids: Vec<i64> = zeros.clone().map(|i| i as i64).collect();
     assert_eq!(
         got.neighbors.ids_of(0),

@@ -66,6 +66,12 @@ pub enum GpuSearchError {
     KnnVariant { value: String, reason: String },
 }
 
+/// Whether `e` says only that `k` is beyond every scan capacity (the
+/// tensor-core path reaches further).
+pub(super) fn beyond_scan(e: &GpuSearchError) -> bool {
+    matches!(e, GpuSearchError::Plan(PlanError::KTooLarge { .. }))
+}
+
 impl GpuSearchError {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, GpuSearchError::Gpu(GpuError::OutOfMemory { .. }))
@@ -77,8 +83,9 @@ impl GpuSearchError {
 pub struct GpuSearch {
     pub neighbors: Neighbors,
     /// The exact scan's plan (validated for every search; it ran unless
-    /// `knn` is set).
-    pub plan: ScanPlan,
+    /// `knn` is set). `None` when `k` is beyond the scan's capacities (256)
+    /// and the tensor-core path served the search alone.
+    pub plan: Option<ScanPlan>,
     /// The link of the kernel that ran: the scan, or the tensor-core
     /// candidate kernel when `knn` is set.
     pub linked: Linked,
@@ -178,8 +185,17 @@ impl GpuSearcher {
         params: &SearchParams,
     ) -> Result<GpuSearch, GpuSearchError> {
         let started = Instant::now();
-        let p = IndexShape::of(base).plan(queries, params)?;
-        if queries.rows() == 0 {
+        let shape = IndexShape::of(base);
+        let p = match shape.plan(queries, params) {
+            // Beyond the scan's capacities only the tensor-core path can
+            // serve the search: the index decides once the rows are resident
+            // (a special row or query leaves it with this same error).
+            Err(e) if beyond_scan(&e) && self.knn_may_serve(&shape, params, queries.rows())? => {
+                None
+            }
+            other => Some(other?),
+        };
+        if let (0, Some(p)) = (queries.rows(), p) {
             // Nothing to launch: link and load (what a search would), but
             // upload nothing.
             let linked = p.planner().link_for(self.ctx.arch())?;
@@ -191,7 +207,7 @@ impl GpuSearcher {
                     ids: Vec::new(),
                     distances: Vec::new(),
                 },
-                plan: p,
+                plan: Some(p),
                 linked,
                 knn: None,
                 elapsed: started.elapsed(),
@@ -201,6 +217,40 @@ impl GpuSearcher {
         let mut found = index.search(queries, params)?;
         found.elapsed = started.elapsed();
         Ok(found)
+    }
+
+    /// The tensor-core planner's view of a search of `params` by `nq`
+    /// queries over rows of `shape` on this device.
+    pub(super) fn knn_request<'a>(
+        &self,
+        shape: &IndexShape,
+        params: &'a SearchParams,
+        nq: usize,
+    ) -> crate::search::knn::KnnRequest<'a> {
+        crate::search::knn::KnnRequest {
+            device: self.ctx.arch(),
+            shared: crate::search::knn::plan::SharedMemory::of(self.ctx.limits()),
+            dtype: shape.dtype,
+            metric: params.metric,
+            filter: params.filter.fragment_name(),
+            n_rows: shape.rows,
+            dim: shape.dim,
+            nq,
+            k: params.k,
+        }
+    }
+
+    /// Whether the tensor-core path may serve the search (enabled, and a
+    /// variant of the device fits it), before the rows and queries are
+    /// looked at for special values.
+    fn knn_may_serve(
+        &self,
+        shape: &IndexShape,
+        params: &SearchParams,
+        nq: usize,
+    ) -> Result<bool, GpuSearchError> {
+        Ok(crate::search::knn::gpu::enabled_by_env()?
+            && crate::search::knn::choose(&self.knn_request(shape, params, nq)).is_some())
     }
 
     /// The scan of `plan` over `nq` resident queries against `n_rows`

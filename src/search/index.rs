@@ -11,9 +11,11 @@
 //! tensor-core path: candidates from tensor-core dot products with a proven
 //! margin, then an exact re-rank ([`crate::search::knn`]). A search takes
 //! that path when the device, the workload and the data allow it
-//! ([`crate::search::knn::choose`]: TF32 needs sm_80, k ≤ 256, no "special"
-//! row or query, `FRAGLINK_GPU_KNN` not off) and the exact scan otherwise;
-//! both give the same results. A bitset filter is a search parameter: it is
+//! ([`crate::search::knn::choose`]: TF32 needs sm_80, k up to the largest
+//! capacity the device's shared memory holds (1024 on an H100), no
+//! "special" row or query, `FRAGLINK_GPU_KNN` not off) and the exact scan
+//! otherwise (k ≤ 256; beyond it the search is an error that sends it to the
+//! CPU path); both give the same results. A bitset filter is a search parameter: it is
 //! uploaded when it first appears and kept while the following searches pass
 //! the same bits (query batches of one search do), replaced when they differ.
 //!
@@ -43,7 +45,8 @@ use crate::gpu::launch::ScanArgError;
 use crate::gpu::{GpuBuffer, GpuError};
 
 use super::gpu::{
-    upload_vectors, DeviceVectors, GpuSearch, GpuSearchError, GpuSearcher, MAX_QUERIES_PER_LAUNCH,
+    beyond_scan, upload_vectors, DeviceVectors, GpuSearch, GpuSearchError, GpuSearcher,
+    MAX_QUERIES_PER_LAUNCH,
 };
 use super::knn::gpu::{enabled_by_env, variant_by_env, KnnRows, KnnSearch};
 use super::knn::norms::Norms;
@@ -278,16 +281,23 @@ impl GpuIndex {
         variant: Option<&str>,
     ) -> Result<GpuSearch, GpuSearchError> {
         let started = Instant::now();
-        let p = self.shape.plan(queries, params)?;
+        // Bad input fails here; a `k` beyond every scan capacity only if the
+        // tensor-core path cannot serve the search either.
+        let scan = match self.shape.plan(queries, params) {
+            Err(e) if !beyond_scan(&e) => return Err(e),
+            other => other,
+        };
         let (nq, k) = (queries.rows(), params.k);
-        if nq > 0 {
-            if let Some(found) = self.search_knn(queries, params, &p, variant)? {
+        if nq > 0 || scan.is_err() {
+            let plan = scan.as_ref().ok();
+            if let Some(found) = self.search_knn(queries, params, plan, variant)? {
                 return Ok(GpuSearch {
                     elapsed: started.elapsed(),
                     ..found
                 });
             }
         }
+        let p = scan?;
         let linked = p.planner().link_for(self.gpu.context().arch())?;
         let launcher = self.gpu.launcher(&linked)?;
         let neighbors = if nq == 0 {
@@ -314,7 +324,7 @@ impl GpuIndex {
         };
         Ok(GpuSearch {
             neighbors,
-            plan: p,
+            plan: Some(p),
             linked,
             knn: None,
             elapsed: started.elapsed(),
@@ -327,7 +337,7 @@ impl GpuIndex {
         &self,
         queries: &Vectors,
         params: &SearchParams,
-        plan: &ScanPlan,
+        plan: Option<&ScanPlan>,
         variant: Option<&str>,
     ) -> Result<Option<GpuSearch>, GpuSearchError> {
         let Some(rows) = self.knn.as_ref() else {
@@ -339,17 +349,7 @@ impl GpuIndex {
         if !enabled_by_env()? {
             return Ok(None);
         }
-        let request = super::knn::KnnRequest {
-            device: self.gpu.context().arch(),
-            shared: super::knn::plan::SharedMemory::of(self.gpu.context().limits()),
-            dtype: self.shape.dtype,
-            metric: params.metric,
-            filter: params.filter.fragment_name(),
-            n_rows: self.shape.rows,
-            dim: self.shape.dim,
-            nq: queries.rows(),
-            k: params.k,
-        };
+        let request = self.gpu.knn_request(&self.shape, params, queries.rows());
         let kp = super::knn::choose_named(&request, variant).map_err(|reason| {
             GpuSearchError::KnnVariant {
                 value: variant.unwrap_or_default().to_owned(),
@@ -377,7 +377,7 @@ impl GpuIndex {
         let (neighbors, linked) = search.run(queries, &qnorms, params.metric)?;
         Ok(Some(GpuSearch {
             neighbors,
-            plan: plan.clone(),
+            plan: plan.cloned(),
             linked,
             knn: Some(kp),
             elapsed: Duration::ZERO,
@@ -484,6 +484,11 @@ mod tests {
             other => panic!("expected KTooLarge, got {other:?}"),
         }
         assert!(e.to_string().contains("k = 300"), "{e}");
+        // Only this error lets a search go on to the tensor-core path
+        // (capacities up to 1024); bad input never does.
+        assert!(beyond_scan(&e));
+        let bad_k = idx.plan(&q, &SearchParams::new(0, Metric::L2)).unwrap_err();
+        assert!(!beyond_scan(&bad_k));
 
         let p = SearchParams::new(5, Metric::Cosine).with_filter(Filter::Bitset(Bitset::all(99)));
         let e = idx.plan(&q, &p).unwrap_err();

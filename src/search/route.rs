@@ -190,12 +190,13 @@ impl Searcher {
     ) -> Result<Neighbors, GpuSearchError> {
         let search = |part: &Vectors| {
             let found = index.search(part, params)?;
-            kernel.set(Some(
+            kernel.set(
                 found
                     .knn
                     .as_ref()
-                    .map_or(found.plan.scan.name, |k| k.tile.name),
-            ));
+                    .map(|k| k.tile.name)
+                    .or(found.plan.as_ref().map(|p| p.scan.name)),
+            );
             Ok::<_, GpuSearchError>(found.neighbors)
         };
         let nq = queries.rows();

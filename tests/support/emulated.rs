@@ -70,7 +70,12 @@ pub fn build(dir: &Path, name: &str, fragments: &[String], driver: &str, rest: &
     let exe = dir.join(name);
     let simt = super::manifest_dir().join("tests/support/simt");
     // -Wno-unknown-pragmas: `#pragma unroll` is for NVRTC.
-    host_cxx::compile(&exe, &[simt], &["-O2", "-Wno-unknown-pragmas"], &[cpp]);
+    host_cxx::compile(
+        &exe,
+        &[simt],
+        &["-O2", "-fno-strict-aliasing", "-Wno-unknown-pragmas"],
+        &[cpp],
+    );
     exe
 }
 

@@ -5,7 +5,11 @@
 //! - the dtype's precision must exist for the device: f16 (f16 MMA) and
 //!   i8/u8 (integer MMA) from sm_75, f32 (TF32) from sm_80 — the variant's
 //!   `min_arch`, and the fragment must be built for an arch that links there;
-//! - `k` ≤ the largest capacity (128); the smallest capacity ≥ k is used;
+//! - `k` ≤ the largest capacity whose shared memory fits the device (1024 on
+//!   an H100, 512 on an A100, 256 on sm_86); the smallest capacity ≥ k is
+//!   used — beyond the scan's largest (256) the tensor-core path is the GPU's
+//!   only one, so a search it cannot serve (a special row or query) goes to
+//!   the CPU;
 //! - row ids are u32 (`n_rows < 2³² − 1`), `1 ≤ dim ≤ 2¹⁷` (knn_bounds.cuh),
 //!   u8 `dim ≤ 32896` (the s32 accumulator stays exact, and the exact squared
 //!   norm, carried as f32 bits, stays below the NaN bit patterns).
@@ -123,8 +127,12 @@ impl KnnPlan {
     /// bound of the static part: tests/knn_link.rs checks it against the
     /// linked cubins).
     pub fn shared_bytes(&self) -> u32 {
-        tile_static_bytes(self.dtype.size() as u32, self.qtile, self.rtile)
-            + self.dynamic_shared_bytes()
+        tile_static_bytes(
+            self.dtype.size() as u32,
+            self.qtile,
+            self.rtile,
+            self.capacity,
+        ) + self.dynamic_shared_bytes()
     }
 
     /// The candidate kernel: tile + metric + filter.
@@ -177,16 +185,19 @@ pub fn tile_dynamic_bytes(qtile: u32, rtile: u32, capacity: u32) -> u32 {
 /// knn_tile's static shared memory for `elem_bytes`-byte elements: the copy
 /// pipeline's stages (`tile_stages`) of query and row chunks, 64 bytes per row
 /// (16-byte slabs as they are; 32-byte slabs padded to 48 bytes, so 96), 4
-/// warps' 16 × 16 accumulators, per query a count, threshold and two norms.
-pub fn tile_static_bytes(elem_bytes: u32, qtile: u32, rtile: u32) -> u32 {
+/// warps' 16 × 16 accumulators (also their compaction histograms), per query
+/// a count, threshold and two norms.
+pub fn tile_static_bytes(elem_bytes: u32, qtile: u32, rtile: u32, capacity: u32) -> u32 {
     let staged_row = if elem_bytes == 1 { 64 } else { 96 };
-    tile_stages(qtile) * staged_row * (qtile + rtile) + 4 * 4 * 256 + 16 * qtile
+    tile_stages(qtile, capacity) * staged_row * (qtile + rtile) + 4 * 4 * 256 + 16 * qtile
 }
 
 /// Chunks knn_tile holds in shared memory at once (`tile_shape::STAGES`):
-/// three, two for the 64-query tile (so two of its blocks fit an SM).
-pub fn tile_stages(qtile: u32) -> u32 {
-    if qtile >= 64 {
+/// three; two for the 64-query tile (so two of its blocks fit an SM) and for
+/// capacity 1024 (its 204 KiB of candidate buffers leave room for two within
+/// an H100's 227 KiB per block).
+pub fn tile_stages(qtile: u32, capacity: u32) -> u32 {
+    if qtile >= 64 || capacity >= 1024 {
         2
     } else {
         3
@@ -581,9 +592,22 @@ mod tests {
             (shape(p.clone()), p.rerank.name),
             ((16, 64, 256), "knn_rerank_f16_k256")
         );
+        // Beyond 256: the 16-query tile at capacity 512, then 1024 (one
+        // block per SM, two pipeline stages), then nothing.
+        let p = pick(SM90, DType::F16, 10_000, 257).unwrap();
+        assert_eq!(
+            (shape(p.clone()), p.rerank.name),
+            ((16, 64, 512), "knn_rerank_f16_k512")
+        );
+        let p = pick(SM90, DType::F32, 10_000, 1024).unwrap();
+        assert_eq!(
+            (shape(p.clone()), p.rerank.name),
+            ((16, 64, 1024), "knn_rerank_f32_k1024")
+        );
+        assert!(p.shared_bytes() <= SharedMemory::H100.per_block);
         assert!(
-            pick(SM90, DType::F16, 10, 257).is_none(),
-            "k > 256: the scan"
+            pick(SM90, DType::F16, 10, 1025).is_none(),
+            "k > 1024: the CPU"
         );
         assert!(pick(SM90, DType::F16, 10, 0).is_none());
         assert!(pick_shape(DType::U8, 10, 32897).is_none());
@@ -617,6 +641,11 @@ mod tests {
         let p = on(kib(99), kib(100), 10_000, 10).unwrap();
         assert_eq!((p.qtile, p.capacity), (16, 32));
         assert_eq!(on(kib(99), kib(100), 1, 200).unwrap().capacity, 256);
+        assert!(on(kib(99), kib(100), 1, 300).is_none());
+        // A100: capacity 512 fits a block, 1024 does not.
+        assert_eq!(on(kib(163), kib(164), 1, 300).unwrap().capacity, 512);
+        assert!(on(kib(163), kib(164), 1, 600).is_none());
+        assert_eq!(on(kib(227), kib(228), 1, 600).unwrap().capacity, 1024);
         // A100 (163 KiB per block, 164 per SM): q64 fits one block per SM,
         // q32 two.
         assert_eq!(on(kib(163), kib(164), 10_000, 10).unwrap().qtile, 32);
@@ -640,7 +669,7 @@ mod tests {
                 p.tile.name
             );
             assert!(
-                tile_static_bytes(p.dtype.size() as u32, p.qtile, p.rtile) <= 48 * 1024,
+                tile_static_bytes(p.dtype.size() as u32, p.qtile, p.rtile, p.capacity) <= 48 * 1024,
                 "{}",
                 p.tile.name
             );
@@ -694,7 +723,7 @@ mod tests {
                 for m in Metric::ALL {
                     for f in FILTERS {
                         for nq in [1, 100, 1000] {
-                            for k in [1, 32, 100, 200] {
+                            for k in [1, 32, 100, 200, 300, 1000] {
                                 let r = KnnRequest {
                                     metric: m,
                                     filter: f,
