@@ -186,19 +186,30 @@ impl GpuSearcher {
     ) -> Result<GpuSearch, GpuSearchError> {
         let started = Instant::now();
         let shape = IndexShape::of(base);
-        let p = match shape.plan(queries, params) {
-            // Beyond the scan's capacities only the tensor-core path can
-            // serve the search: the index decides once the rows are resident
-            // (a special row or query leaves it with this same error).
-            Err(e) if beyond_scan(&e) && self.knn_may_serve(&shape, params, queries.rows())? => {
-                None
+        let nq = queries.rows();
+        // Beyond the scan's capacities only the tensor-core path can serve
+        // the search. Whether a row is special for its bounds shows only once
+        // the index has the rows: such a search fails there with this same
+        // error (and the router takes it to the CPU).
+        // `planner`: the kernel a search links first.
+        let (scan, knn, planner) = match shape.plan(queries, params) {
+            Ok(p) => {
+                let planner = p.planner();
+                (Some(p), None, planner)
             }
-            other => Some(other?),
+            Err(e) if beyond_scan(&e) => match self.knn_plan(&shape, params, nq)? {
+                Some(kp) => {
+                    let planner = kp.tile_planner();
+                    (None, Some(kp), planner)
+                }
+                None => return Err(e),
+            },
+            Err(e) => return Err(e),
         };
-        if let (0, Some(p)) = (queries.rows(), p) {
-            // Nothing to launch: link and load (what a search would), but
-            // upload nothing.
-            let linked = p.planner().link_for(self.ctx.arch())?;
+        if nq == 0 {
+            // Nothing to launch: link and load what a search would, upload
+            // nothing.
+            let linked = planner.link_for(self.ctx.arch())?;
             self.launcher(&linked)?;
             return Ok(GpuSearch {
                 neighbors: Neighbors {
@@ -207,9 +218,9 @@ impl GpuSearcher {
                     ids: Vec::new(),
                     distances: Vec::new(),
                 },
-                plan: Some(p),
+                plan: scan,
                 linked,
-                knn: None,
+                knn,
                 elapsed: started.elapsed(),
             });
         }
@@ -240,17 +251,21 @@ impl GpuSearcher {
         }
     }
 
-    /// Whether the tensor-core path may serve the search (enabled, and a
-    /// variant of the device fits it), before the rows and queries are
-    /// looked at for special values.
-    fn knn_may_serve(
+    /// The tensor-core plan for the search where that path may serve it
+    /// (enabled, and a variant of the device fits), before the rows and
+    /// queries are looked at for special values.
+    fn knn_plan(
         &self,
         shape: &IndexShape,
         params: &SearchParams,
         nq: usize,
-    ) -> Result<bool, GpuSearchError> {
-        Ok(crate::search::knn::gpu::enabled_by_env()?
-            && crate::search::knn::choose(&self.knn_request(shape, params, nq)).is_some())
+    ) -> Result<Option<crate::search::knn::KnnPlan>, GpuSearchError> {
+        if !crate::search::knn::gpu::enabled_by_env()? {
+            return Ok(None);
+        }
+        Ok(crate::search::knn::choose(
+            &self.knn_request(shape, params, nq),
+        ))
     }
 
     /// The scan of `plan` over `nq` resident queries against `n_rows`
