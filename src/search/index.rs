@@ -251,7 +251,8 @@ impl GpuIndex {
     /// Exact k-NN of `queries` against the resident rows. Moves the queries
     /// to the device, a bitset filter when it differs from the last one, and
     /// the results back; never the rows. Bad input (a dtype or dim other than
-    /// the index's, `k` = 0 or beyond the scan capacities, a filter of another
+    /// the index's, `k` = 0, `k` beyond the scan capacities where the
+    /// tensor-core path cannot serve the search either, a filter of another
     /// length) is a typed error naming the value, found before anything
     /// moves. `elapsed` covers the query upload, the launches and the download
     /// (and, on the tensor-core path, the queries' norms on the host).
