@@ -220,18 +220,8 @@ struct buffer {
   float* thr;
 };
 
-// Order-preserving u32 key of a float: a < b exactly when key(a) < key(b), and
-// -0 and +0 share one key (they compare equal, as scan::key_less has them).
-__device__ FRAGLINK_INLINE uint32_t order_key(float v) {
-  const uint32_t u = __float_as_uint(v);
-  const uint32_t c = u == 0x80000000u ? 0u : u;
-  return (c & 0x80000000u) != 0u ? ~c : (c | 0x80000000u);
-}
-
-// The float of an order_key.
-__device__ FRAGLINK_INLINE float from_order_key(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) != 0u ? (key & 0x7fffffffu) : ~key);
-}
+using scan::from_order_key;
+using scan::order_key;
 
 // The k-th smallest (1 <= k <= m) of the m 64-bit keys key(i), i < m, by one warp:
 // a radix select on bytes from the top, BYTES rounds, so the result is exact in its
@@ -491,22 +481,8 @@ __device__ FRAGLINK_INLINE void copy_chunk(T* dst, const T* __restrict__ src, ui
   }
 }
 
-// ----- the launch's dynamic shared memory ------------------------------------------
-#if defined(FRAGLINK_HOST_SIMT)
-__device__ FRAGLINK_INLINE unsigned char* dynamic_shared() { return simt::dynamic_shared(); }
-__device__ FRAGLINK_INLINE uint32_t dynamic_shared_bytes() { return simt::dynamic_shared_bytes(); }
-#else
-__device__ FRAGLINK_INLINE unsigned char* dynamic_shared() {
-  extern __shared__ __align__(16) unsigned char fraglink_knn_dynamic_shared[];
-  return fraglink_knn_dynamic_shared;
-}
-// What the launch gave (cuLaunchKernel's sharedMemBytes).
-__device__ FRAGLINK_INLINE uint32_t dynamic_shared_bytes() {
-  uint32_t r;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-  return r;
-}
-#endif
+using scan::dynamic_shared;
+using scan::dynamic_shared_bytes;
 
 // ----- the shape of a candidate block ---------------------------------------------
 // QT queries x RT rows per row iteration over 4 warps: WQ x WR warps, each FQ x FR

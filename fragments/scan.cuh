@@ -193,6 +193,36 @@ __device__ FRAGLINK_INLINE void offer_tile(float* s_dist, Idx* s_id, bool candid
   }
 }
 
+// Order-preserving u32 key of a float: a < b exactly when key(a) < key(b), and
+// -0 and +0 share one key (they compare equal, as scan::key_less has them).
+__device__ FRAGLINK_INLINE uint32_t order_key(float v) {
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t c = u == 0x80000000u ? 0u : u;
+  return (c & 0x80000000u) != 0u ? ~c : (c | 0x80000000u);
+}
+
+// The float of an order_key.
+__device__ FRAGLINK_INLINE float from_order_key(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) != 0u ? (key & 0x7fffffffu) : ~key);
+}
+
+// ----- the launch's dynamic shared memory ------------------------------------------
+#if defined(FRAGLINK_HOST_SIMT)
+__device__ FRAGLINK_INLINE unsigned char* dynamic_shared() { return simt::dynamic_shared(); }
+__device__ FRAGLINK_INLINE uint32_t dynamic_shared_bytes() { return simt::dynamic_shared_bytes(); }
+#else
+__device__ FRAGLINK_INLINE unsigned char* dynamic_shared() {
+  extern __shared__ __align__(16) unsigned char fraglink_dynamic_shared[];
+  return fraglink_dynamic_shared;
+}
+// What the launch gave (cuLaunchKernel's sharedMemBytes).
+__device__ FRAGLINK_INLINE uint32_t dynamic_shared_bytes() {
+  uint32_t r;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+  return r;
+}
+#endif
+
 // Low bits of a pointer that must be zero for `align`-byte alignment (a power of two).
 template <int ALIGN>
 __device__ FRAGLINK_INLINE uint64_t misaligned_bits(const void* p) {

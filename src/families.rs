@@ -9,6 +9,7 @@ pub const PLAN_FAMILIES: &[PlanFamily] = &[
     crate::search::plan::SCAN_FAMILY,
     crate::search::ivf::gpu::IVF_SCAN_FAMILY,
     crate::search::knn::KNN_FAMILY,
+    crate::search::knn::SELECT_FAMILY,
 ];
 
 /// The family called `name`.

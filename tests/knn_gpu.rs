@@ -3,8 +3,9 @@
 //! serves searches through knn_tile + knn_rerank where the planner allows,
 //! and every result equals the CPU path's bit for bit — every dtype ×
 //! metric, k ∈ {1, 10, 100, 200, 300, 1000}, nq ∈ {1, 100, 1000}, filters, duplicate rows
-//! and ties, and the row split of small batches. Without a GPU these tests
-//! only compile.
+//! and ties, and the row split of small batches; beyond the candidate
+//! kernels' capacities the two-pass select (knn_dist + knn_select), special
+//! rows included. Without a GPU these tests only compile.
 
 use fraglink::gpu::GpuContext;
 use fraglink::search::cpu::search_cpu;
@@ -45,6 +46,27 @@ fn expects_knn(
     .is_some()
 }
 
+/// Whether the two-pass select can serve a search of `k` over `n` rows of
+/// `dtype` on the searcher's device.
+fn expects_select(gpu: &GpuSearcher, dtype: DType, metric: Metric, n: usize, k: usize) -> bool {
+    let ctx = gpu.context();
+    knn::choose_select(&knn::KnnRequest {
+        device: ctx.arch(),
+        shared: knn::plan::SharedMemory::of(ctx.limits()),
+        dtype,
+        metric,
+        filter: "none",
+        n_rows: n,
+        dim: 8,
+        nq: 1,
+        k,
+    })
+    .is_some()
+}
+
+/// One search through a fresh index, on the path the planners pick:
+/// the tensor-core path where `want_knn`, else the scan up to k = 256 and
+/// the two-pass select beyond; equal to the CPU path bit for bit.
 fn check(
     gpu: &GpuSearcher,
     base: &Vectors,
@@ -54,17 +76,24 @@ fn check(
     what: &str,
 ) {
     let index = gpu.upload(base).unwrap();
+    let want_select = !want_knn && params.k > 256;
     let found = match index.search(queries, params) {
         Ok(found) => found,
         Err(e) => {
-            // Beyond the scan's capacities (256) only the tensor-core path
-            // serves a GPU search; without it the error sends it to the CPU.
-            assert!(!want_knn && params.k > 256, "{what}: {e}");
-            assert!(e.to_string().contains("the CPU path handles it"), "{e}");
+            // Beyond the scan's capacities (256) a device that can neither
+            // take the tensor-core path nor sort k keys in the select sends
+            // the search to the CPU with this error.
+            let (dtype, metric) = (base.dtype(), params.metric);
+            assert!(
+                want_select && !expects_select(gpu, dtype, metric, base.rows(), params.k),
+                "{what}: {e}"
+            );
+            assert!(e.to_string().contains("the CPU path"), "{e}");
             return;
         }
     };
-    assert_eq!(found.knn.is_some(), want_knn, "{what}: path");
+    assert_eq!(found.knn.is_some(), want_knn, "{what}: tensor-core path");
+    assert_eq!(found.select.is_some(), want_select, "{what}: select path");
     let want = search_cpu(base, queries, params).unwrap();
     assert!(
         found.neighbors.bitwise_eq(&want),
@@ -188,13 +217,72 @@ fn special_rows_stay_on_the_exact_scan() {
     let mut data = m.data().to_vec();
     data[5] = f32::NAN;
     let special = Vectors::f32(data, 32).unwrap();
+    // k beyond the scan: the two-pass select, NaN ranking as +inf.
+    for k in [10, 300, 1500] {
+        check(
+            &gpu,
+            &special,
+            &queries,
+            &SearchParams::new(k, Metric::L2),
+            false,
+            &format!("NaN row k {k}"),
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_two_pass_select_equals_cpu_beyond_the_candidate_capacities() {
+    // k beyond 1024 (every dtype and metric, filters, k beyond the rows),
+    // and a base of 1.1M rows whose 300 queries take three batches of the
+    // distance matrix (SelectPlan::batch: 122 queries).
+    let gpu = searcher();
+    for dtype in DTYPES {
+        let (base, queries) = synthetic(20_000, 40, 30, dtype, 13);
+        for metric in [Metric::L2, Metric::InnerProduct, Metric::Cosine] {
+            for k in [1025, 4000] {
+                let params = SearchParams::new(k, metric);
+                check(
+                    &gpu,
+                    &base,
+                    &queries,
+                    &params,
+                    false,
+                    &format!("{dtype} {metric} k {k}"),
+                );
+            }
+        }
+        let filter = Filter::Bitset(Bitset::random(20_000, 0.05, 3));
+        let params = SearchParams::new(1500, Metric::L2).with_filter(filter);
+        check(
+            &gpu,
+            &base,
+            &queries,
+            &params,
+            false,
+            &format!("{dtype} 5% filter"),
+        );
+        let (small, q) = synthetic(700, 9, 5, dtype, 2);
+        let params = SearchParams::new(3000, Metric::Cosine);
+        check(
+            &gpu,
+            &small,
+            &q,
+            &params,
+            false,
+            &format!("{dtype} k beyond the rows"),
+        );
+    }
+    let n = 1_100_000;
+    assert_eq!(knn::SelectPlan::batch(n), 122);
+    let (base, queries) = synthetic(n, 16, 300, DType::F32, 4);
     check(
         &gpu,
-        &special,
+        &base,
         &queries,
-        &SearchParams::new(10, Metric::L2),
+        &SearchParams::new(2000, Metric::L2),
         false,
-        "NaN row",
+        "three batches",
     );
 }
 

@@ -3,7 +3,9 @@
 //! sm_75, TF32 from sm_80; sm_90 for all), with zero spills, no stack, a
 //! register count that fits the 128-thread launch and the static shared
 //! memory the layout in knn_tile.cuh implies. Real nvJitLink, no GPU needed.
-//! Prints registers per variant per arch (`--nocapture`).
+//! The two-pass select's kernels (fragments/knn_select.cuh) link the same
+//! way for sm_75, sm_80 and sm_90. Prints registers per variant per arch
+//! (`--nocapture`).
 
 mod support;
 
@@ -111,5 +113,36 @@ fn every_knn_rerank_variant_links_spill_free() {
         for (entry, r) in link_each_checked(&rt, &plans, arch, 96, rerank_shared) {
             println!("{arch} {entry}: {r} registers, 0 spills");
         }
+    }
+}
+
+/// knn_dist's static shared memory: the staged query and row elements,
+/// `[32][33]` and `[32][65]` of the dtype (knn_select.cuh).
+fn dist_shared(p: &Planner) -> u32 {
+    (32 * 33 + 32 * 65) * elem_bytes(p)
+}
+
+#[test]
+fn the_two_pass_select_links_spill_free() {
+    use fraglink::search::knn::select::{SELECT_FAMILY, SELECT_STATIC_BYTES};
+    let rt = runtime();
+    let plans = SELECT_FAMILY.plans();
+    // 4 dtypes × 3 metrics × 2 filters distance kernels, one select kernel.
+    assert_eq!(plans.len(), 25);
+    let (select, dist): (Vec<Planner>, Vec<Planner>) = plans
+        .into_iter()
+        .partition(|p| p.entry().starts_with("knn_select"));
+    for arch in [Arch::sm(75), Arch::sm(80), Arch::sm(90)] {
+        // At most 128 registers: two 256-thread blocks per SM by registers.
+        for (entry, r) in link_each_checked(&rt, &dist, arch, 128, dist_shared) {
+            println!("{arch} {entry}: {r} registers, 0 spills");
+        }
+        // The histogram, per-warp tie counts, the picked bin and the count
+        // of keys below the threshold, rounded up to the 16-byte alignment
+        // of the dynamic part (the sorted keys) that follows.
+        let static_bytes = (256 * 4 + 8 * 4 + 8 + 4_u32).next_multiple_of(16);
+        let (entry, r) = &link_each_checked(&rt, &select, arch, 128, |_| static_bytes)[0];
+        println!("{arch} {entry}: {r} registers, 0 spills");
+        assert!(static_bytes <= SELECT_STATIC_BYTES);
     }
 }

@@ -3,8 +3,8 @@
 
 use super::Family;
 
-/// The metric, filter, scan, IVF-Flat scan and tensor-core k-NN (candidates,
-/// re-rank) families, with paths relative to the crate root.
+/// The metric, filter, scan, IVF-Flat scan, tensor-core k-NN (candidates,
+/// re-rank) and large-k select (distances, select) families, with paths relative to the crate root.
 pub fn vector_search() -> Vec<Family> {
     vec![
         Family::new("metric", "MetricFragment")
@@ -56,5 +56,17 @@ pub fn vector_search() -> Vec<Family> {
             .name_format("knn_rerank_{{ dtype }}_k{{ capacity }}")
             .tag("dtype", "DataType")
             .constant("capacity", "u32"),
+        // The two-pass select of k beyond the candidate kernels' capacities
+        // (fragments/knn_select.cuh): exact distances, then a radix select.
+        Family::new("knn_dist", "KnnDistFragment")
+            .matrix("matrices/knn_dist.json")
+            .template("templates/knn_dist.cu.j2")
+            .name_format("knn_dist_{{ dtype }}")
+            .tag("dtype", "DataType"),
+        Family::new("knn_select", "KnnSelectFragment")
+            .matrix("matrices/knn_select.json")
+            .template("templates/knn_select.cu.j2")
+            .name_format("knn_select_b{{ block }}")
+            .constant("block", "u32"),
     ]
 }

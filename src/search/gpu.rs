@@ -21,6 +21,8 @@ use crate::gpu::{
 use crate::link::{LinkError, LinkKey, Linked};
 
 use super::index::{GpuIndex, IndexShape};
+use super::knn::choose_select;
+use super::knn::select::DIST_BLOCK;
 use super::plan::{PlanError, ScanPlan};
 use super::{Neighbors, SearchError, SearchParams, Vectors};
 
@@ -83,15 +85,19 @@ impl GpuSearchError {
 pub struct GpuSearch {
     pub neighbors: Neighbors,
     /// The exact scan's plan (validated for every search; it ran unless
-    /// `knn` is set). `None` when `k` is beyond the scan's capacities (256)
-    /// and the tensor-core path served the search alone.
+    /// `knn` or `select` is set). `None` when `k` is beyond the scan's
+    /// capacities (256) and another path served the search alone.
     pub plan: Option<ScanPlan>,
-    /// The link of the kernel that ran: the scan, or the tensor-core
-    /// candidate kernel when `knn` is set.
+    /// The link of the kernel that ran: the scan, the tensor-core
+    /// candidate kernel when `knn` is set, the distance kernel when
+    /// `select` is.
     pub linked: Linked,
     /// The tensor-core candidates + exact re-rank variant that served the
-    /// search ([`crate::search::knn`]), `None` when the scan did.
+    /// search ([`crate::search::knn`]), `None` when another path did.
     pub knn: Option<crate::search::knn::KnnPlan>,
+    /// The two-pass select that served a `k` beyond the scan where the
+    /// tensor-core path could not ([`crate::search::knn::select`]).
+    pub select: Option<crate::search::knn::SelectPlan>,
     /// [`GpuIndex::search`]: query upload, launches, result download.
     /// [`GpuSearcher::search`]: the base's upload as well.
     pub elapsed: Duration,
@@ -155,7 +161,19 @@ impl GpuSearcher {
         GpuIndex::upload(self, base)
     }
 
+    /// The loaded kernel of `linked`, a scan or a tensor-core kernel
+    /// (blocks of [`SCAN_BLOCK`] threads).
     pub(crate) fn launcher(&self, linked: &Linked) -> Result<Arc<Launcher>, GpuError> {
+        self.launcher_for(linked, SCAN_BLOCK)
+    }
+
+    /// The loaded kernel of `linked`, launched with blocks of `block`
+    /// threads (its launch bound), loaded once per link.
+    pub(crate) fn launcher_for(
+        &self,
+        linked: &Linked,
+        block: u32,
+    ) -> Result<Arc<Launcher>, GpuError> {
         let mut map = self.launchers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(l) = map.get(&linked.key) {
             return Ok(l.clone());
@@ -168,7 +186,7 @@ impl GpuSearcher {
             KernelResources {
                 registers: m.registers,
                 static_shared_bytes: m.shared_bytes.unwrap_or(0),
-                max_threads_per_block: Some(SCAN_BLOCK),
+                max_threads_per_block: Some(block),
             },
         )?);
         map.insert(linked.key, l.clone());
@@ -187,30 +205,35 @@ impl GpuSearcher {
         let started = Instant::now();
         let shape = IndexShape::of(base);
         let nq = queries.rows();
-        // Beyond the scan's capacities only the tensor-core path can serve
-        // the search. Whether a row is special for its bounds shows only once
-        // the index has the rows: such a search fails there with this same
-        // error (and the router takes it to the CPU).
-        // `planner`: the kernel a search links first.
-        let (scan, knn, planner) = match shape.plan(queries, params) {
+        // Beyond the scan's capacities the tensor-core path serves the
+        // search, else the two-pass select. Whether a row is special for the
+        // tensor-core bounds shows only once the index has the rows: such a
+        // search goes to the select there, or fails with this same error
+        // (and the router takes it to the CPU).
+        // `planner`, `block`: the kernel a search links first.
+        let (scan, knn, select, planner, block) = match shape.plan(queries, params) {
             Ok(p) => {
                 let planner = p.planner();
-                (Some(p), None, planner)
+                (Some(p), None, None, planner, SCAN_BLOCK)
             }
-            Err(e) if beyond_scan(&e) => match self.knn_plan(&shape, params, nq)? {
-                Some(kp) => {
+            Err(e) if beyond_scan(&e) => {
+                if let Some(kp) = self.knn_plan(&shape, params, nq)? {
                     let planner = kp.tile_planner();
-                    (None, Some(kp), planner)
+                    (None, Some(kp), None, planner, SCAN_BLOCK)
+                } else if let Some(sp) = choose_select(&self.knn_request(&shape, params, nq)) {
+                    let planner = sp.dist_planner();
+                    (None, None, Some(sp), planner, DIST_BLOCK)
+                } else {
+                    return Err(e);
                 }
-                None => return Err(e),
-            },
+            }
             Err(e) => return Err(e),
         };
         if nq == 0 {
             // Nothing to launch: link and load what a search would, upload
             // nothing.
             let linked = planner.link_for(self.ctx.arch())?;
-            self.launcher(&linked)?;
+            self.launcher_for(&linked, block)?;
             return Ok(GpuSearch {
                 neighbors: Neighbors {
                     nq: 0,
@@ -221,6 +244,7 @@ impl GpuSearcher {
                 plan: scan,
                 linked,
                 knn,
+                select,
                 elapsed: started.elapsed(),
             });
         }

@@ -48,8 +48,10 @@ use super::gpu::{
     beyond_scan, upload_vectors, DeviceVectors, GpuSearch, GpuSearchError, GpuSearcher,
     MAX_QUERIES_PER_LAUNCH,
 };
+use super::knn::choose_select;
 use super::knn::gpu::{enabled_by_env, variant_by_env, KnnRows, KnnSearch};
 use super::knn::norms::Norms;
+use super::knn::select::{self, SelectSearch};
 use super::plan::{plan, ScanPlan};
 use super::{DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
 
@@ -298,6 +300,17 @@ impl GpuIndex {
                 });
             }
         }
+        // Beyond the scan with the tensor-core path unable: the two-pass
+        // select, where the device can sort k keys (else the error, and the
+        // router takes the search to the CPU).
+        if scan.is_err() {
+            if let Some(found) = self.search_select(queries, params)? {
+                return Ok(GpuSearch {
+                    elapsed: started.elapsed(),
+                    ..found
+                });
+            }
+        }
         let p = scan?;
         let linked = p.planner().link_for(self.gpu.context().arch())?;
         let launcher = self.gpu.launcher(&linked)?;
@@ -328,8 +341,58 @@ impl GpuIndex {
             plan: Some(p),
             linked,
             knn: None,
+            select: None,
             elapsed: started.elapsed(),
         })
+    }
+
+    /// The two-pass select ([`crate::search::knn::select`]) when the device
+    /// can serve this search with it: `None` otherwise. An empty query set
+    /// links and loads its kernels and moves nothing.
+    fn search_select(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+    ) -> Result<Option<GpuSearch>, GpuSearchError> {
+        let nq = queries.rows();
+        let request = self.gpu.knn_request(&self.shape, params, nq);
+        let Some(sp) = choose_select(&request) else {
+            return Ok(None);
+        };
+        let (neighbors, linked) = if nq == 0 {
+            let arch = self.gpu.context().arch();
+            let linked = sp.dist_planner().link_for(arch)?;
+            self.gpu.launcher_for(&linked, select::DIST_BLOCK)?;
+            let select_link = sp.select_planner().link_for(arch)?;
+            self.gpu.launcher_for(&select_link, select::SELECT_BLOCK)?;
+            let empty = Neighbors {
+                nq,
+                k: params.k,
+                ids: Vec::new(),
+                distances: Vec::new(),
+            };
+            (empty, linked)
+        } else {
+            let bits = self.resident_bits(&params.filter)?;
+            SelectSearch {
+                gpu: &self.gpu,
+                plan: &sp,
+                data: &self.data,
+                n_rows: self.shape.rows,
+                dim: self.shape.dim,
+                bits: bits.as_deref(),
+                k: params.k,
+            }
+            .run(queries)?
+        };
+        Ok(Some(GpuSearch {
+            neighbors,
+            plan: None,
+            linked,
+            knn: None,
+            select: Some(sp),
+            elapsed: Duration::ZERO,
+        }))
     }
 
     /// The tensor-core path, when it can serve this search (module docs):
@@ -381,6 +444,7 @@ impl GpuIndex {
             plan: plan.cloned(),
             linked,
             knn: Some(kp),
+            select: None,
             elapsed: Duration::ZERO,
         }))
     }

@@ -195,6 +195,7 @@ impl Searcher {
                     .knn
                     .as_ref()
                     .map(|k| k.tile.name)
+                    .or(found.select.as_ref().map(|s| s.dist.name))
                     .or(found.plan.as_ref().map(|p| p.scan.name)),
             );
             Ok::<_, GpuSearchError>(found.neighbors)

@@ -10,13 +10,15 @@ use std::time::{Duration, Instant};
 
 use fraglink::build::Arch;
 use fraglink::link::LinkRuntime;
+use fraglink::link::Planner;
 use fraglink::search::cpu::init_cpu_threads;
 use fraglink::search::data::{
     check_ground_truth, memory_limit, read_dataset, read_ground_truth, recall_at_k,
     synthetic_bytes, try_synthetic_of, DataError, MemoryLimit, Synthetic,
 };
 use fraglink::search::ivf::MetricSpec;
-use fraglink::search::plan::plan;
+use fraglink::search::knn::{self, plan::SharedMemory};
+use fraglink::search::plan::{plan, PlanError};
 use fraglink::search::route::{Device, Searcher};
 use fraglink::search::{search_reference, Bitset, DType, Filter, Metric, SearchParams, Vectors};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -309,16 +311,12 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         (None, Some(x)) => x,
         (None, None) => Arch::sm(90),
     };
-    let gpu_plan = plan(
-        base.dtype(),
-        spec.metric,
-        params.filter.fragment_name(),
-        base.rows(),
-        base.dim(),
-        a.k,
-    );
+    let shared = searcher.gpu().map_or(SharedMemory::H100, |g| {
+        SharedMemory::of(g.context().limits())
+    });
+    let gpu_plan = gpu_plan(&base, &queries, &params, link_arch, shared);
     let (fragments, link) = match &gpu_plan {
-        Ok(p) => {
+        Ok((planner, names)) => {
             let pb = spinner("linking the GPU plan", quiet);
             // Without a GPU the link only describes the plan: it must not
             // depend on (or fail over) the cache settings, which the CPU
@@ -328,10 +326,10 @@ pub fn run(a: &SearchArgs) -> ExitCode {
             } else {
                 LinkRuntime::memory_only()
             };
-            let linked = runtime.and_then(|rt| rt.link(&p.planner(), link_arch));
+            let linked = runtime.and_then(|rt| rt.link(planner, link_arch));
             pb.finish_and_clear();
             match linked {
-                Ok(l) => (p.fragment_names(), Some(l)),
+                Ok(l) => (names.clone(), Some(l)),
                 Err(e) => return fail(format!("linking the GPU plan for {link_arch}: {e}")),
             }
         }
@@ -475,4 +473,48 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         truth_s * 1e3
     );
     ExitCode::SUCCESS
+}
+
+/// The GPU plan of the search on `arch` with `shared` memory per block, as
+/// a planner (its first kernel: what the `kernel` line describes) and the
+/// names of every fragment it runs: the scan; beyond the scan's capacities
+/// the tensor-core path (rows or queries special for its bounds would send
+/// it to the select at run time) or the two-pass select; else why none.
+fn gpu_plan(
+    base: &Vectors,
+    queries: &Vectors,
+    params: &SearchParams,
+    arch: Arch,
+    shared: SharedMemory,
+) -> Result<(Planner, Vec<&'static str>), String> {
+    let (dtype, metric, filter) = (base.dtype(), params.metric, params.filter.fragment_name());
+    let scan = plan(dtype, metric, filter, base.rows(), base.dim(), params.k);
+    let e = match scan {
+        Ok(p) => return Ok((p.planner(), p.fragment_names())),
+        Err(e @ PlanError::KTooLarge { .. }) => e,
+        Err(e) => return Err(e.to_string()),
+    };
+    let r = knn::KnnRequest {
+        device: arch,
+        shared,
+        dtype,
+        metric,
+        filter,
+        n_rows: base.rows(),
+        dim: base.dim(),
+        nq: queries.rows(),
+        k: params.k,
+    };
+    let tensor_cores = knn::gpu::enabled_by_env().map_err(|e| e.to_string())?;
+    if let Some(p) = knn::choose(&r).filter(|_| tensor_cores) {
+        let names = vec![p.tile.name, p.rerank.name, p.metric.name, p.filter.name];
+        return Ok((p.tile_planner(), names));
+    }
+    match knn::choose_select(&r) {
+        Some(p) => {
+            let names = vec![p.dist.name, p.select.name, p.metric.name, p.filter.name];
+            Ok((p.dist_planner(), names))
+        }
+        None => Err(e.to_string()),
+    }
 }

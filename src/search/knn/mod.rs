@@ -2,11 +2,15 @@
 //! `knn_tile` and `knn_rerank` fragment families (fragments/knn_tile.cuh),
 //! which variant a search uses ([`plan`]), the bounds they rely on
 //! ([`bounds`], the Rust twin of fragments/knn_bounds.cuh) and the
-//! per-vector norms the host computes for them ([`norms`]).
+//! per-vector norms the host computes for them ([`norms`]); and the
+//! two-pass select of a `k` beyond their capacities ([`select`]: the
+//! `knn_dist` and `knn_select` families, fragments/knn_select.cuh).
 
 pub mod bounds;
 pub mod gpu;
 pub mod norms;
 pub mod plan;
+pub mod select;
 
 pub use plan::{choose, choose_named, choose_variant, KnnPlan, KnnRequest, Precision, KNN_FAMILY};
+pub use select::{choose_select, SelectPlan, SELECT_FAMILY};

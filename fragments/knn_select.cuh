@@ -1,0 +1,271 @@
+// fraglink fragments — exact k-NN for k beyond the tensor-core capacities: a distance
+// pass, then a select pass (families `knn_dist` and `knn_select`).
+//
+// Device-only. The two-pass select of a large k: the candidate kernels (knn_tile.cuh)
+// keep per-query buffers of k entries in shared memory, which caps k at 1024; here
+// nothing per query lives in shared memory until the k winners are known.
+//
+// knn_dist<T> — the exact distance of every (query, row) pair of a batch, written to
+//   dists[q * n_rows + row] (the distance matrix of at most a few hundred MiB: the
+//   host sizes the batch). Linked with one metric fragment of its dtype and one
+//   filter_*_u32 fragment. Block of FRAGLINK_DIST_BLOCK threads over a tile of DQ
+//   queries x DR rows, grid = (row tiles, query tiles); each thread owns 2 queries x
+//   4 rows and folds them through the linked metric in order j = 0 .. dim-1 (dim is
+//   staged DC elements at a time in shared memory, coalesced), exactly the fold of
+//   the scan kernel and of the CPU path: a NaN distance becomes +inf; a row the
+//   filter excludes is written as NaN, the one value no allowed row has.
+//
+// knn_select — per query (one block, grid-stride) the k smallest (distance, id) keys
+//   of its matrix row. Keys are 32-bit order keys of the distances (scan::order_key:
+//   -0 and +0 one key; excluded rows all ones, after +inf), so (key, id) orders as
+//   scan::key_less. Pass 1: a radix select on the keys, one byte per round from the
+//   top (4 passes over the row, a 256-bin shared histogram), finds T, the kk-th
+//   smallest key (kk = min(k, n_rows)), and `below`, the number of keys < T. Pass 2
+//   collects the `below` keys < T and the first kk - below rows whose key equals T
+//   in id order (a block-wide prefix over the ties of each tile of rows): exactly the
+//   kk smallest (key, id). A bitonic sort of them in dynamic shared memory (sort_slots
+//   = the next power of two >= kk entries of 8 bytes) gives the result: each winner's
+//   distance read back from the matrix (so -0 stays -0), excluded rows and positions
+//   beyond n_rows as the scan pads, (+inf, 0xFFFFFFFF). Results equal the scan
+//   kernel's and the CPU path's bit for bit.
+//
+// Limits (the host plans around them, src/search/knn/select.rs): ids are u32
+// (n_rows < 2^32 - 1); sort_slots * 8 bytes of dynamic shared memory must fit the
+// device, which bounds k (16384 on an A100 or H100).
+#pragma once
+
+#include "scan.cuh"
+
+// Threads per block (blockDim = (256, 1, 1) exactly) of each kernel.
+#define FRAGLINK_DIST_BLOCK 256
+#define FRAGLINK_SELECT_BLOCK 256
+
+namespace fraglink {
+namespace select {
+
+// ----- the distance pass --------------------------------------------------------
+// Queries and rows per block, and dim elements staged per step.
+constexpr int DQ = 32;
+constexpr int DR = 64;
+constexpr int DC = 32;
+// Per thread: QPT queries (stride DQ / QPT) x RPT rows (stride DR / RPT).
+constexpr int QPT = 2;
+constexpr int RPT = 4;
+static_assert((DQ / QPT) * (DR / RPT) == FRAGLINK_DIST_BLOCK, "one thread per (query group, row group)");
+
+// The contract the kernel checks by itself (as scan.cuh's launch_ok): block shape,
+// element-aligned inputs, 4-byte aligned filter words and outputs. The same for every
+// thread: a violating launch writes nothing.
+template <typename T>
+__device__ FRAGLINK_INLINE bool dist_launch_ok(const T* dataset, const T* queries, const uint32_t* filter_bits,
+                                               const float* dists) {
+  const uint64_t bad = scan::misaligned_bits<static_cast<int>(sizeof(T))>(dataset) |
+                       scan::misaligned_bits<static_cast<int>(sizeof(T))>(queries) |
+                       scan::misaligned_bits<4>(filter_bits) | scan::misaligned_bits<4>(dists);
+  return bad == 0 && blockDim.x == FRAGLINK_DIST_BLOCK && blockDim.y == 1 && blockDim.z == 1;
+}
+
+template <typename T>
+__device__ FRAGLINK_INLINE void run_dist(const T* __restrict__ dataset, const T* __restrict__ queries,
+                                         const uint32_t* __restrict__ filter_bits, uint32_t n_rows, uint32_t dim,
+                                         uint32_t n_queries, float* __restrict__ dists) {
+  typedef scan::metric_abi<T> M;
+  constexpr int QS = DQ / QPT;  // query stride between a thread's queries
+  constexpr int RS = DR / RPT;  // row stride between a thread's rows
+  // Transposed ([element][query or row]) so a warp's reads of one element are
+  // consecutive words; one word of padding breaks the stride of the stores.
+  __shared__ T s_q[DC][DQ + 1];
+  __shared__ T s_x[DC][DR + 1];
+
+  if (!dist_launch_ok<T>(dataset, queries, filter_bits, dists)) return;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int tq = tid / RS;
+  const int tr = tid % RS;
+  const uint64_t row0 = static_cast<uint64_t>(blockIdx.x) * DR;
+  const uint64_t q0 = static_cast<uint64_t>(blockIdx.y) * DQ;
+
+  typename M::state st[QPT][RPT];
+#pragma unroll
+  for (int a = 0; a < QPT; ++a) {
+#pragma unroll
+    for (int b = 0; b < RPT; ++b) M::init(&st[a][b]);
+  }
+  for (uint32_t j0 = 0; j0 < dim; j0 += DC) {
+    const uint32_t w = dim - j0 < static_cast<uint32_t>(DC) ? dim - j0 : static_cast<uint32_t>(DC);
+    // Only real elements are staged and folded: folding padding would change a
+    // float sum (-0 + 0 * 0 is +0). Stale slots are read only for pairs that are
+    // never written.
+    for (int e = tid; e < DQ * DC; e += FRAGLINK_DIST_BLOCK) {
+      const int r = e / DC;
+      const int c = e % DC;
+      if (q0 + r < n_queries && static_cast<uint32_t>(c) < w) s_q[c][r] = queries[(q0 + r) * dim + j0 + c];
+    }
+    for (int e = tid; e < DR * DC; e += FRAGLINK_DIST_BLOCK) {
+      const int r = e / DC;
+      const int c = e % DC;
+      if (row0 + r < n_rows && static_cast<uint32_t>(c) < w) s_x[c][r] = dataset[(row0 + r) * dim + j0 + c];
+    }
+    __syncthreads();
+    for (uint32_t c = 0; c < w; ++c) {
+      T qv[QPT];
+      T xv[RPT];
+#pragma unroll
+      for (int a = 0; a < QPT; ++a) qv[a] = s_q[c][tq + a * QS];
+#pragma unroll
+      for (int b = 0; b < RPT; ++b) xv[b] = s_x[c][tr + b * RS];
+#pragma unroll
+      for (int a = 0; a < QPT; ++a) {
+#pragma unroll
+        for (int b = 0; b < RPT; ++b) M::accumulate(&st[a][b], qv[a], xv[b]);
+      }
+    }
+    __syncthreads();  // the next step overwrites the staged elements
+  }
+#pragma unroll
+  for (int a = 0; a < QPT; ++a) {
+    const uint64_t q = q0 + tq + a * QS;
+#pragma unroll
+    for (int b = 0; b < RPT; ++b) {
+      const uint64_t row = row0 + tr + b * RS;
+      if (q >= n_queries || row >= n_rows) continue;
+      float d = M::finalize(&st[a][b]);
+      if (d != d) d = scan::pos_inf();  // NaN -> +inf, as the scan ranks it
+      if (!scan::idx_abi<uint32_t>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<uint32_t>(row))) {
+        d = __int_as_float(0x7fc00000);  // excluded: NaN
+      }
+      dists[q * n_rows + row] = d;
+    }
+  }
+}
+
+// ----- the select pass ----------------------------------------------------------
+// The order key of a matrix entry: excluded rows (NaN) after every allowed one.
+__device__ FRAGLINK_INLINE uint32_t entry_key(float d) { return d != d ? 0xFFFFFFFFu : scan::order_key(d); }
+
+// Ascending bitonic sort of `n` (a power of two) 64-bit keys in shared memory by
+// BLOCK threads. Must be called by all threads of the block; ends with a barrier.
+template <int BLOCK>
+__device__ FRAGLINK_INLINE void bitonic_sort_u64(uint64_t* keys, uint32_t n) {
+  for (uint32_t size = 2; size <= n; size <<= 1) {
+    for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (uint32_t t = threadIdx.x; t < n / 2; t += BLOCK) {
+        const uint32_t lo = 2 * t - (t & (stride - 1));
+        const uint32_t hi = lo + stride;
+        const uint64_t a = keys[lo];
+        const uint64_t b = keys[hi];
+        if ((a > b) == ((lo & size) == 0)) {
+          keys[lo] = b;
+          keys[hi] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The select's contract (as scan.cuh's launch_ok): block shape, 1 <= k, at least one
+// row, sort_slots a power of two >= min(k, n_rows) and within the launch's dynamic
+// shared memory, 4-byte aligned pointers. The same for every thread.
+__device__ FRAGLINK_INLINE bool select_launch_ok(const float* dists, uint32_t n_rows, uint32_t k, uint32_t sort_slots,
+                                                 const uint32_t* out_ids, const float* out_dists) {
+  const uint32_t kk = k < n_rows ? k : n_rows;
+  const uint64_t bad =
+      scan::misaligned_bits<4>(dists) | scan::misaligned_bits<4>(out_ids) | scan::misaligned_bits<4>(out_dists);
+  return bad == 0 && k != 0 && n_rows != 0 && sort_slots >= kk && (sort_slots & (sort_slots - 1)) == 0 &&
+         static_cast<uint64_t>(sort_slots) * 8 <= scan::dynamic_shared_bytes() &&
+         blockDim.x == FRAGLINK_SELECT_BLOCK && blockDim.y == 1 && blockDim.z == 1;
+}
+
+__device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint32_t n_rows, uint32_t n_queries,
+                                           uint32_t k, uint32_t sort_slots, uint32_t* __restrict__ out_ids,
+                                           float* __restrict__ out_dists) {
+  constexpr int BLOCK = FRAGLINK_SELECT_BLOCK;
+  constexpr int WARPS = BLOCK / 32;
+  __shared__ uint32_t s_hist[256];
+  __shared__ uint32_t s_warp[WARPS];
+  __shared__ uint32_t s_pick[2];
+  __shared__ uint32_t s_less;
+  uint64_t* const s_keys = reinterpret_cast<uint64_t*>(scan::dynamic_shared());
+
+  if (!select_launch_ok(dists, n_rows, k, sort_slots, out_ids, out_dists)) return;
+  const uint32_t tid = threadIdx.x;
+  const uint32_t lane = tid % 32;
+  const uint32_t warp = tid / 32;
+  const uint32_t kk = k < n_rows ? k : n_rows;
+
+  for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
+    const float* __restrict__ row = dists + q * n_rows;
+    // Pass 1: T, the kk-th smallest key (rank kk - 1 from 0), one byte per round.
+    uint32_t prefix = 0, mask = 0, rank = kk - 1, below = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (uint32_t b = tid; b < 256; b += BLOCK) s_hist[b] = 0;
+      __syncthreads();
+      for (uint64_t i = tid; i < n_rows; i += BLOCK) {
+        const uint32_t key = entry_key(row[i]);
+        if ((key & mask) == prefix) atomicAdd(&s_hist[(key >> shift) & 0xFFu], 1u);
+      }
+      __syncthreads();
+      if (tid == 0) {
+        // The bin holding rank `rank` among the keys that share the bytes so far.
+        uint32_t b = 0, acc = 0;
+        for (; b < 255 && acc + s_hist[b] <= rank; ++b) acc += s_hist[b];
+        s_pick[0] = b;
+        s_pick[1] = acc;
+      }
+      __syncthreads();
+      // s_pick is written again only after the next round's histogram barrier.
+      prefix |= s_pick[0] << shift;
+      mask |= 0xFFu << shift;
+      rank -= s_pick[1];
+      below += s_pick[1];
+    }
+    const uint32_t t_key = prefix;
+    const uint32_t need = kk - below;  // rows with key T that make the cut, >= 1
+
+    // Pass 2: the keys < T anywhere in [0, below), the first `need` ties in id order
+    // after them.
+    if (tid == 0) s_less = 0;
+    __syncthreads();
+    uint32_t ties = 0;  // ties in earlier tiles (the same in every thread)
+    for (uint64_t base = 0; base < n_rows; base += BLOCK) {
+      const uint64_t i = base + tid;
+      const uint32_t key = i < n_rows ? entry_key(row[i]) : 0u;
+      const uint64_t packed = (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(i);
+      if (i < n_rows && key < t_key) s_keys[atomicAdd(&s_less, 1u)] = packed;
+      const bool tie = i < n_rows && key == t_key;
+      const unsigned ballot = __ballot_sync(0xffffffffu, tie);
+      if (lane == 0) s_warp[warp] = static_cast<uint32_t>(__popc(ballot));
+      __syncthreads();
+      uint32_t pos = ties + static_cast<uint32_t>(__popc(ballot & ((1u << lane) - 1u)));
+      uint32_t total = 0;
+      for (uint32_t w = 0; w < static_cast<uint32_t>(WARPS); ++w) {
+        if (w < warp) pos += s_warp[w];
+        total += s_warp[w];
+      }
+      if (tie && pos < need) s_keys[below + pos] = packed;
+      ties += total;
+      __syncthreads();  // s_warp is rewritten by the next tile
+    }
+
+    // The kk winners, sorted by (key, id); the slots beyond them sort last.
+    for (uint32_t j = kk + tid; j < sort_slots; j += BLOCK) s_keys[j] = ~0ull;
+    __syncthreads();
+    bitonic_sort_u64<BLOCK>(s_keys, sort_slots);
+
+    const uint64_t out = q * k;
+    for (uint32_t j = tid; j < k; j += BLOCK) {
+      uint32_t id = 0xFFFFFFFFu;
+      float d = scan::pos_inf();
+      if (j < kk && (s_keys[j] >> 32) != 0xFFFFFFFFu) {
+        id = static_cast<uint32_t>(s_keys[j]);
+        d = row[id];
+      }
+      out_ids[out + j] = id;
+      out_dists[out + j] = d;
+    }
+    __syncthreads();  // the next query rewrites the keys and s_less
+  }
+}
+
+}  // namespace select
+}  // namespace fraglink

@@ -1,0 +1,383 @@
+//! The two-pass select: exact GPU k-NN for a `k` beyond the candidate
+//! kernels' capacities, or a search their bounds cannot take (a special row
+//! or query) with `k` beyond the scan's (fragments/knn_select.cuh).
+//!
+//! Per batch of queries, `knn_dist` (× metric × filter) writes the exact
+//! distance matrix (the in-order fold of the scan and the CPU path) and
+//! `knn_select` finds each query's k smallest (distance, id) keys with a
+//! radix select over the matrix row and sorts them. Results equal the CPU
+//! path's bit for bit, special values included.
+//!
+//! Rules ([`choose_select`], `None` sends the search to the CPU):
+//! - ids are u32 (`n_rows < 2³² − 1`) and `k` fits a u32;
+//! - the select sorts `min(k, n_rows)` keys of 8 bytes, rounded up to a
+//!   power of two, in shared memory: k ≤ 16384 on an A100 or H100, 8192 on
+//!   sm_86/sm_89 (99 KiB), 4096 on sm_75 (64 KiB);
+//! - both fragments, the metric and the filter link for the device.
+//!
+//! The matrix of one batch is at most [`MATRIX_BYTES`]; a batch holds
+//! `MATRIX_BYTES / (4 · n_rows)` queries (at least one).
+
+use crate::build::Arch;
+use crate::fragment::FragmentInfo;
+use crate::fragments;
+use crate::gpu::launch::ScanContract;
+use crate::gpu::{GpuBuffer, KernelArgs, LaunchConfig};
+use crate::link::prelink::PlanFamily;
+use crate::link::{Linked, Planner};
+use crate::search::gpu::{push_output, widen_ids, DeviceVectors, GpuSearchError, GpuSearcher};
+use crate::search::plan::FILTERS;
+use crate::search::{DType, Metric, Neighbors, Vectors};
+
+use super::plan::{KnnRequest, SharedMemory};
+
+/// Threads per block of `knn_dist` (FRAGLINK_DIST_BLOCK).
+pub const DIST_BLOCK: u32 = 256;
+/// Queries × rows of one `knn_dist` block (knn_select.cuh `DQ`, `DR`).
+pub const DIST_TILE: (u32, u32) = (32, 64);
+/// Threads per block of `knn_select` (FRAGLINK_SELECT_BLOCK).
+pub const SELECT_BLOCK: u32 = 256;
+/// An upper bound of `knn_select`'s static shared memory (a 256-bin
+/// histogram, per-warp counts and three words: 1 068 bytes).
+pub const SELECT_STATIC_BYTES: u32 = 1280;
+/// Largest distance matrix of one batch: 512 MiB (128 queries of 1M rows).
+pub const MATRIX_BYTES: usize = 512 << 20;
+/// Queries per `knn_dist` launch: grid.y holds 65535 query tiles.
+const MAX_BATCH: usize = 65_535 * DIST_TILE.0 as usize;
+
+/// The two kernels of one large-k search.
+#[derive(Debug, Clone)]
+pub struct SelectPlan {
+    pub dist: &'static FragmentInfo,
+    pub select: &'static FragmentInfo,
+    pub metric: &'static FragmentInfo,
+    pub filter: &'static FragmentInfo,
+    pub dtype: DType,
+    /// Keys the select sorts: `min(k, n_rows)` rounded up to a power of two.
+    pub sort_slots: u32,
+}
+
+impl SelectPlan {
+    /// The distance kernel: knn_dist + metric + filter.
+    pub fn dist_planner(&self) -> Planner {
+        Planner::new(self.dist.name)
+            .add_fragment(self.dist)
+            .add_fragment(self.metric)
+            .add_fragment(self.filter)
+    }
+
+    /// The select kernel, linked alone.
+    pub fn select_planner(&self) -> Planner {
+        Planner::new(self.select.name).add_fragment(self.select)
+    }
+
+    /// The select's dynamic shared memory: 8 bytes per sorted key.
+    pub fn dynamic_shared_bytes(&self) -> u32 {
+        self.sort_slots * 8
+    }
+
+    /// Queries per batch over `n_rows` rows: a matrix of at most
+    /// [`MATRIX_BYTES`], at least one query.
+    pub fn batch(n_rows: usize) -> usize {
+        (MATRIX_BYTES / (4 * n_rows.max(1))).clamp(1, MAX_BATCH)
+    }
+}
+
+/// `min(k, n_rows)` rounded up to a power of two (`None` past u32).
+pub fn sort_slots(k: usize, n_rows: usize) -> Option<u32> {
+    u32::try_from(k.min(n_rows).max(1).next_power_of_two()).ok()
+}
+
+/// Whether the select's sort of `slots` keys fits a block of `shared`.
+fn fits(slots: u32, shared: SharedMemory) -> bool {
+    u64::from(slots) * 8 + u64::from(SELECT_STATIC_BYTES) <= u64::from(shared.per_block)
+}
+
+/// The two-pass plan for `r`, or `None` where it cannot serve it (module
+/// docs). `nq` does not matter.
+pub fn choose_select(r: &KnnRequest<'_>) -> Option<SelectPlan> {
+    if r.k == 0 || u32::try_from(r.k).is_err() || r.n_rows == 0 || r.n_rows >= u32::MAX as usize {
+        return None;
+    }
+    if r.dim == 0 || u32::try_from(r.dim).is_err() {
+        return None;
+    }
+    let sort_slots = sort_slots(r.k, r.n_rows)?;
+    if !fits(sort_slots, r.shared) {
+        return None;
+    }
+    let plan = assemble(r.dtype, r.metric, r.filter, sort_slots)?;
+    let links = [plan.dist, plan.select, plan.metric, plan.filter]
+        .iter()
+        .all(|f| f.links_for(r.device));
+    links.then_some(plan)
+}
+
+fn assemble(dtype: DType, metric: Metric, filter: &str, sort_slots: u32) -> Option<SelectPlan> {
+    Some(SelectPlan {
+        dist: fragments::find(&format!("knn_dist_{}", dtype.name()))?,
+        select: fragments::find(&format!("knn_select_b{SELECT_BLOCK}"))?,
+        metric: fragments::find(&format!(
+            "metric_{}_{}",
+            metric.fragment_name(),
+            dtype.name()
+        ))?,
+        filter: fragments::find(&format!("filter_{filter}_u32"))?,
+        dtype,
+        sort_slots,
+    })
+}
+
+/// The large-k select family, for prelinking (`fraglink prelink --family
+/// select`): each dtype's distance kernel with each metric and filter, and
+/// the select kernel.
+pub const SELECT_FAMILY: PlanFamily = PlanFamily::new(
+    "select",
+    "two-pass large-k select: exact distance matrix (knn_dist x metric x filter) and radix select (knn_select)",
+    || {
+        let mut v = Vec::new();
+        for dtype in DType::ALL {
+            for metric in Metric::ALL {
+                for filter in FILTERS {
+                    if let Some(p) = assemble(dtype, metric, filter, 1) {
+                        v.push(p.dist_planner());
+                    }
+                }
+            }
+        }
+        if let Some(p) = assemble(DType::F32, Metric::L2, "none", 1) {
+            v.push(p.select_planner());
+        }
+        v
+    },
+);
+
+/// The launch-invariant arguments of one large-k search.
+pub(crate) struct SelectSearch<'a> {
+    pub(crate) gpu: &'a GpuSearcher,
+    pub(crate) plan: &'a SelectPlan,
+    pub(crate) data: &'a DeviceVectors,
+    pub(crate) n_rows: usize,
+    pub(crate) dim: usize,
+    pub(crate) bits: Option<&'a GpuBuffer<u32>>,
+    pub(crate) k: usize,
+}
+
+impl SelectSearch<'_> {
+    /// Exact k-NN of `queries` in batches of [`SelectPlan::batch`]. Returns
+    /// the results and the distance kernel's link.
+    pub(crate) fn run(&self, queries: &Vectors) -> Result<(Neighbors, Linked), GpuSearchError> {
+        let arch = self.gpu.context().arch();
+        let dist_link = self.plan.dist_planner().link_for(arch)?;
+        let select_link = self.plan.select_planner().link_for(arch)?;
+        let dist = self.gpu.launcher_for(&dist_link, DIST_BLOCK)?;
+        let select = self.gpu.launcher_for(&select_link, SELECT_BLOCK)?;
+        let (t, pool) = (self.gpu.transfer(), self.gpu.pool());
+        let (n_rows, dim, k, nq) = (self.n_rows, self.dim, self.k, queries.rows());
+        let contract = ScanContract {
+            elem_bytes: self.plan.dtype.size() as u32,
+            veclen: 1,
+            id_bytes: 4,
+            capacity: u32::try_from(k).unwrap_or(u32::MAX),
+        };
+        // Every count below fits its u32 parameter: choose_select checked
+        // n_rows, k and dim, and a batch is at most MAX_BATCH queries.
+        let batch = SelectPlan::batch(n_rows);
+        let mut ids = Vec::with_capacity(nq * k);
+        let mut distances = Vec::with_capacity(nq * k);
+        for b0 in (0..nq).step_by(batch) {
+            let b1 = (b0 + batch).min(nq);
+            let nb = b1 - b0;
+            let d_q = crate::search::gpu::upload_vectors(t, pool, &queries.slice_rows(b0, b1))?;
+            let mut matrix = pool.alloc::<f32>(nb * n_rows)?;
+            {
+                let grid = (
+                    n_rows.div_ceil(DIST_TILE.1 as usize) as u32,
+                    nb.div_ceil(DIST_TILE.0 as usize) as u32,
+                    1,
+                );
+                let cfg = LaunchConfig::new(grid, (DIST_BLOCK, 1, 1));
+                let mut a = KernelArgs::new();
+                self.data
+                    .push_rows(&mut a, &contract, "dataset", 0..n_rows * dim)?;
+                d_q.push_rows(&mut a, &contract, "queries", 0..nb * dim)?;
+                match self.bits {
+                    Some(b) => a.input(b)?.require_alignment(4, "filter_bits"),
+                    None => a.null_ptr(),
+                };
+                a.value(n_rows as u32).value(dim as u32).value(nb as u32);
+                a.output(matrix.view_mut())?.require_alignment(4, "dists");
+                // SAFETY: knn_dist's contract (fragments/README.md): the rows,
+                // nb queries, the filter words or null, counts that fit u32,
+                // a matrix of nb × n_rows; grid.x covers every row tile and
+                // grid.y every query tile (nb ≤ 65535 tiles).
+                unsafe { dist.launch(&cfg, &mut a)? };
+            }
+            let mut o_ids = pool.alloc::<u32>(nb * k)?;
+            let mut o_dists = pool.alloc::<f32>(nb * k)?;
+            {
+                let cfg = LaunchConfig::new((nb as u32, 1, 1), (SELECT_BLOCK, 1, 1))
+                    .with_dynamic_shared(self.plan.dynamic_shared_bytes());
+                let mut a = KernelArgs::new();
+                a.input(&matrix)?.require_alignment(4, "dists");
+                a.value(n_rows as u32)
+                    .value(nb as u32)
+                    .value(k as u32)
+                    .value(self.plan.sort_slots);
+                push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
+                push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
+                // SAFETY: knn_select's contract: the matrix knn_dist filled on
+                // the same stream, sort_slots a power of two ≥ min(k, n_rows)
+                // with 8 bytes each of dynamic shared memory, outputs of
+                // nb × k.
+                unsafe { select.launch(&cfg, &mut a)? };
+            }
+            ids.extend(widen_ids(t.download_vec(&o_ids)?));
+            distances.extend(t.download_vec(&o_dists)?);
+        }
+        Ok((
+            Neighbors {
+                nq,
+                k,
+                ids,
+                distances,
+            },
+            dist_link,
+        ))
+    }
+}
+
+/// Whether a device of `device`'s arch with `shared` memory per block can
+/// select `k` of `n_rows` on the GPU at all (the CLI's plan line).
+pub fn reaches(device: Arch, shared: SharedMemory, k: usize, n_rows: usize) -> bool {
+    sort_slots(k, n_rows).is_some_and(|s| fits(s, shared))
+        && fragments::find(&format!("knn_select_b{SELECT_BLOCK}"))
+            .is_some_and(|f| f.links_for(device))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(device: Arch, shared: SharedMemory, k: usize, n_rows: usize) -> KnnRequest<'static> {
+        KnnRequest {
+            device,
+            shared,
+            dtype: DType::F32,
+            metric: Metric::L2,
+            filter: "none",
+            n_rows,
+            dim: 64,
+            nq: 10,
+            k,
+        }
+    }
+
+    const A100: SharedMemory = SharedMemory {
+        per_block: 163 * 1024,
+        per_sm: 164 * 1024,
+    };
+    const SM86: SharedMemory = SharedMemory {
+        per_block: 99 * 1024,
+        per_sm: 100 * 1024,
+    };
+    const SM75: SharedMemory = SharedMemory {
+        per_block: 64 * 1024,
+        per_sm: 64 * 1024,
+    };
+
+    #[test]
+    fn k_reaches_what_the_sort_fits_in_shared_memory() {
+        let n = 1_000_000;
+        for (device, shared, max_k) in [
+            (Arch::sm(90), SharedMemory::H100, 16384),
+            (Arch::sm(80), A100, 16384),
+            (Arch::sm(86), SM86, 8192),
+            (Arch::sm(75), SM75, 4096),
+        ] {
+            let p = choose_select(&req(device, shared, max_k, n)).unwrap();
+            assert_eq!(p.sort_slots as usize, max_k);
+            assert!(p.dynamic_shared_bytes() + SELECT_STATIC_BYTES <= shared.per_block);
+            assert!(choose_select(&req(device, shared, max_k + 1, n)).is_none());
+            assert!(reaches(device, shared, max_k, n));
+            assert!(!reaches(device, shared, max_k + 1, n));
+        }
+        // Beyond n_rows only n_rows keys are sorted: any k serves a small base.
+        let p = choose_select(&req(Arch::sm(75), SM75, 1 << 30, 3000)).unwrap();
+        assert_eq!(p.sort_slots, 4096);
+        assert_eq!(sort_slots(1, 1), Some(1));
+        assert_eq!(sort_slots(1025, 5000), Some(2048));
+    }
+
+    #[test]
+    fn shapes_outside_u32_ids_or_counts_are_not_served() {
+        let h = SharedMemory::H100;
+        let sm90 = Arch::sm(90);
+        assert!(choose_select(&req(sm90, h, 0, 10)).is_none());
+        assert!(choose_select(&req(sm90, h, 10, 0)).is_none());
+        assert!(choose_select(&req(sm90, h, 10, u32::MAX as usize)).is_none());
+        assert!(choose_select(&req(sm90, h, 10, u32::MAX as usize - 1)).is_some());
+        let zero_dim = KnnRequest {
+            dim: 0,
+            ..req(sm90, h, 10, 10)
+        };
+        assert!(choose_select(&zero_dim).is_none());
+    }
+
+    #[test]
+    fn every_dtype_metric_and_filter_has_its_kernels() {
+        for dtype in DType::ALL {
+            for metric in Metric::ALL {
+                for filter in FILTERS {
+                    let r = KnnRequest {
+                        dtype,
+                        metric,
+                        filter,
+                        ..req(Arch::sm(90), SharedMemory::H100, 2000, 100_000)
+                    };
+                    let p = choose_select(&r).unwrap();
+                    assert_eq!(p.dist.param("dtype"), Some(dtype.name()));
+                    assert_eq!(p.dist_planner().fragment_names().len(), 3);
+                    assert_eq!(
+                        p.select_planner().fragment_names(),
+                        vec![p.select.name.to_string()]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn batches_bound_the_matrix() {
+        assert_eq!(SelectPlan::batch(1_000_000), 134);
+        assert_eq!(SelectPlan::batch(1), MAX_BATCH);
+        assert_eq!(SelectPlan::batch(u32::MAX as usize - 2), 1);
+        for n in [1, 1000, 1_000_000, 100_000_000] {
+            assert!(SelectPlan::batch(n) * 4 * n <= MATRIX_BYTES.max(4 * n));
+        }
+    }
+
+    #[test]
+    fn the_family_enumerates_what_the_planner_plans() {
+        let mut reached = Vec::new();
+        for dtype in DType::ALL {
+            for metric in Metric::ALL {
+                for filter in FILTERS {
+                    let r = KnnRequest {
+                        dtype,
+                        metric,
+                        filter,
+                        ..req(Arch::sm(90), SharedMemory::H100, 5000, 100_000)
+                    };
+                    let p = choose_select(&r).unwrap();
+                    reached.push(p.dist_planner());
+                    reached.push(p.select_planner());
+                }
+            }
+        }
+        // The select kernel is one plan, whatever the search.
+        let mut seen = std::collections::HashSet::new();
+        reached.retain(|p| seen.insert(p.fragment_names().join("+")));
+        SELECT_FAMILY.check_against(reached).unwrap();
+    }
+}
