@@ -43,8 +43,8 @@
 //   with d' <= hi' <= U < lo <= d. So results equal the scan kernel's and the CPU
 //   path's bit for bit.
 //
-// Not handled here (the host routes such searches to the scan kernel, or to the CPU
-// path where k > 256, the scan's largest capacity): rows or queries that are
+// Not handled here (the host routes such searches to the scan kernel, or where
+// k > 256, the scan's largest capacity, to the two-pass select of knn_select.cuh): rows or queries that are
 // "special" for the bounds (knn_bounds.cuh), k > CAP (1024 at most), n_rows >=
 // 2^32 - 1 (ids are u32), dim beyond knn::dim_supported, u8 dim > 32896.
 #pragma once

@@ -235,7 +235,7 @@ fn special_rows_stay_on_the_exact_scan() {
 fn the_two_pass_select_equals_cpu_beyond_the_candidate_capacities() {
     // k beyond 1024 (every dtype and metric, filters, k beyond the rows),
     // and a base of 1.1M rows whose 300 queries take three batches of the
-    // distance matrix (SelectPlan::batch: 122 queries).
+    // distance matrix (SelectPlan::batch: 121 queries).
     let gpu = searcher();
     for dtype in DTYPES {
         let (base, queries) = synthetic(20_000, 40, 30, dtype, 13);
@@ -274,7 +274,7 @@ fn the_two_pass_select_equals_cpu_beyond_the_candidate_capacities() {
         );
     }
     let n = 1_100_000;
-    assert_eq!(knn::SelectPlan::batch(n), 122);
+    assert_eq!(knn::SelectPlan::batch(n, 2000), 121);
     let (base, queries) = synthetic(n, 16, 300, DType::F32, 4);
     check(
         &gpu,

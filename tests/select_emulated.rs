@@ -7,10 +7,11 @@
 //! What emulation checks and what it cannot is said in
 //! tests/knn_emulated.rs; the ignored GPU test tests/knn_gpu.rs still has
 //! to pass on a GPU. Cases: k beyond 1024 over partial row and query
-//! tiles and a dim that is not a whole number of staging steps, k beyond
-//! the rows, a filter leaving fewer rows than k, many equal distances (the
-//! ties at the threshold go by id), NaN and infinite rows, a zero query
-//! (inner product's -0), a grid smaller than the batch (grid-stride).
+//! tiles (two of queries) and a dim that is not a whole number of staging
+//! steps, k beyond the rows, a filter leaving fewer rows than k, many
+//! equal distances (the ties at the threshold go by id), NaN and infinite
+//! rows, a zero query (inner product's -0), a grid smaller than the batch
+//! (grid-stride).
 
 mod support;
 
@@ -135,6 +136,9 @@ fn the_two_pass_select_matches_the_cpu_path_under_emulation() {
         let sparse = Some(Bitset::random(3000, 0.1, 3));
         run("10% filter", &base, &queries, 1100, sparse, 2);
         run("k 1", &base, &queries, 1, None, 9);
+        // 40 queries: a second query tile of the distance kernel (grid.y 2).
+        let (_, q40) = synthetic(3000, 37, 40, dtype, 6);
+        run("two query tiles", &base, &q40, 1030, None, 40);
         // Ties: 1000 copies of each of 3 rows, the cut inside a group.
         let dup = duplicates(3000, 16, dtype);
         let (_, q16) = synthetic(10, 16, 5, dtype, 8);

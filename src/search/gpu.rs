@@ -22,7 +22,7 @@ use crate::link::{LinkError, LinkKey, Linked};
 
 use super::index::{GpuIndex, IndexShape};
 use super::knn::choose_select;
-use super::knn::select::DIST_BLOCK;
+use super::knn::select::{DIST_BLOCK, SELECT_BLOCK};
 use super::plan::{PlanError, ScanPlan};
 use super::{Neighbors, SearchError, SearchParams, Vectors};
 
@@ -232,8 +232,18 @@ impl GpuSearcher {
         if nq == 0 {
             // Nothing to launch: link and load what a search would, upload
             // nothing.
-            let linked = planner.link_for(self.ctx.arch())?;
+            let arch = self.ctx.arch();
+            let linked = planner.link_for(arch)?;
             self.launcher_for(&linked, block)?;
+            // The second kernel of a two-kernel path.
+            let second = match (&knn, &select) {
+                (Some(kp), _) => Some((kp.rerank_planner(), super::knn::plan::KNN_BLOCK)),
+                (_, Some(sp)) => Some((sp.select_planner(), SELECT_BLOCK)),
+                _ => None,
+            };
+            if let Some((p, threads)) = second {
+                self.launcher_for(&p.link_for(arch)?, threads)?;
+            }
             return Ok(GpuSearch {
                 neighbors: Neighbors {
                     nq: 0,

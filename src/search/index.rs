@@ -14,8 +14,9 @@
 //! ([`crate::search::knn::choose`]: TF32 needs sm_80, k up to the largest
 //! capacity the device's shared memory holds (1024 on an H100), no
 //! "special" row or query, `FRAGLINK_GPU_KNN` not off) and the exact scan
-//! otherwise (k ≤ 256; beyond it the search is an error that sends it to the
-//! CPU path); both give the same results. A bitset filter is a search parameter: it is
+//! otherwise (k ≤ 256; beyond it the two-pass select of
+//! [`crate::search::knn::select`] where the device can sort k keys, else an
+//! error that sends the search to the CPU path); all give the same results. A bitset filter is a search parameter: it is
 //! uploaded when it first appears and kept while the following searches pass
 //! the same bits (query batches of one search do), replaced when they differ.
 //!
@@ -253,8 +254,8 @@ impl GpuIndex {
     /// Exact k-NN of `queries` against the resident rows. Moves the queries
     /// to the device, a bitset filter when it differs from the last one, and
     /// the results back; never the rows. Bad input (a dtype or dim other than
-    /// the index's, `k` = 0, `k` beyond the scan capacities where the
-    /// tensor-core path cannot serve the search either, a filter of another
+    /// the index's, `k` = 0, `k` beyond the scan capacities where neither the
+    /// tensor-core path nor the two-pass select can serve it, a filter of another
     /// length) is a typed error naming the value, found before anything
     /// moves. `elapsed` covers the query upload, the launches and the download
     /// (and, on the tensor-core path, the queries' norms on the host).
@@ -275,8 +276,9 @@ impl GpuIndex {
     /// path serves the search at all (module docs: shape, k and device in
     /// its range, no special row or query), a variant that cannot (another
     /// dtype, a capacity below k, more shared memory than the device has)
-    /// is an error naming it; elsewhere the scan serves the search as
-    /// without a variant. `None`: the planner decides.
+    /// is an error naming it; elsewhere the scan (or, beyond its k of 256,
+    /// the two-pass select) serves the search as without a variant. `None`:
+    /// the planner decides.
     pub fn search_with_variant(
         &self,
         queries: &Vectors,

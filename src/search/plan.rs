@@ -12,7 +12,7 @@ use super::{DType, Metric};
 /// Why no GPU plan exists for a configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    #[error("k = {k} exceeds the largest top-k capacity of the {dtype}/{idx} scan fragments ({max}); where neither the tensor-core path nor the two-pass select serves it either, the CPU path handles it")]
+    #[error("k = {k} exceeds the largest top-k capacity of the {dtype}/{idx} scan fragments ({max}); the CPU path handles it where no other GPU path serves it")]
     KTooLarge {
         k: usize,
         max: u32,

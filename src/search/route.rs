@@ -87,8 +87,9 @@ pub struct Routed {
     /// already or the model chose the CPU.
     pub upload_seconds: f64,
     /// The GPU kernel that served the search (its last batch): the
-    /// tensor-core candidate kernel (`knn_tile_*`) or the exact scan
-    /// (`scan_*`); `None` on the CPU.
+    /// tensor-core candidate kernel (`knn_tile_*`), the exact scan
+    /// (`scan_*`) or the two-pass select's distance kernel (`knn_dist_*`);
+    /// `None` on the CPU.
     pub gpu_kernel: Option<&'static str>,
 }
 

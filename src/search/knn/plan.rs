@@ -7,9 +7,9 @@
 //!   `min_arch`, and the fragment must be built for an arch that links there;
 //! - `k` ≤ the largest capacity whose shared memory fits the device (1024 on
 //!   an H100, 512 on an A100, 256 on sm_86); the smallest capacity ≥ k is
-//!   used — beyond the scan's largest (256) the tensor-core path is the GPU's
-//!   only one, so a search it cannot serve (a special row or query) goes to
-//!   the CPU;
+//!   used — beyond the scan's largest (256) a search it cannot serve (a
+//!   special row or query, a larger k) goes to the two-pass select
+//!   ([`super::select`]), or the CPU where the device cannot sort k keys;
 //! - row ids are u32 (`n_rows < 2³² − 1`), `1 ≤ dim ≤ 2¹⁷` (knn_bounds.cuh),
 //!   u8 `dim ≤ 32896` (the s32 accumulator stays exact, and the exact squared
 //!   norm, carried as f32 bits, stays below the NaN bit patterns).

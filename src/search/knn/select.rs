@@ -15,10 +15,9 @@
 //!   sm_86/sm_89 (99 KiB), 4096 on sm_75 (64 KiB);
 //! - both fragments, the metric and the filter link for the device.
 //!
-//! The matrix of one batch is at most [`MATRIX_BYTES`]; a batch holds
-//! `MATRIX_BYTES / (4 · n_rows)` queries (at least one).
+//! The matrix and results of one batch are at most [`MATRIX_BYTES`]; a
+//! batch holds `MATRIX_BYTES / (4 · n_rows + 8 · k)` queries (at least one).
 
-use crate::build::Arch;
 use crate::fragment::FragmentInfo;
 use crate::fragments;
 use crate::gpu::launch::ScanContract;
@@ -40,7 +39,8 @@ pub const SELECT_BLOCK: u32 = 256;
 /// An upper bound of `knn_select`'s static shared memory (a 256-bin
 /// histogram, per-warp counts and three words: 1 068 bytes).
 pub const SELECT_STATIC_BYTES: u32 = 1280;
-/// Largest distance matrix of one batch: 512 MiB (128 queries of 1M rows).
+/// Device memory of one batch, its distance matrix and its results: 512 MiB
+/// (133 queries of 1M rows at k = 2000).
 pub const MATRIX_BYTES: usize = 512 << 20;
 /// Queries per `knn_dist` launch: grid.y holds 65535 query tiles.
 const MAX_BATCH: usize = 65_535 * DIST_TILE.0 as usize;
@@ -76,10 +76,12 @@ impl SelectPlan {
         self.sort_slots * 8
     }
 
-    /// Queries per batch over `n_rows` rows: a matrix of at most
-    /// [`MATRIX_BYTES`], at least one query.
-    pub fn batch(n_rows: usize) -> usize {
-        (MATRIX_BYTES / (4 * n_rows.max(1))).clamp(1, MAX_BATCH)
+    /// Queries per batch of `k` over `n_rows` rows: a distance matrix row
+    /// (4 bytes a row) and the results (8 bytes a neighbour) of each query
+    /// within [`MATRIX_BYTES`], at least one query.
+    pub fn batch(n_rows: usize, k: usize) -> usize {
+        let per_query = 4 * n_rows.max(1) + 8 * k;
+        (MATRIX_BYTES / per_query).clamp(1, MAX_BATCH)
     }
 }
 
@@ -182,7 +184,7 @@ impl SelectSearch<'_> {
         };
         // Every count below fits its u32 parameter: choose_select checked
         // n_rows, k and dim, and a batch is at most MAX_BATCH queries.
-        let batch = SelectPlan::batch(n_rows);
+        let batch = SelectPlan::batch(n_rows, k);
         let mut ids = Vec::with_capacity(nq * k);
         let mut distances = Vec::with_capacity(nq * k);
         for b0 in (0..nq).step_by(batch) {
@@ -247,17 +249,10 @@ impl SelectSearch<'_> {
     }
 }
 
-/// Whether a device of `device`'s arch with `shared` memory per block can
-/// select `k` of `n_rows` on the GPU at all (the CLI's plan line).
-pub fn reaches(device: Arch, shared: SharedMemory, k: usize, n_rows: usize) -> bool {
-    sort_slots(k, n_rows).is_some_and(|s| fits(s, shared))
-        && fragments::find(&format!("knn_select_b{SELECT_BLOCK}"))
-            .is_some_and(|f| f.links_for(device))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::build::Arch;
 
     fn req(device: Arch, shared: SharedMemory, k: usize, n_rows: usize) -> KnnRequest<'static> {
         KnnRequest {
@@ -299,8 +294,6 @@ mod tests {
             assert_eq!(p.sort_slots as usize, max_k);
             assert!(p.dynamic_shared_bytes() + SELECT_STATIC_BYTES <= shared.per_block);
             assert!(choose_select(&req(device, shared, max_k + 1, n)).is_none());
-            assert!(reaches(device, shared, max_k, n));
-            assert!(!reaches(device, shared, max_k + 1, n));
         }
         // Beyond n_rows only n_rows keys are sorted: any k serves a small base.
         let p = choose_select(&req(Arch::sm(75), SM75, 1 << 30, 3000)).unwrap();
@@ -348,12 +341,17 @@ mod tests {
     }
 
     #[test]
-    fn batches_bound_the_matrix() {
-        assert_eq!(SelectPlan::batch(1_000_000), 134);
-        assert_eq!(SelectPlan::batch(1), MAX_BATCH);
-        assert_eq!(SelectPlan::batch(u32::MAX as usize - 2), 1);
+    fn batches_bound_the_matrix_and_the_results() {
+        assert_eq!(SelectPlan::batch(1_000_000, 2000), 133);
+        assert_eq!(SelectPlan::batch(1, 1), MAX_BATCH);
+        assert_eq!(SelectPlan::batch(u32::MAX as usize - 2, 5000), 1);
+        // A small base with a huge k: the results bound the batch.
+        assert_eq!(SelectPlan::batch(3000, 1_000_000), 67);
         for n in [1, 1000, 1_000_000, 100_000_000] {
-            assert!(SelectPlan::batch(n) * 4 * n <= MATRIX_BYTES.max(4 * n));
+            for k in [1, 2000, 1 << 20] {
+                let b = SelectPlan::batch(n, k);
+                assert!(b == 1 || b * (4 * n + 8 * k) <= MATRIX_BYTES, "{n} {k}");
+            }
         }
     }
 
