@@ -6,7 +6,8 @@
 // nothing per query lives in shared memory until the k winners are known.
 //
 // knn_dist<T> — the exact distance of every (query, row) pair of a batch, written to
-//   dists[q * n_rows + row] (the distance matrix of at most a few hundred MiB: the
+//   dists[q * ld + row] (the distance matrix, rows ld >= n_rows apart, ld a multiple
+//   of 4 so the select reads whole 16-byte vectors; at most a few hundred MiB: the
 //   host sizes the batch). Linked with one metric fragment of its dtype and one
 //   filter_*_u32 fragment. Block of FRAGLINK_DIST_BLOCK threads over a tile of DQ
 //   queries x DR rows, grid = (row tiles, query tiles); each thread owns 2 queries x
@@ -16,15 +17,18 @@
 //   filter excludes is written as NaN, the one value no allowed row has.
 //
 // knn_select — per query (one block, grid-stride) the k smallest (distance, id) keys
-//   of its matrix row. Keys are 32-bit order keys of the distances (scan::order_key:
-//   -0 and +0 one key; excluded rows all ones, after +inf), so (key, id) orders as
-//   scan::key_less. Pass 1: a radix select on the keys, one byte per round from the
-//   top (4 passes over the row, a 256-bin shared histogram), finds T, the kk-th
-//   smallest key (kk = min(k, n_rows)), and `below`, the number of keys < T. Pass 2
-//   collects the `below` keys < T and the first kk - below rows whose key equals T
-//   in id order (a block-wide prefix over the ties of each tile of rows): exactly the
-//   kk smallest (key, id). A bitonic sort of them in dynamic shared memory (sort_slots
-//   = the next power of two >= kk entries of 8 bytes) gives the result: each winner's
+//   of its matrix row, read with 16-byte loads, several in flight per thread. Keys
+//   are 32-bit order keys of the distances (scan::order_key: -0 and +0 one key;
+//   excluded rows all ones, after +inf), so (key, id) orders as scan::key_less.
+//   Pass 1: a radix select on the keys, one byte per round from the top (4 passes
+//   over the row, a 256-bin histogram per warp), finds T, the kk-th smallest key
+//   (kk = min(k, n_rows)), `below`, the number of keys < T, and `ties`, the number
+//   equal to T. Pass 2 collects the kk smallest (key, id): where below + ties keys
+//   fit the sort, every key <= T (the sort puts the smallest ids of the ties first);
+//   else the `below` keys < T and the first kk - below ties in id order (a
+//   block-wide prefix over each tile of rows). A bitonic sort in dynamic shared
+//   memory (sort_slots = the next power of two >= kk entries of 8 bytes) gives the
+//   result: each winner's
 //   distance read back from the matrix (so -0 stays -0), excluded rows and positions
 //   beyond n_rows as the scan pads, (+inf, 0xFFFFFFFF). Results equal the scan
 //   kernel's and the CPU path's bit for bit.
@@ -58,17 +62,17 @@ static_assert((DQ / QPT) * (DR / RPT) == FRAGLINK_DIST_BLOCK, "one thread per (q
 // thread: a violating launch writes nothing.
 template <typename T>
 __device__ FRAGLINK_INLINE bool dist_launch_ok(const T* dataset, const T* queries, const uint32_t* filter_bits,
-                                               const float* dists) {
+                                               uint32_t n_rows, uint32_t ld, const float* dists) {
   const uint64_t bad = scan::misaligned_bits<static_cast<int>(sizeof(T))>(dataset) |
                        scan::misaligned_bits<static_cast<int>(sizeof(T))>(queries) |
                        scan::misaligned_bits<4>(filter_bits) | scan::misaligned_bits<4>(dists);
-  return bad == 0 && blockDim.x == FRAGLINK_DIST_BLOCK && blockDim.y == 1 && blockDim.z == 1;
+  return bad == 0 && ld >= n_rows && blockDim.x == FRAGLINK_DIST_BLOCK && blockDim.y == 1 && blockDim.z == 1;
 }
 
 template <typename T>
 __device__ FRAGLINK_INLINE void run_dist(const T* __restrict__ dataset, const T* __restrict__ queries,
                                          const uint32_t* __restrict__ filter_bits, uint32_t n_rows, uint32_t dim,
-                                         uint32_t n_queries, float* __restrict__ dists) {
+                                         uint32_t n_queries, uint32_t ld, float* __restrict__ dists) {
   typedef scan::metric_abi<T> M;
   constexpr int QS = DQ / QPT;  // query stride between a thread's queries
   constexpr int RS = DR / RPT;  // row stride between a thread's rows
@@ -77,7 +81,7 @@ __device__ FRAGLINK_INLINE void run_dist(const T* __restrict__ dataset, const T*
   __shared__ T s_q[DC][DQ + 1];
   __shared__ T s_x[DC][DR + 1];
 
-  if (!dist_launch_ok<T>(dataset, queries, filter_bits, dists)) return;
+  if (!dist_launch_ok<T>(dataset, queries, filter_bits, n_rows, ld, dists)) return;
   const int tid = static_cast<int>(threadIdx.x);
   const int tq = tid / RS;
   const int tr = tid % RS;
@@ -133,7 +137,7 @@ __device__ FRAGLINK_INLINE void run_dist(const T* __restrict__ dataset, const T*
       if (!scan::idx_abi<uint32_t>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<uint32_t>(row))) {
         d = __int_as_float(0x7fc00000);  // excluded: NaN
       }
-      dists[q * n_rows + row] = d;
+      dists[q * ld + row] = d;
     }
   }
 }
@@ -141,6 +145,39 @@ __device__ FRAGLINK_INLINE void run_dist(const T* __restrict__ dataset, const T*
 // ----- the select pass ----------------------------------------------------------
 // The order key of a matrix entry: excluded rows (NaN) after every allowed one.
 __device__ FRAGLINK_INLINE uint32_t entry_key(float d) { return d != d ? 0xFFFFFFFFu : scan::order_key(d); }
+
+// Matrix entries per vector load, and vector loads in flight per thread: a block
+// reads its row with 16-byte loads, SELECT_UNROLL of them issued before the first
+// is used (one 4-byte load per thread would leave a block of 256 threads
+// latency-bound at a few GB/s).
+constexpr int SELECT_VEC = 4;
+constexpr int SELECT_UNROLL = 4;
+
+// Calls f(i, entry) for every entry i < n_rows of a matrix row (row stride ld, a
+// multiple of SELECT_VEC; the row 16-byte aligned), in no particular order.
+template <int BLOCK, typename F>
+__device__ FRAGLINK_INLINE void visit_row(const float* __restrict__ row, uint32_t n_rows, uint32_t ld, F f) {
+  typedef scan::vec<float, SELECT_VEC> V;
+  const uint64_t n_vec = ld / SELECT_VEC;
+  for (uint64_t base = 0; base < n_vec; base += static_cast<uint64_t>(BLOCK) * SELECT_UNROLL) {
+    V v[SELECT_UNROLL];
+#pragma unroll
+    for (int u = 0; u < SELECT_UNROLL; ++u) {
+      const uint64_t j = base + static_cast<uint64_t>(u) * BLOCK + threadIdx.x;
+      if (j < n_vec) v[u] = scan::load_vec<float, SELECT_VEC>(row + j * SELECT_VEC);
+    }
+#pragma unroll
+    for (int u = 0; u < SELECT_UNROLL; ++u) {
+      const uint64_t j = base + static_cast<uint64_t>(u) * BLOCK + threadIdx.x;
+      if (j >= n_vec) continue;
+#pragma unroll
+      for (int e = 0; e < SELECT_VEC; ++e) {
+        const uint64_t i = j * SELECT_VEC + e;
+        if (i < n_rows) f(i, v[u].v[e]);
+      }
+    }
+  }
+}
 
 // Ascending bitonic sort of `n` (a power of two) 64-bit keys in shared memory by
 // BLOCK threads. Must be called by all threads of the block; ends with a barrier.
@@ -164,91 +201,120 @@ __device__ FRAGLINK_INLINE void bitonic_sort_u64(uint64_t* keys, uint32_t n) {
 }
 
 // The select's contract (as scan.cuh's launch_ok): block shape, 1 <= k, at least one
-// row, sort_slots a power of two >= min(k, n_rows) and within the launch's dynamic
-// shared memory, 4-byte aligned pointers. The same for every thread.
-__device__ FRAGLINK_INLINE bool select_launch_ok(const float* dists, uint32_t n_rows, uint32_t k, uint32_t sort_slots,
-                                                 const uint32_t* out_ids, const float* out_dists) {
+// row, a row stride ld >= n_rows that is a multiple of SELECT_VEC, a 16-byte aligned
+// matrix, sort_slots a power of two >= min(k, n_rows) within the launch's dynamic
+// shared memory, 4-byte aligned outputs. The same for every thread.
+__device__ FRAGLINK_INLINE bool select_launch_ok(const float* dists, uint32_t n_rows, uint32_t ld, uint32_t k,
+                                                 uint32_t sort_slots, const uint32_t* out_ids,
+                                                 const float* out_dists) {
   const uint32_t kk = k < n_rows ? k : n_rows;
-  const uint64_t bad =
-      scan::misaligned_bits<4>(dists) | scan::misaligned_bits<4>(out_ids) | scan::misaligned_bits<4>(out_dists);
-  return bad == 0 && k != 0 && n_rows != 0 && sort_slots >= kk && (sort_slots & (sort_slots - 1)) == 0 &&
-         static_cast<uint64_t>(sort_slots) * 8 <= scan::dynamic_shared_bytes() &&
+  const uint64_t bad = scan::misaligned_bits<16>(dists) | scan::misaligned_bits<4>(out_ids) |
+                       scan::misaligned_bits<4>(out_dists) | (ld % SELECT_VEC);
+  return bad == 0 && k != 0 && n_rows != 0 && ld >= n_rows && sort_slots >= kk &&
+         (sort_slots & (sort_slots - 1)) == 0 && static_cast<uint64_t>(sort_slots) * 8 <= scan::dynamic_shared_bytes() &&
          blockDim.x == FRAGLINK_SELECT_BLOCK && blockDim.y == 1 && blockDim.z == 1;
 }
 
-__device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint32_t n_rows, uint32_t n_queries,
-                                           uint32_t k, uint32_t sort_slots, uint32_t* __restrict__ out_ids,
-                                           float* __restrict__ out_dists) {
+__device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint32_t n_rows, uint32_t ld,
+                                           uint32_t n_queries, uint32_t k, uint32_t sort_slots,
+                                           uint32_t* __restrict__ out_ids, float* __restrict__ out_dists) {
   constexpr int BLOCK = FRAGLINK_SELECT_BLOCK;
   constexpr int WARPS = BLOCK / 32;
-  __shared__ uint32_t s_hist[256];
+  // One histogram per warp: the keys of a row cluster in few bins (distances of
+  // one order of magnitude share their top byte), and warps adding to one shared
+  // histogram would serialise on them.
+  __shared__ uint32_t s_hist[WARPS][256];
   __shared__ uint32_t s_warp[WARPS];
-  __shared__ uint32_t s_pick[2];
-  __shared__ uint32_t s_less;
+  __shared__ uint32_t s_pick[3];
+  __shared__ uint32_t s_count;
   uint64_t* const s_keys = reinterpret_cast<uint64_t*>(scan::dynamic_shared());
 
-  if (!select_launch_ok(dists, n_rows, k, sort_slots, out_ids, out_dists)) return;
+  if (!select_launch_ok(dists, n_rows, ld, k, sort_slots, out_ids, out_dists)) return;
   const uint32_t tid = threadIdx.x;
   const uint32_t lane = tid % 32;
   const uint32_t warp = tid / 32;
   const uint32_t kk = k < n_rows ? k : n_rows;
 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
-    const float* __restrict__ row = dists + q * n_rows;
-    // Pass 1: T, the kk-th smallest key (rank kk - 1 from 0), one byte per round.
-    uint32_t prefix = 0, mask = 0, rank = kk - 1, below = 0;
+    const float* __restrict__ row = dists + q * ld;
+    // Pass 1: T, the kk-th smallest key (rank kk - 1 from 0), one byte per round;
+    // `ties`, how many keys equal T.
+    uint32_t prefix = 0, mask = 0, rank = kk - 1, below = 0, ties = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (uint32_t b = tid; b < 256; b += BLOCK) s_hist[b] = 0;
+      for (uint32_t b = tid; b < static_cast<uint32_t>(WARPS) * 256; b += BLOCK) s_hist[b / 256][b % 256] = 0;
       __syncthreads();
-      for (uint64_t i = tid; i < n_rows; i += BLOCK) {
-        const uint32_t key = entry_key(row[i]);
-        if ((key & mask) == prefix) atomicAdd(&s_hist[(key >> shift) & 0xFFu], 1u);
+      visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t, float d) {
+        const uint32_t key = entry_key(d);
+        if ((key & mask) == prefix) atomicAdd(&s_hist[warp][(key >> shift) & 0xFFu], 1u);
+      });
+      __syncthreads();
+      for (uint32_t b = tid; b < 256; b += BLOCK) {
+        uint32_t sum = 0;
+        for (int w = 0; w < WARPS; ++w) sum += s_hist[w][b];
+        s_hist[0][b] = sum;
       }
       __syncthreads();
       if (tid == 0) {
         // The bin holding rank `rank` among the keys that share the bytes so far.
         uint32_t b = 0, acc = 0;
-        for (; b < 255 && acc + s_hist[b] <= rank; ++b) acc += s_hist[b];
+        for (; b < 255 && acc + s_hist[0][b] <= rank; ++b) acc += s_hist[0][b];
         s_pick[0] = b;
         s_pick[1] = acc;
+        s_pick[2] = s_hist[0][b];
       }
       __syncthreads();
-      // s_pick is written again only after the next round's histogram barrier.
+      // s_pick is written again only after the next round's histogram barriers.
       prefix |= s_pick[0] << shift;
       mask |= 0xFFu << shift;
       rank -= s_pick[1];
       below += s_pick[1];
+      ties = s_pick[2];
     }
     const uint32_t t_key = prefix;
-    const uint32_t need = kk - below;  // rows with key T that make the cut, >= 1
+    const uint32_t need = kk - below;  // keys equal to T that make the cut, 1..ties
 
-    // Pass 2: the keys < T anywhere in [0, below), the first `need` ties in id order
-    // after them.
-    if (tid == 0) s_less = 0;
+    // Pass 2: the keys < T, in [0, below), and the first `need` keys equal to T in
+    // id order after them. When every tie fits the sort, all of them are kept
+    // unordered and the sort puts the smallest ids first; otherwise (many equal
+    // distances, or excluded rows making up the cut) the ties go through a
+    // block-wide prefix over each tile of rows in id order.
+    const bool all_ties_fit = static_cast<uint64_t>(below) + ties <= sort_slots;
+    if (tid == 0) s_count = 0;
     __syncthreads();
-    uint32_t ties = 0;  // ties in earlier tiles (the same in every thread)
-    for (uint64_t base = 0; base < n_rows; base += BLOCK) {
-      const uint64_t i = base + tid;
-      const uint32_t key = i < n_rows ? entry_key(row[i]) : 0u;
-      const uint64_t packed = (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(i);
-      if (i < n_rows && key < t_key) s_keys[atomicAdd(&s_less, 1u)] = packed;
-      const bool tie = i < n_rows && key == t_key;
-      const unsigned ballot = __ballot_sync(0xffffffffu, tie);
-      if (lane == 0) s_warp[warp] = static_cast<uint32_t>(__popc(ballot));
-      __syncthreads();
-      uint32_t pos = ties + static_cast<uint32_t>(__popc(ballot & ((1u << lane) - 1u)));
-      uint32_t total = 0;
-      for (uint32_t w = 0; w < static_cast<uint32_t>(WARPS); ++w) {
-        if (w < warp) pos += s_warp[w];
-        total += s_warp[w];
+    if (all_ties_fit) {
+      visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t i, float d) {
+        const uint32_t key = entry_key(d);
+        if (key <= t_key) {
+          s_keys[atomicAdd(&s_count, 1u)] = (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(i);
+        }
+      });
+    } else {
+      uint32_t seen = 0;  // ties in earlier tiles (the same in every thread)
+      for (uint64_t base = 0; base < n_rows; base += BLOCK) {
+        const uint64_t i = base + tid;
+        const uint32_t key = i < n_rows ? entry_key(row[i]) : 0u;
+        const uint64_t packed = (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(i);
+        if (i < n_rows && key < t_key) s_keys[atomicAdd(&s_count, 1u)] = packed;
+        const bool tie = i < n_rows && key == t_key;
+        const unsigned ballot = __ballot_sync(0xffffffffu, tie);
+        if (lane == 0) s_warp[warp] = static_cast<uint32_t>(__popc(ballot));
+        __syncthreads();
+        uint32_t pos = seen + static_cast<uint32_t>(__popc(ballot & ((1u << lane) - 1u)));
+        uint32_t total = 0;
+        for (uint32_t w = 0; w < static_cast<uint32_t>(WARPS); ++w) {
+          if (w < warp) pos += s_warp[w];
+          total += s_warp[w];
+        }
+        if (tie && pos < need) s_keys[below + pos] = packed;
+        seen += total;
+        __syncthreads();  // s_warp is rewritten by the next tile
       }
-      if (tie && pos < need) s_keys[below + pos] = packed;
-      ties += total;
-      __syncthreads();  // s_warp is rewritten by the next tile
     }
+    __syncthreads();
 
-    // The kk winners, sorted by (key, id); the slots beyond them sort last.
-    for (uint32_t j = kk + tid; j < sort_slots; j += BLOCK) s_keys[j] = ~0ull;
+    // The winners sorted by (key, id); the slots beyond the kept keys sort last.
+    const uint32_t kept = all_ties_fit ? below + ties : kk;
+    for (uint32_t j = kept + tid; j < sort_slots; j += BLOCK) s_keys[j] = ~0ull;
     __syncthreads();
     bitonic_sort_u64<BLOCK>(s_keys, sort_slots);
 
@@ -263,7 +329,7 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
       out_ids[out + j] = id;
       out_dists[out + j] = d;
     }
-    __syncthreads();  // the next query rewrites the keys and s_less
+    __syncthreads();  // the next query rewrites the keys and s_count
   }
 }
 

@@ -9,7 +9,8 @@
 //! path's bit for bit, special values included.
 //!
 //! Rules ([`choose_select`], `None` sends the search to the CPU):
-//! - ids are u32 (`n_rows < 2³² − 1`) and `k` fits a u32;
+//! - ids are u32 and so is the matrix's row stride (`n_rows ≤ 2³² − 4`),
+//!   and `k` fits a u32;
 //! - the select sorts `min(k, n_rows)` keys of 8 bytes, rounded up to a
 //!   power of two, in shared memory: k ≤ 16384 on an A100 or H100, 8192 on
 //!   sm_86/sm_89 (99 KiB), 4096 on sm_75 (64 KiB);
@@ -37,8 +38,8 @@ pub const DIST_TILE: (u32, u32) = (32, 64);
 /// Threads per block of `knn_select` (FRAGLINK_SELECT_BLOCK).
 pub const SELECT_BLOCK: u32 = 256;
 /// An upper bound of `knn_select`'s static shared memory (a 256-bin
-/// histogram, per-warp counts and three words: 1 068 bytes).
-pub const SELECT_STATIC_BYTES: u32 = 1280;
+/// histogram per warp, per-warp counts and four words: 8 240 bytes).
+pub const SELECT_STATIC_BYTES: u32 = 8448;
 /// Device memory of one batch, its distance matrix and its results: 512 MiB
 /// (133 queries of 1M rows at k = 2000).
 pub const MATRIX_BYTES: usize = 512 << 20;
@@ -77,12 +78,18 @@ impl SelectPlan {
     }
 
     /// Queries per batch of `k` over `n_rows` rows: a distance matrix row
-    /// (4 bytes a row) and the results (8 bytes a neighbour) of each query
-    /// within [`MATRIX_BYTES`], at least one query.
+    /// (4 bytes a row, [`row_stride`] rows) and the results (8 bytes a
+    /// neighbour) of each query within [`MATRIX_BYTES`], at least one query.
     pub fn batch(n_rows: usize, k: usize) -> usize {
-        let per_query = 4 * n_rows.max(1) + 8 * k;
+        let per_query = 4 * row_stride(n_rows.max(1)) + 8 * k;
         (MATRIX_BYTES / per_query).clamp(1, MAX_BATCH)
     }
+}
+
+/// The distance matrix's row stride: `n_rows` rounded up to whole 16-byte
+/// vectors, which the select loads.
+pub fn row_stride(n_rows: usize) -> usize {
+    n_rows.next_multiple_of(4)
 }
 
 /// `min(k, n_rows)` rounded up to a power of two (`None` past u32).
@@ -98,7 +105,11 @@ fn fits(slots: u32, shared: SharedMemory) -> bool {
 /// The two-pass plan for `r`, or `None` where it cannot serve it (module
 /// docs). `nq` does not matter.
 pub fn choose_select(r: &KnnRequest<'_>) -> Option<SelectPlan> {
-    if r.k == 0 || u32::try_from(r.k).is_err() || r.n_rows == 0 || r.n_rows >= u32::MAX as usize {
+    // The row stride is a u32 parameter too.
+    if r.k == 0 || u32::try_from(r.k).is_err() || r.n_rows == 0 {
+        return None;
+    }
+    if row_stride(r.n_rows) > u32::MAX as usize {
         return None;
     }
     if r.dim == 0 || u32::try_from(r.dim).is_err() {
@@ -185,13 +196,14 @@ impl SelectSearch<'_> {
         // Every count below fits its u32 parameter: choose_select checked
         // n_rows, k and dim, and a batch is at most MAX_BATCH queries.
         let batch = SelectPlan::batch(n_rows, k);
+        let ld = row_stride(n_rows);
         let mut ids = Vec::with_capacity(nq * k);
         let mut distances = Vec::with_capacity(nq * k);
         for b0 in (0..nq).step_by(batch) {
             let b1 = (b0 + batch).min(nq);
             let nb = b1 - b0;
             let d_q = crate::search::gpu::upload_vectors(t, pool, &queries.slice_rows(b0, b1))?;
-            let mut matrix = pool.alloc::<f32>(nb * n_rows)?;
+            let mut matrix = pool.alloc::<f32>(nb * ld)?;
             {
                 let grid = (
                     n_rows.div_ceil(DIST_TILE.1 as usize) as u32,
@@ -207,11 +219,14 @@ impl SelectSearch<'_> {
                     Some(b) => a.input(b)?.require_alignment(4, "filter_bits"),
                     None => a.null_ptr(),
                 };
-                a.value(n_rows as u32).value(dim as u32).value(nb as u32);
-                a.output(matrix.view_mut())?.require_alignment(4, "dists");
+                a.value(n_rows as u32)
+                    .value(dim as u32)
+                    .value(nb as u32)
+                    .value(ld as u32);
+                a.output(matrix.view_mut())?.require_alignment(16, "dists");
                 // SAFETY: knn_dist's contract (fragments/README.md): the rows,
                 // nb queries, the filter words or null, counts that fit u32,
-                // a matrix of nb × n_rows; grid.x covers every row tile and
+                // a matrix of nb rows of ld ≥ n_rows; grid.x covers every row tile and
                 // grid.y every query tile (nb ≤ 65535 tiles).
                 unsafe { dist.launch(&cfg, &mut a)? };
             }
@@ -221,15 +236,17 @@ impl SelectSearch<'_> {
                 let cfg = LaunchConfig::new((nb as u32, 1, 1), (SELECT_BLOCK, 1, 1))
                     .with_dynamic_shared(self.plan.dynamic_shared_bytes());
                 let mut a = KernelArgs::new();
-                a.input(&matrix)?.require_alignment(4, "dists");
+                a.input(&matrix)?.require_alignment(16, "dists");
                 a.value(n_rows as u32)
+                    .value(ld as u32)
                     .value(nb as u32)
                     .value(k as u32)
                     .value(self.plan.sort_slots);
                 push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
                 push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
                 // SAFETY: knn_select's contract: the matrix knn_dist filled on
-                // the same stream, sort_slots a power of two ≥ min(k, n_rows)
+                // the same stream (16-byte aligned, rows ld apart, ld a
+                // multiple of 4), sort_slots a power of two ≥ min(k, n_rows)
                 // with 8 bytes each of dynamic shared memory, outputs of
                 // nb × k.
                 unsafe { select.launch(&cfg, &mut a)? };
@@ -308,8 +325,11 @@ mod tests {
         let sm90 = Arch::sm(90);
         assert!(choose_select(&req(sm90, h, 0, 10)).is_none());
         assert!(choose_select(&req(sm90, h, 10, 0)).is_none());
-        assert!(choose_select(&req(sm90, h, 10, u32::MAX as usize)).is_none());
-        assert!(choose_select(&req(sm90, h, 10, u32::MAX as usize - 1)).is_some());
+        // The row stride, n_rows rounded up to a multiple of 4, is a u32.
+        assert!(choose_select(&req(sm90, h, 10, u32::MAX as usize - 2)).is_none());
+        assert!(choose_select(&req(sm90, h, 10, u32::MAX as usize - 3)).is_some());
+        assert_eq!(row_stride(5), 8);
+        assert_eq!(row_stride(8), 8);
         let zero_dim = KnnRequest {
             dim: 0,
             ..req(sm90, h, 10, 10)
@@ -344,13 +364,16 @@ mod tests {
     fn batches_bound_the_matrix_and_the_results() {
         assert_eq!(SelectPlan::batch(1_000_000, 2000), 133);
         assert_eq!(SelectPlan::batch(1, 1), MAX_BATCH);
-        assert_eq!(SelectPlan::batch(u32::MAX as usize - 2, 5000), 1);
+        assert_eq!(SelectPlan::batch(u32::MAX as usize - 3, 5000), 1);
         // A small base with a huge k: the results bound the batch.
         assert_eq!(SelectPlan::batch(3000, 1_000_000), 67);
         for n in [1, 1000, 1_000_000, 100_000_000] {
             for k in [1, 2000, 1 << 20] {
                 let b = SelectPlan::batch(n, k);
-                assert!(b == 1 || b * (4 * n + 8 * k) <= MATRIX_BYTES, "{n} {k}");
+                assert!(
+                    b == 1 || b * (4 * row_stride(n) + 8 * k) <= MATRIX_BYTES,
+                    "{n} {k}"
+                );
             }
         }
     }

@@ -25,8 +25,8 @@ namespace simt_select {
 using namespace simt_io;
 
 template <typename T>
-using dist_fn = void (*)(const T*, const T*, const uint32_t*, uint32_t, uint32_t, uint32_t, float*);
-using select_fn = void (*)(const float*, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*, float*);
+using dist_fn = void (*)(const T*, const T*, const uint32_t*, uint32_t, uint32_t, uint32_t, uint32_t, float*);
+using select_fn = void (*)(const float*, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*, float*);
 
 template <typename T>
 int select_main(int argc, char** argv, dist_fn<T> dist, select_fn select) {
@@ -38,21 +38,23 @@ int select_main(int argc, char** argv, dist_fn<T> dist, select_fn select) {
   const std::vector<T> queries = read_file<T>(dir + "/queries.bin", size_t(nq) * dim);
   const std::vector<uint32_t> bits = read_file<uint32_t>(dir + "/filter.bin", (n_rows + 31) / 32, true);
 
+  // Rows of the matrix ld apart (knn::select::row_stride: whole 16-byte vectors).
+  const uint32_t ld = (n_rows + 3) / 4 * 4;
   // Every entry must be written: the sentinel is a value no distance takes here.
   const float unwritten = -12345.0f;
-  std::vector<float> matrix(size_t(nq) * n_rows, unwritten);
+  std::vector<float> matrix(size_t(nq) * ld, unwritten);
   auto run_dist = [&] {
-    dist(dataset.data(), queries.data(), bits.empty() ? nullptr : bits.data(), n_rows, dim, nq, matrix.data());
+    dist(dataset.data(), queries.data(), bits.empty() ? nullptr : bits.data(), n_rows, dim, nq, ld, matrix.data());
   };
   // knn::select::DIST_TILE: 64 rows x 32 queries per block.
   simt::launch(simt::extent{(n_rows + 63) / 64, (nq + 31) / 32, 1}, simt::extent{256, 1, 1}, run_dist, seed);
   for (size_t i = 0; i < matrix.size(); ++i) {
-    if (matrix[i] == unwritten) die(1, "matrix entry " + std::to_string(i) + " not written");
+    if (i % ld < n_rows && matrix[i] == unwritten) die(1, "matrix entry " + std::to_string(i) + " not written");
   }
 
   std::vector<uint32_t> ids(size_t(nq) * k, 0xDEADBEEFu);
   std::vector<float> dists(size_t(nq) * k, NAN);
-  auto run_select = [&] { select(matrix.data(), n_rows, nq, k, sort_slots, ids.data(), dists.data()); };
+  auto run_select = [&] { select(matrix.data(), n_rows, ld, nq, k, sort_slots, ids.data(), dists.data()); };
   simt::launch(simt::extent{select_grid, 1, 1}, simt::extent{256, 1, 1}, run_select, seed + 1, sort_slots * 8);
   return write_results(dir, "ids.bin", ids, dists);
 }
