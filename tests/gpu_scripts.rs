@@ -76,16 +76,18 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         (Some(1_000_000), Some(128), Some(1000))
     );
     let cases = doc["cases"].as_array().unwrap();
-    // f32, f16 × nq 1, 100, 10 000 × k 10, 100.
-    assert_eq!(cases.len(), 12);
+    // f32, f16 × nq 1, 100, 10 000 × k 10, 100; f32 × nq 1, 100 × k 2000
+    // (the two-pass select, no goal).
+    assert_eq!(cases.len(), 14);
     for c in cases {
-        let nq = c["nq"].as_u64().unwrap();
+        let (nq, k) = (c["nq"].as_u64().unwrap(), c["k"].as_u64().unwrap());
         let goal = c["goal"].as_f64();
-        assert_eq!(
-            goal,
-            if nq >= 10_000 { Some(1.0) } else { Some(1.5) },
-            "{c}"
-        );
+        let want = match (nq, k) {
+            (_, 2000) => None,
+            (10_000.., _) => Some(1.0),
+            _ => Some(1.5),
+        };
+        assert_eq!(goal, want, "{c}");
         assert!(c["floor_qps"].as_f64().unwrap() > 0.0, "{c}");
         let bound = c["floor_bound"].as_str().unwrap();
         assert!(bound == "memory" || bound.ends_with("FLOPs"), "{c}");
@@ -148,7 +150,7 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         .lines()
         .filter(|l| l.starts_with("| f32 |") || l.starts_with("| f16 |"))
         .count();
-    assert_eq!(rows, 12 + 2, "{md}");
+    assert_eq!(rows, 14 + 2, "{md}");
 }
 
 /// gpu-run.sh's Nsight Compute step: `collect` reads each `ncu-<case>.csv`
