@@ -534,3 +534,42 @@ fn rayon_num_threads_is_clamped_and_checked() {
     );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
 }
+
+#[test]
+fn beyond_the_scan_the_plan_names_the_large_k_path() {
+    // k past the scan's 256: the tensor-core kernels where their capacity
+    // holds k (1024 at most, H100 shared memory when no GPU is asked), the
+    // two-pass select beyond, the CPU path only past what it can sort.
+    let cache = tempfile::tempdir().unwrap();
+    let plan_of = |k: &str| {
+        let v = search_json(
+            cache.path(),
+            &["--n", "20000", "--nq", "3", "--k", k, "--device", "cpu"],
+        );
+        assert_eq!(v["recall"], 1.0, "{v}");
+        v
+    };
+    let v = plan_of("500");
+    assert_eq!(
+        v["link"]["entry"], "knn_tile_f32_tf32x3_q16_r64_k512",
+        "{v}"
+    );
+    assert_eq!(v["fragments"][1], "knn_rerank_f32_k512", "{v}");
+    let v = plan_of("2000");
+    assert_eq!(v["link"]["entry"], "knn_dist_f32", "{v}");
+    assert_eq!(
+        v["fragments"],
+        serde_json::json!([
+            "knn_dist_f32",
+            "knn_select_b256",
+            "metric_l2_f32",
+            "filter_none_u32"
+        ]),
+        "{v}"
+    );
+    assert!(v["plan_error"].is_null(), "{v}");
+    let v = plan_of("20000");
+    assert!(v["link"].is_null(), "{v}");
+    let e = v["plan_error"].as_str().unwrap();
+    assert!(e.contains("k = 20000") && e.contains("the CPU path"), "{v}");
+}
