@@ -65,16 +65,7 @@ fn check_scan(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    emulated::write(&d.join("dataset.bin"), base.as_bytes());
-    emulated::write(&d.join("queries.bin"), queries.as_bytes());
-    let mut params = SearchParams::new(k, metric);
-    if let Some(b) = filter {
-        emulated::write(
-            &d.join("filter.bin"),
-            &emulated::filter_words(&b, base.rows()),
-        );
-        params = params.with_filter(Filter::Bitset(b));
-    }
+    let params = emulated::write_search(d, base, queries, k, metric, filter);
     let (n, dim, nq) = (base.rows(), base.dim(), queries.rows());
     let args: Vec<String> = [
         kernel.to_string(),

@@ -9,7 +9,8 @@
 //! to pass on a GPU. Cases: k beyond 1024 over partial row and query
 //! tiles (two of queries) and a dim that is not a whole number of staging
 //! steps, k beyond the rows, a filter leaving fewer rows than k, many
-//! equal distances (the ties at the threshold go by id), NaN and infinite
+//! equal distances (the ties at the threshold go by id: kept whole where
+//! they fit the sort, else through the ordered prefix), NaN and infinite
 //! rows, a zero query (inner product's -0), a grid smaller than the batch
 //! (grid-stride).
 
@@ -20,7 +21,7 @@ use std::path::{Path, PathBuf};
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::synthetic;
 use fraglink::search::knn::select::{sort_slots, SELECT_BLOCK};
-use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
+use fraglink::search::{Bitset, DType, Metric, Neighbors, Vectors};
 use half::f16;
 use support::emulated;
 
@@ -69,16 +70,7 @@ fn check(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    emulated::write(&d.join("dataset.bin"), base.as_bytes());
-    emulated::write(&d.join("queries.bin"), queries.as_bytes());
-    let mut params = SearchParams::new(k, metric);
-    if let Some(b) = filter {
-        emulated::write(
-            &d.join("filter.bin"),
-            &emulated::filter_words(&b, base.rows()),
-        );
-        params = params.with_filter(Filter::Bitset(b));
-    }
+    let params = emulated::write_search(d, base, queries, k, metric, filter);
     let (n, dim, nq) = (base.rows(), base.dim(), queries.rows());
     let slots = sort_slots(k, n).unwrap();
     let args: Vec<String> = [n, dim, nq, k, slots as usize, select_grid as usize, 7]
@@ -151,6 +143,9 @@ fn the_two_pass_select_matches_the_cpu_path_under_emulation() {
             None,
             5,
         );
+        // 1000 ties at the cut, more than the sort's 512 slots: the ties go
+        // through the ordered prefix, over several tiles of rows.
+        run("ties beyond the sort", &dup, &q16, 300, None, 5);
         // A one-row, one-element base.
         let (tiny, tq) = synthetic(1, 1, 3, dtype, 4);
         run("one row", &tiny, &tq, 2000, None, 3);

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use crate::gpu::launch::{ScanArgError, ScanContract};
 use crate::gpu::{
-    GpuContext, GpuError, GpuViewMut, KernelArgs, KernelResources, LaunchConfig, Launcher,
-    MemoryPool, Transfer,
+    GpuBuffer, GpuContext, GpuError, GpuViewMut, KernelArgs, KernelResources, LaunchConfig,
+    Launcher, MemoryPool, Transfer,
 };
 use crate::link::{LinkError, LinkKey, Linked};
 
@@ -395,6 +395,19 @@ impl GpuSearcher {
             distances,
         })
     }
+}
+
+/// Downloads one batch's results (u32 ids, distances) and appends them to
+/// `out` (the ids widened by [`widen_ids`]).
+pub(crate) fn append_batch(
+    t: &Transfer,
+    ids: &GpuBuffer<u32>,
+    dists: &GpuBuffer<f32>,
+    out: &mut Neighbors,
+) -> Result<(), GpuError> {
+    out.ids.extend(widen_ids(t.download_vec(ids)?));
+    out.distances.extend(t.download_vec(dists)?);
+    Ok(())
 }
 
 /// u32 result ids as the API's i64, the u32 padding id (all ones) as

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fraglink::search::{Bitset, DType, Neighbors};
+use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 
 use super::host_cxx;
 
@@ -129,6 +129,29 @@ pub fn filter_words(b: &Bitset, n_rows: usize) -> Vec<u8> {
         })
         .collect();
     bytes_of(&words, u32::to_le_bytes)
+}
+
+/// Writes a search's inputs into `dir` as the drivers read them
+/// (dataset.bin, queries.bin, and filter.bin when there is a filter) and
+/// returns the CPU path's parameters for the same search.
+pub fn write_search(
+    dir: &Path,
+    base: &Vectors,
+    queries: &Vectors,
+    k: usize,
+    metric: Metric,
+    filter: Option<Bitset>,
+) -> SearchParams {
+    write(&dir.join("dataset.bin"), base.as_bytes());
+    write(&dir.join("queries.bin"), queries.as_bytes());
+    let params = SearchParams::new(k, metric);
+    match filter {
+        Some(b) => {
+            write(&dir.join("filter.bin"), &filter_words(&b, base.rows()));
+            params.with_filter(Filter::Bitset(b))
+        }
+        None => params,
+    }
 }
 
 /// Runs `job` over `jobs` on two threads (CI has two cores; each job

@@ -9,7 +9,7 @@
 use crate::gpu::launch::ScanContract;
 use crate::gpu::{GpuBuffer, GpuError, KernelArgs, LaunchConfig, MemoryPool, Transfer};
 use crate::link::Linked;
-use crate::search::gpu::{push_output, widen_ids, DeviceVectors, GpuSearchError, GpuSearcher};
+use crate::search::gpu::{append_batch, push_output, DeviceVectors, GpuSearchError, GpuSearcher};
 use crate::search::{Metric, Neighbors, Vectors};
 
 use super::norms::Norms;
@@ -198,8 +198,12 @@ impl KnnSearch<'_> {
         let resident = tile.resident_blocks(KNN_BLOCK, dynamic)?;
         let cap = self.plan.capacity as usize;
         let (k, dim) = (self.k, self.dim);
-        let mut ids = Vec::with_capacity(nq * k);
-        let mut distances = Vec::with_capacity(nq * k);
+        let mut out = Neighbors {
+            nq,
+            k,
+            ids: Vec::with_capacity(nq * k),
+            distances: Vec::with_capacity(nq * k),
+        };
         for b0 in (0..nq).step_by(KNN_BATCH) {
             let b1 = (b0 + KNN_BATCH).min(nq);
             let nb = b1 - b0;
@@ -274,18 +278,9 @@ impl KnnSearch<'_> {
             // on the same stream (its buffers live until the download).
             unsafe { rerank.launch(&cfg, &mut a)? };
             drop(a);
-            ids.extend(widen_ids(t.download_vec(&o_ids)?));
-            distances.extend(t.download_vec(&o_dists)?);
+            append_batch(t, &o_ids, &o_dists, &mut out)?;
         }
-        Ok((
-            Neighbors {
-                nq,
-                k,
-                ids,
-                distances,
-            },
-            tile_link,
-        ))
+        Ok((out, tile_link))
     }
 }
 

@@ -25,7 +25,7 @@ use crate::gpu::launch::ScanContract;
 use crate::gpu::{GpuBuffer, KernelArgs, LaunchConfig};
 use crate::link::prelink::PlanFamily;
 use crate::link::{Linked, Planner};
-use crate::search::gpu::{push_output, widen_ids, DeviceVectors, GpuSearchError, GpuSearcher};
+use crate::search::gpu::{append_batch, push_output, DeviceVectors, GpuSearchError, GpuSearcher};
 use crate::search::plan::FILTERS;
 use crate::search::{DType, Metric, Neighbors, Vectors};
 
@@ -197,8 +197,12 @@ impl SelectSearch<'_> {
         // n_rows, k and dim, and a batch is at most MAX_BATCH queries.
         let batch = SelectPlan::batch(n_rows, k);
         let ld = row_stride(n_rows);
-        let mut ids = Vec::with_capacity(nq * k);
-        let mut distances = Vec::with_capacity(nq * k);
+        let mut out = Neighbors {
+            nq,
+            k,
+            ids: Vec::with_capacity(nq * k),
+            distances: Vec::with_capacity(nq * k),
+        };
         for b0 in (0..nq).step_by(batch) {
             let b1 = (b0 + batch).min(nq);
             let nb = b1 - b0;
@@ -251,18 +255,9 @@ impl SelectSearch<'_> {
                 // nb × k.
                 unsafe { select.launch(&cfg, &mut a)? };
             }
-            ids.extend(widen_ids(t.download_vec(&o_ids)?));
-            distances.extend(t.download_vec(&o_dists)?);
+            append_batch(t, &o_ids, &o_dists, &mut out)?;
         }
-        Ok((
-            Neighbors {
-                nq,
-                k,
-                ids,
-                distances,
-            },
-            dist_link,
-        ))
+        Ok((out, dist_link))
     }
 }
 
@@ -338,29 +333,6 @@ mod tests {
     }
 
     #[test]
-    fn every_dtype_metric_and_filter_has_its_kernels() {
-        for dtype in DType::ALL {
-            for metric in Metric::ALL {
-                for filter in FILTERS {
-                    let r = KnnRequest {
-                        dtype,
-                        metric,
-                        filter,
-                        ..req(Arch::sm(90), SharedMemory::H100, 2000, 100_000)
-                    };
-                    let p = choose_select(&r).unwrap();
-                    assert_eq!(p.dist.param("dtype"), Some(dtype.name()));
-                    assert_eq!(p.dist_planner().fragment_names().len(), 3);
-                    assert_eq!(
-                        p.select_planner().fragment_names(),
-                        vec![p.select.name.to_string()]
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
     fn batches_bound_the_matrix_and_the_results() {
         assert_eq!(SelectPlan::batch(1_000_000, 2000), 133);
         assert_eq!(SelectPlan::batch(1, 1), MAX_BATCH);
@@ -379,7 +351,7 @@ mod tests {
     }
 
     #[test]
-    fn the_family_enumerates_what_the_planner_plans() {
+    fn every_dtype_metric_and_filter_has_its_kernels_and_the_family_holds_them() {
         let mut reached = Vec::new();
         for dtype in DType::ALL {
             for metric in Metric::ALL {
@@ -391,6 +363,12 @@ mod tests {
                         ..req(Arch::sm(90), SharedMemory::H100, 5000, 100_000)
                     };
                     let p = choose_select(&r).unwrap();
+                    assert_eq!(p.dist.param("dtype"), Some(dtype.name()));
+                    assert_eq!(p.dist_planner().fragment_names().len(), 3);
+                    assert_eq!(
+                        p.select_planner().fragment_names(),
+                        vec![p.select.name.to_string()]
+                    );
                     reached.push(p.dist_planner());
                     reached.push(p.select_planner());
                 }
