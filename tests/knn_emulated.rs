@@ -21,7 +21,6 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use fraglink::build::Arch;
-use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::{synthetic, Rng};
 use fraglink::search::knn::norms::Norms;
 use fraglink::search::knn::plan::{merge_groups, SharedMemory};
@@ -181,13 +180,7 @@ fn run_case(
         d.display().to_string(),
     ];
     emulated::run(exe, &args, &c.what);
-    let found = Neighbors {
-        nq,
-        k: c.k,
-        ids: emulated::read_u32_ids(&d.join("ids.bin")),
-        distances: emulated::read_of(&d.join("dists.bin"), f32::from_le_bytes),
-    };
-    (plan, found)
+    (plan, emulated::read_results(d, nq, c.k, false))
 }
 
 fn check(exe: &Path, metric: Metric, precision: Precision, c: &Case<'_>) {
@@ -196,16 +189,11 @@ fn check(exe: &Path, metric: Metric, precision: Precision, c: &Case<'_>) {
     if let Some(b) = &c.filter {
         params = params.with_filter(Filter::Bitset(b.clone()));
     }
-    let want = search_cpu(c.base, &c.queries, &params).unwrap();
-    assert!(
-        found.bitwise_eq(&want),
-        "{} ({} + {}, {:?}): first difference at {:?}",
-        c.what,
-        plan.tile.name,
-        plan.rerank.name,
-        metric,
-        found.first_difference(&want)
+    let what = format!(
+        "{} ({} + {}, {:?})",
+        c.what, plan.tile.name, plan.rerank.name, metric
     );
+    emulated::assert_equals_cpu(&found, c.base, &c.queries, &params, &what);
 }
 
 /// Rows of small integers (many equal distances, duplicate rows), never all

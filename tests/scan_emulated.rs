@@ -83,23 +83,8 @@ fn check_scan(
         params.filter.fragment_name()
     );
     emulated::run(exe, &args, &what);
-    let ids = if kernel.contains("_u32_") {
-        emulated::read_u32_ids(&d.join("ids.bin"))
-    } else {
-        emulated::read_of(&d.join("ids.bin"), i64::from_le_bytes)
-    };
-    let found = Neighbors {
-        nq,
-        k,
-        ids,
-        distances: emulated::read_of(&d.join("dists.bin"), f32::from_le_bytes),
-    };
-    let want = search_cpu(base, queries, &params).unwrap();
-    assert!(
-        found.bitwise_eq(&want),
-        "{what}: first difference at {:?}",
-        found.first_difference(&want)
-    );
+    let found = emulated::read_results(d, nq, k, !kernel.contains("_u32_"));
+    emulated::assert_equals_cpu(&found, base, queries, &params, &what);
 }
 
 #[test]

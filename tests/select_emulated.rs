@@ -18,10 +18,9 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
-use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::synthetic;
 use fraglink::search::knn::select::{sort_slots, SELECT_BLOCK};
-use fraglink::search::{Bitset, DType, Metric, Neighbors, Vectors};
+use fraglink::search::{Bitset, DType, Metric, Vectors};
 use half::f16;
 use support::emulated;
 
@@ -80,18 +79,8 @@ fn check(
         .collect();
     let what = format!("{} {metric:?} {what} k {k}", base.dtype());
     emulated::run(exe, &args, &what);
-    let found = Neighbors {
-        nq,
-        k,
-        ids: emulated::read_u32_ids(&d.join("ids.bin")),
-        distances: emulated::read_of(&d.join("dists.bin"), f32::from_le_bytes),
-    };
-    let want = search_cpu(base, queries, &params).unwrap();
-    assert!(
-        found.bitwise_eq(&want),
-        "{what}: first difference at {:?}",
-        found.first_difference(&want)
-    );
+    let found = emulated::read_results(d, nq, k, false);
+    emulated::assert_equals_cpu(&found, base, queries, &params, &what);
 }
 
 /// 3 distinct rows (values in every dtype's range), repeated to `n` rows.

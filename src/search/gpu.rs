@@ -18,11 +18,10 @@ use crate::gpu::{
     GpuBuffer, GpuContext, GpuError, GpuViewMut, KernelArgs, KernelResources, LaunchConfig,
     Launcher, MemoryPool, Transfer,
 };
-use crate::link::{LinkError, LinkKey, Linked};
+use crate::link::{LinkError, LinkKey, Linked, Planner};
 
 use super::index::{GpuIndex, IndexShape};
-use super::knn::choose_select;
-use super::knn::select::{DIST_BLOCK, SELECT_BLOCK};
+use super::knn::BeyondScan;
 use super::plan::{PlanError, ScanPlan};
 use super::{Neighbors, SearchError, SearchParams, Vectors};
 
@@ -210,21 +209,12 @@ impl GpuSearcher {
         // tensor-core bounds shows only once the index has the rows: such a
         // search goes to the select there, or fails with this same error
         // (and the router takes it to the CPU).
-        // `planner`, `block`: the kernel a search links first.
-        let (scan, knn, select, planner, block) = match shape.plan(queries, params) {
-            Ok(p) => {
-                let planner = p.planner();
-                (Some(p), None, None, planner, SCAN_BLOCK)
-            }
+        let (scan, beyond) = match shape.plan(queries, params) {
+            Ok(p) => (Some(p), None),
             Err(e) if beyond_scan(&e) => {
-                if let Some(kp) = self.knn_plan(&shape, params, nq)? {
-                    let planner = kp.tile_planner();
-                    (None, Some(kp), None, planner, SCAN_BLOCK)
-                } else if let Some(sp) = choose_select(&self.knn_request(&shape, params, nq)) {
-                    let planner = sp.dist_planner();
-                    (None, None, Some(sp), planner, DIST_BLOCK)
-                } else {
-                    return Err(e);
+                match BeyondScan::plan(&self.knn_request(&shape, params, nq))? {
+                    Some(b) => (None, Some(b)),
+                    None => return Err(e),
                 }
             }
             Err(e) => return Err(e),
@@ -232,18 +222,19 @@ impl GpuSearcher {
         if nq == 0 {
             // Nothing to launch: link and load what a search would, upload
             // nothing.
-            let arch = self.ctx.arch();
-            let linked = planner.link_for(arch)?;
-            self.launcher_for(&linked, block)?;
-            // The second kernel of a two-kernel path.
-            let second = match (&knn, &select) {
-                (Some(kp), _) => Some((kp.rerank_planner(), super::knn::plan::KNN_BLOCK)),
-                (_, Some(sp)) => Some((sp.select_planner(), SELECT_BLOCK)),
-                _ => None,
+            let linked = match (&scan, &beyond) {
+                (_, Some(b)) => {
+                    let [first, second] = b.kernels();
+                    self.load_kernels(&first, &[second])?
+                }
+                (Some(p), None) => self.load_kernels(&(p.planner(), SCAN_BLOCK), &[])?,
+                (None, None) => unreachable!("the match above returns without a plan"),
             };
-            if let Some((p, threads)) = second {
-                self.launcher_for(&p.link_for(arch)?, threads)?;
-            }
+            let (knn, select) = match beyond {
+                Some(BeyondScan::Knn(p)) => (Some(p), None),
+                Some(BeyondScan::Select(p)) => (None, Some(p)),
+                None => (None, None),
+            };
             return Ok(GpuSearch {
                 neighbors: Neighbors {
                     nq: 0,
@@ -285,21 +276,21 @@ impl GpuSearcher {
         }
     }
 
-    /// The tensor-core plan for the search where that path may serve it
-    /// (enabled, and a variant of the device fits), before the rows and
-    /// queries are looked at for special values.
-    fn knn_plan(
+    /// Links and loads the kernels of a search that launches nothing (no
+    /// queries), each (planner, block size), for this device; returns the
+    /// first one's link.
+    pub(super) fn load_kernels(
         &self,
-        shape: &IndexShape,
-        params: &SearchParams,
-        nq: usize,
-    ) -> Result<Option<crate::search::knn::KnnPlan>, GpuSearchError> {
-        if !crate::search::knn::gpu::enabled_by_env()? {
-            return Ok(None);
+        first: &(Planner, u32),
+        rest: &[(Planner, u32)],
+    ) -> Result<Linked, GpuSearchError> {
+        let arch = self.ctx.arch();
+        let linked = first.0.link_for(arch)?;
+        self.launcher_for(&linked, first.1)?;
+        for (planner, block) in rest {
+            self.launcher_for(&planner.link_for(arch)?, *block)?;
         }
-        Ok(crate::search::knn::choose(
-            &self.knn_request(shape, params, nq),
-        ))
+        Ok(linked)
     }
 
     /// The scan of `plan` over `nq` resident queries against `n_rows`

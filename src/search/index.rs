@@ -52,7 +52,7 @@ use super::gpu::{
 use super::knn::choose_select;
 use super::knn::gpu::{enabled_by_env, variant_by_env, KnnRows, KnnSearch};
 use super::knn::norms::Norms;
-use super::knn::select::{self, SelectSearch};
+use super::knn::select::SelectSearch;
 use super::plan::{plan, ScanPlan};
 use super::{DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
 
@@ -362,11 +362,8 @@ impl GpuIndex {
             return Ok(None);
         };
         let (neighbors, linked) = if nq == 0 {
-            let arch = self.gpu.context().arch();
-            let linked = sp.dist_planner().link_for(arch)?;
-            self.gpu.launcher_for(&linked, select::DIST_BLOCK)?;
-            let select_link = sp.select_planner().link_for(arch)?;
-            self.gpu.launcher_for(&select_link, select::SELECT_BLOCK)?;
+            let [first, second] = sp.kernels();
+            let linked = self.gpu.load_kernels(&first, &[second])?;
             let empty = Neighbors {
                 nq,
                 k: params.k,

@@ -154,6 +154,39 @@ pub fn write_search(
     }
 }
 
+/// The `nq × k` results a driver wrote into `dir`: ids.bin (u32, or i64
+/// where `wide_ids`) and dists.bin (f32).
+pub fn read_results(dir: &Path, nq: usize, k: usize, wide_ids: bool) -> Neighbors {
+    let ids = if wide_ids {
+        read_of(&dir.join("ids.bin"), i64::from_le_bytes)
+    } else {
+        read_u32_ids(&dir.join("ids.bin"))
+    };
+    Neighbors {
+        nq,
+        k,
+        ids,
+        distances: read_of(&dir.join("dists.bin"), f32::from_le_bytes),
+    }
+}
+
+/// Asserts that `found` equals the CPU path's answer bit for bit, naming
+/// `what` and the first difference.
+pub fn assert_equals_cpu(
+    found: &Neighbors,
+    base: &Vectors,
+    queries: &Vectors,
+    params: &SearchParams,
+    what: &str,
+) {
+    let want = fraglink::search::cpu::search_cpu(base, queries, params).unwrap();
+    assert!(
+        found.bitwise_eq(&want),
+        "{what}: first difference at {:?}",
+        found.first_difference(&want)
+    );
+}
+
 /// Runs `job` over `jobs` on two threads (CI has two cores; each job
 /// compiles one program, then runs it).
 pub fn in_parallel<J: Sync>(jobs: &[J], job: impl Fn(&J) + Sync) {

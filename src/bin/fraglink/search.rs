@@ -505,15 +505,10 @@ fn gpu_plan(
         nq: queries.rows(),
         k: params.k,
     };
-    let tensor_cores = knn::gpu::enabled_by_env().map_err(|e| e.to_string())?;
-    if let Some(p) = knn::choose(&r).filter(|_| tensor_cores) {
-        let names = vec![p.tile.name, p.rerank.name, p.metric.name, p.filter.name];
-        return Ok((p.tile_planner(), names));
-    }
-    match knn::choose_select(&r) {
-        Some(p) => {
-            let names = vec![p.dist.name, p.select.name, p.metric.name, p.filter.name];
-            Ok((p.dist_planner(), names))
+    match knn::BeyondScan::plan(&r).map_err(|e| e.to_string())? {
+        Some(b) => {
+            let [(first, _), _] = b.kernels();
+            Ok((first, b.fragment_names()))
         }
         None => Err(e.to_string()),
     }

@@ -4,13 +4,16 @@
 //! ([`bounds`], the Rust twin of fragments/knn_bounds.cuh) and the
 //! per-vector norms the host computes for them ([`norms`]); and the
 //! two-pass select of a `k` beyond their capacities ([`select`]: the
-//! `knn_dist` and `knn_select` families, fragments/knn_select.cuh).
+//! `knn_dist` and `knn_select` families, fragments/knn_select.cuh), and
+//! which of the two serves a search beyond the scan ([`beyond`]).
 
+pub mod beyond;
 pub mod bounds;
 pub mod gpu;
 pub mod norms;
 pub mod plan;
 pub mod select;
 
+pub use beyond::BeyondScan;
 pub use plan::{choose, choose_named, choose_variant, KnnPlan, KnnRequest, Precision, KNN_FAMILY};
 pub use select::{choose_select, SelectPlan, SELECT_FAMILY};

@@ -150,6 +150,24 @@ impl KnnPlan {
             .add_fragment(self.metric)
     }
 
+    /// Both kernels in launch order, each with its block size.
+    pub fn kernels(&self) -> [(Planner, u32); 2] {
+        [
+            (self.tile_planner(), KNN_BLOCK),
+            (self.rerank_planner(), KNN_BLOCK),
+        ]
+    }
+
+    /// Every fragment the two kernels link.
+    pub fn fragment_names(&self) -> Vec<&'static str> {
+        vec![
+            self.tile.name,
+            self.rerank.name,
+            self.metric.name,
+            self.filter.name,
+        ]
+    }
+
     /// Row chunks of a launch over `n_rows` rows for `nq` queries on a
     /// device that holds `resident` candidate blocks at once:
     /// `(n_chunks, chunk_rows)`.

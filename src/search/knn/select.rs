@@ -72,6 +72,24 @@ impl SelectPlan {
         Planner::new(self.select.name).add_fragment(self.select)
     }
 
+    /// Both kernels in launch order, each with its block size.
+    pub fn kernels(&self) -> [(Planner, u32); 2] {
+        [
+            (self.dist_planner(), DIST_BLOCK),
+            (self.select_planner(), SELECT_BLOCK),
+        ]
+    }
+
+    /// Every fragment the two kernels link.
+    pub fn fragment_names(&self) -> Vec<&'static str> {
+        vec![
+            self.dist.name,
+            self.select.name,
+            self.metric.name,
+            self.filter.name,
+        ]
+    }
+
     /// The select's dynamic shared memory: 8 bytes per sorted key.
     pub fn dynamic_shared_bytes(&self) -> u32 {
         self.sort_slots * 8

@@ -1,0 +1,49 @@
+//! The GPU path of a search whose `k` is beyond the scan's capacities,
+//! decided before the rows and queries are looked at: the tensor-core
+//! path where it is enabled and a variant fits, else the two-pass select,
+//! else none (the CPU path). One rule for
+//! [`GpuSearcher::search`](crate::search::gpu::GpuSearcher::search) and the
+//! CLI's plan line;
+//! a resident index also knows the rows and may still leave the tensor-core
+//! path for the select (a special row or query).
+
+use crate::link::Planner;
+use crate::search::gpu::GpuSearchError;
+
+use super::{choose, choose_select, KnnPlan, KnnRequest, SelectPlan};
+
+/// Which two-kernel path serves a search beyond the scan.
+#[derive(Debug, Clone)]
+pub enum BeyondScan {
+    Knn(KnnPlan),
+    Select(SelectPlan),
+}
+
+impl BeyondScan {
+    /// The path for `r`: `FRAGLINK_GPU_KNN` and the tensor-core planner
+    /// first, then the select; `None` where neither serves it.
+    pub fn plan(r: &KnnRequest<'_>) -> Result<Option<Self>, GpuSearchError> {
+        if super::gpu::enabled_by_env()? {
+            if let Some(p) = choose(r) {
+                return Ok(Some(BeyondScan::Knn(p)));
+            }
+        }
+        Ok(choose_select(r).map(BeyondScan::Select))
+    }
+
+    /// Both kernels in launch order, each with its block size.
+    pub fn kernels(&self) -> [(Planner, u32); 2] {
+        match self {
+            BeyondScan::Knn(p) => p.kernels(),
+            BeyondScan::Select(p) => p.kernels(),
+        }
+    }
+
+    /// Every fragment the two kernels link, the first kernel's first.
+    pub fn fragment_names(&self) -> Vec<&'static str> {
+        match self {
+            BeyondScan::Knn(p) => p.fragment_names(),
+            BeyondScan::Select(p) => p.fragment_names(),
+        }
+    }
+}
