@@ -30,6 +30,16 @@ test -d "$testdata/cuvs-matrices" || { echo "error: test data not found at $test
 
 rm -rf "$out"
 mkdir -p "$out"
+# The commit the binaries are built from (read before the build starts);
+# `-dirty` when the working tree
+# has changes, so a report never names a commit its binaries do not match.
+if commit=$(git rev-parse HEAD 2>/dev/null); then
+  if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    echo "warning: the working tree has uncommitted changes: the archive is $commit-dirty" >&2
+    commit=$commit-dirty
+  fi
+  echo "$commit" >"$out/commit"
+fi
 echo "== building for CUDA $FRAGLINK_CUDA_VERSION into $CARGO_TARGET_DIR"
 cargo build --release --example gpu_bench
 # The downstream example crate (its own workspace) is built here, not by
@@ -53,7 +63,6 @@ zstd -dc "$out/fraglink-tests.tar.zst" | zstd -q --long=27 -19 -T0 -o "$out/frag
 mv "$out/fraglink-tests.long.tar.zst" "$out/fraglink-tests.tar.zst"
 cp -r "$testdata" "$out/testdata"
 xz -9 -T0 -c "$(command -v cargo-nextest)" >"$out/cargo-nextest.xz"
-git rev-parse HEAD >"$out/commit" 2>/dev/null || true
 echo "== $out"
 du -ab "$out" | sort -n | tail -4
 size=$(du -sb "$out" | cut -f1)

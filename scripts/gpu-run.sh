@@ -1,18 +1,56 @@
 #!/usr/bin/env bash
-# Runs fraglink's whole test suite (ignored GPU tests included), doctor, the
-# GPU search matrix, the GPU benches and kernel profiles (ncu) from
-# target/gpu-archive/ (made by
-# scripts/gpu-archive.sh), on a machine with the NVIDIA driver and CUDA
-# libraries but no Rust toolchain and no network. Writes into OUTDIR:
-#   gpu-results.json  device, driver, CUDA, commit, each test's outcome,
-#                     each search's recall and QPS, the bench figures
+# Runs fraglink's tests (the ignored GPU tests included), doctor, the GPU
+# search matrix, the GPU benches and kernel profiles (ncu) from
+# target/gpu-archive/ (made by scripts/gpu-archive.sh), on a machine with the
+# NVIDIA driver and CUDA libraries but no Rust toolchain and no network.
+#
+#   scripts/gpu-run.sh OUTDIR [STEP...]
+#
+# Steps, in the default order (every one when none is named):
+#   gpu-tests  the ignored tests: the ones that need a GPU
+#   search     `fraglink search --device gpu` over metric x dtype x filter
+#   bench      gpu_bench, the GPU contract's figures
+#   peers      exact k-NN against torch and CuPy (benches/scripts/gpu_peers.py)
+#   ncu        Nsight Compute profiles of the k-NN kernels
+#   tests      every other test (portable; CI runs them too, without a GPU)
+#
+# One call of a GPU lease runs at most 10 minutes, and a command killed at
+# that limit would lose everything, so the run keeps to a budget:
+# GPU_RUN_SECONDS (default 540) from its start. A step that cannot start
+# inside it is left out, one that runs past it is stopped, and the results
+# of the steps done so far are written after each step. The last line names
+# the steps still to run: pass them to the next call and give every call's
+# gpu-results.json to `gpu_report.py md` (it merges them).
+#
+# Writes into OUTDIR (three files):
+#   gpu-results.json  device, driver, CUDA, commit, each step's outcome, each
+#                     test's outcome, each search's recall and QPS, the bench
+#                     figures, the comparison, the profiles' headline metrics
 #   gpu-summary.md    the same, short
 #   gpu-logs.tar.gz   every log
-# Without a GPU it runs the portable tests, then exits 3 with one line.
+# Exit: 0 all steps done and every test passed; nextest's exit when a test
+# failed; 3 without a GPU (then only the portable tests run); 5 when steps
+# are left for another call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-outdir=${1:?usage: scripts/gpu-run.sh OUTDIR}
+start=$SECONDS
+outdir=${1:?usage: scripts/gpu-run.sh OUTDIR [gpu-tests|search|bench|peers|ncu|tests ...]}
+shift
+all_steps="gpu-tests search bench peers ncu tests"
+steps=${*:-$all_steps}
+for s in $steps; do
+  case " $all_steps " in
+    *" $s "*) ;;
+    *) echo "error: unknown step \`$s\` (steps: $all_steps)" >&2; exit 2 ;;
+  esac
+done
+budget=${GPU_RUN_SECONDS:-540}
+case "$budget" in
+  '' | *[!0-9]*) echo "error: GPU_RUN_SECONDS must be a whole number of seconds, not \`$budget\`" >&2; exit 2 ;;
+esac
+# Seconds kept back for writing the results and the log archive.
+reserve=20
 mkdir -p "$outdir"
 outdir=$(cd "$outdir" && pwd)
 arch=$root/target/gpu-archive
@@ -26,6 +64,24 @@ mkdir -p "$work/x"
 logs=$work/logs
 mkdir -p "$logs"
 py=$(command -v python3)
+
+# Seconds left before the budget's reserve; limit: the same, at least 1 (a
+# `timeout 0` would never stop).
+left() { echo $((budget - reserve - (SECONDS - start))); }
+limit() { local l; l=$(left); [ "$l" -ge 1 ] || l=1; echo "$l"; }
+
+# One line per step into steps.jsonl: STEP STATUS SECONDS EXIT [NOTE].
+# STATUS: done | failed | stopped (ran past the budget) | not started | left out.
+record() {
+  "$py" -c 'import json,sys; s,st,sec,rc=sys.argv[1:5]; print(json.dumps({"step":s,"status":st,"seconds":int(sec),"exit":int(rc),"note":" ".join(sys.argv[5:])}))' \
+    "$@" >>"$logs/steps.jsonl"
+}
+
+collect() {
+  "$py" "$root/scripts/gpu_report.py" collect --logs "$logs" --archive "$arch" --gpu "$gpu" \
+    --out "$outdir" >"$logs/collect.txt" 2>&1 || cat "$logs/collect.txt" >&2
+  tar -czf "$outdir/gpu-logs.tar.gz" -C "$work" logs
+}
 
 # nextest, unpacked with Python's lzma (no xz tool needed).
 "$py" -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' \
@@ -51,40 +107,53 @@ export RUST_BACKTRACE=1
 # (the downstream crate's GPU test runs its binary from the archive).
 filter='not (binary(compile_fail) | (binary(downstream) & test(downstream_crate_builds_and_plans_all_its_kernels)))'
 # GPU_RUN_TESTS: a nextest filterset the tests must also match, to rerun a part
-# after a fix without the whole suite (e.g. 'binary(knn_gpu)'; 'none()' runs no
-# test but still unpacks the binaries for the steps below).
+# after a fix without the whole suite (e.g. 'binary(knn_gpu)').
 if [ -n "${GPU_RUN_TESTS:-}" ]; then
   filter="($filter) & ($GPU_RUN_TESTS)"
 fi
-ignored=all
-[ "$gpu" = 1 ] || ignored=default
-echo "== tests (run-ignored=$ignored)"
-rm -f "$root/target/nextest/gpu/junit.xml"
-"$work/cargo-nextest" nextest run \
-  --archive-file "$arch/fraglink-tests.tar.zst" \
-  --workspace-remap "$root" \
-  --extract-to "$work/x" --extract-overwrite \
-  --tool-config-file "fraglink:$root/.config/nextest.toml" \
-  --profile gpu --run-ignored "$ignored" --no-fail-fast --no-tests pass \
-  -E "$filter" 2>&1 | tee "$logs/tests.txt"
-tests_rc=${PIPESTATUS[0]}
-# nextest writes JUnit under the (remapped) workspace's target/nextest/<profile>/.
-junit=$(find "$root/target/nextest/gpu" "$work/x" -name junit.xml 2>/dev/null | head -1)
-[ -n "$junit" ] && cp "$junit" "$logs/junit.xml"
+archive_args=(--archive-file "$arch/fraglink-tests.tar.zst" --workspace-remap "$root"
+  --extract-to "$work/x" --extract-overwrite --tool-config-file "fraglink:$root/.config/nextest.toml")
 
-bin=$work/x/target/release/fraglink
-bench=$work/x/target/release/examples/gpu_bench
-echo "== doctor"
-"$bin" doctor --json >"$logs/doctor.json" 2>"$logs/doctor.err"
-echo "doctor exit $?"
+# Runs STEP's tests: run-ignored RUN_IGNORED, stopped (SIGINT, so nextest
+# still reports what finished) when the budget runs out.
+nextest_step() {
+  local step=$1 run_ignored=$2 t0=$SECONDS rc status=done
+  echo "== $step (run-ignored=$run_ignored, $(left) s left)"
+  rm -f "$root/target/nextest/gpu/junit.xml"
+  timeout -s INT -k 30 "$(limit)" "$work/cargo-nextest" nextest run "${archive_args[@]}" \
+    --profile gpu --run-ignored "$run_ignored" --no-fail-fast --no-tests pass \
+    -E "$filter" >"$logs/tests-$step.txt" 2>&1
+  rc=$?
+  cat "$logs/tests-$step.txt" | tail -40
+  [ "$rc" = 124 ] && status=stopped
+  [ "$status" = done ] && [ "$rc" != 0 ] && status=failed
+  # nextest writes JUnit under the (remapped) workspace's target/nextest/<profile>/.
+  local junit
+  junit=$(find "$root/target/nextest/gpu" "$work/x" -name junit.xml 2>/dev/null | head -1)
+  [ -n "$junit" ] && mv "$junit" "$logs/junit-$step.xml"
+  record "$step" "$status" $((SECONDS - t0)) "$rc"
+  [ "$rc" = 0 ] || tests_rc=$rc
+  extracted=1
+}
 
-if [ "$gpu" = 1 ]; then
-  echo "== search matrix"
+# The later steps run the CLI and gpu_bench from the archive: unpack it when
+# no test step has (`nextest list` extracts without running anything).
+extract() {
+  [ "${extracted:-0}" = 1 ] && return 0
+  "$work/cargo-nextest" nextest list "${archive_args[@]}" -E 'none()' >"$logs/extract.txt" 2>&1 \
+    || { echo "error: could not unpack the archive:" >&2; tail -20 "$logs/extract.txt" >&2; return 1; }
+  extracted=1
+}
+
+search_step() {
+  local t0=$SECONDS status=done metric dtype filter line rc
+  echo "== search matrix ($(left) s left)"
   : >"$logs/search.jsonl"
   for metric in l2 ip cosine; do
     for dtype in f32 f16 i8 u8; do
       for filter in none bitset:0.5 bitset:0.05; do
-        line=$("$bin" search --device gpu --json --n 100000 --dim 128 --nq 1000 --k 10 \
+        if [ "$(left)" -le 15 ]; then status=stopped; break 3; fi
+        line=$(timeout -k 10 "$(limit)" "$bin" search --device gpu --json --n 100000 --dim 128 --nq 1000 --k 10 \
           --metric "$metric" --dtype "$dtype" --filter "$filter" 2>>"$logs/search.err")
         rc=$?
         "$py" -c 'import json,sys; d=json.loads(sys.argv[1]) if sys.argv[1].strip() else {}; d.update(metric=sys.argv[2],dtype=sys.argv[3],filter=sys.argv[4],exit=int(sys.argv[5])); print(json.dumps(d))' \
@@ -94,45 +163,118 @@ if [ "$gpu" = 1 ]; then
       done
     done
   done
-  echo "== gpu bench"
-  "$bench" --json "$logs/bench.json" 2>&1 | tee "$logs/bench.txt"
-  # GPU_RUN_PEERS=0 leaves the torch/CuPy comparison out (about a minute).
-  if [ "${GPU_RUN_PEERS:-1}" != 0 ]; then
-    echo "== exact k-NN against torch / CuPy (benches/scripts/gpu_peers.py)"
-    PYTHONUNBUFFERED=1 "$py" "$root/benches/scripts/gpu_peers.py" --fraglink "$bin" \
-      --out "$logs/peers.json" 2>&1 | tee "$logs/peers.txt"
-  fi
-  # Kernel profiles for whoever tunes the kernels next: Nsight Compute on the
-  # second (warm) search of n 1M x 128 f32, k 10: the tensor-core kernels at
-  # nq 1 and 1000, the scan at nq 1. GPU_RUN_NCU=0 leaves them out (about a
-  # minute, most of it the CLI's exact CPU answer for the recall).
-  if [ "${GPU_RUN_NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
-    echo "== kernel profiles (ncu)"
-    # name, nq, FRAGLINK_GPU_KNN, launches of the first search (skipped), launches profiled.
-    # At nq 1 a search's rows span hundreds of chunks, so the re-rank has its merge
-    # level: knn_tile, knn_rerank (merge), knn_rerank (final). At nq 1000 (16 query
-    # tiles of 64) the chunks fit one re-rank level on an H100 or H200: two launches.
-    for spec in "knn-nq1 1 1 3 3" "knn-nq1000 1000 1 2 2" "scan-nq1 1 0 1 1"; do
-      set -- $spec
-      FRAGLINK_GPU_KNN=$3 ncu --target-processes all --kernel-name regex:'knn_|scan_' \
-        --launch-skip "$4" --launch-count "$5" \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-        -f -o "$logs/ncu-$1" \
-        "$bin" search --device gpu --json --n 1000000 --dim 128 --nq "$2" --k 10 --dtype f32 \
-        --repeat 2 >"$logs/ncu-$1.out" 2>&1
-      echo "ncu $1 exit $?"
-      ncu --import "$logs/ncu-$1.ncu-rep" --csv --page details >"$logs/ncu-$1.csv" 2>>"$logs/ncu-$1.out"
-    done
-  fi
-fi
+  record search "$status" $((SECONDS - t0)) 0
+}
 
-"$py" "$root/scripts/gpu_report.py" collect --logs "$logs" --archive "$arch" --gpu "$gpu" \
-  --tests-exit "$tests_rc" --out "$outdir"
-tar -czf "$outdir/gpu-logs.tar.gz" -C "$work" logs
+bench_step() {
+  local t0=$SECONDS rc status=done
+  echo "== gpu bench ($(left) s left)"
+  timeout -k 10 "$(limit)" "$bench" --json "$logs/bench.json" >"$logs/bench.txt" 2>&1
+  rc=$?
+  cat "$logs/bench.txt"
+  [ "$rc" = 124 ] && status=stopped
+  [ "$status" = done ] && [ "$rc" != 0 ] && status=failed
+  record bench "$status" $((SECONDS - t0)) "$rc"
+}
+
+peers_step() {
+  local t0=$SECONDS rc status=done
+  echo "== exact k-NN against torch / CuPy (benches/scripts/gpu_peers.py, $(left) s left)"
+  # gpu_peers.py rewrites peers.json after each case: a stopped run keeps
+  # the cases it finished.
+  PYTHONUNBUFFERED=1 timeout -k 10 "$(limit)" "$py" "$root/benches/scripts/gpu_peers.py" --fraglink "$bin" \
+    --out "$logs/peers.json" >"$logs/peers.txt" 2>&1
+  rc=$?
+  tail -30 "$logs/peers.txt"
+  [ "$rc" = 124 ] && status=stopped
+  [ "$status" = done ] && [ "$rc" != 0 ] && status=failed
+  record peers "$status" $((SECONDS - t0)) "$rc"
+}
+
+# Kernel profiles for whoever tunes the kernels next: Nsight Compute on the
+# second (warm) search of n 1M x 128 f32, k 10: the tensor-core kernels at
+# nq 1 and 1000, the scan at nq 1.
+ncu_step() {
+  local t0=$SECONDS status=done spec rc
+  echo "== kernel profiles (ncu, $(left) s left)"
+  # name, nq, FRAGLINK_GPU_KNN, launches of the first search (skipped), launches profiled.
+  # At nq 1 a search's rows span hundreds of chunks, so the re-rank has its merge
+  # level: knn_tile, knn_rerank (merge), knn_rerank (final). At nq 1000 (16 query
+  # tiles of 64) the chunks fit one re-rank level on an H100 or H200: two launches.
+  for spec in "knn-nq1 1 1 3 3" "knn-nq1000 1000 1 2 2" "scan-nq1 1 0 1 1"; do
+    if [ "$(left)" -le 30 ]; then status=stopped; break; fi
+    set -- $spec
+    FRAGLINK_GPU_KNN=$3 timeout -k 10 "$(limit)" ncu --target-processes all --kernel-name regex:'knn_|scan_' \
+      --launch-skip "$4" --launch-count "$5" \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+      -f -o "$logs/ncu-$1" \
+      "$bin" search --device gpu --json --n 1000000 --dim 128 --nq "$2" --k 10 --dtype f32 \
+      --repeat 2 >"$logs/ncu-$1.out" 2>&1
+    rc=$?
+    echo "ncu $1 exit $rc"
+    [ "$rc" = 124 ] && status=stopped
+    ncu --import "$logs/ncu-$1.ncu-rep" --csv --page details >"$logs/ncu-$1.csv" 2>>"$logs/ncu-$1.out"
+  done
+  record ncu "$status" $((SECONDS - t0)) 0
+}
+
+bin=$work/x/target/release/fraglink
+bench=$work/x/target/release/examples/gpu_bench
+tests_rc=0
+: >"$logs/steps.jsonl"
+echo "steps: $steps (budget ${budget} s)"
+for step in $steps; do
+  # Roughly the least time a step needs to be worth starting.
+  case $step in
+    gpu-tests | tests) need=60 ;;
+    ncu) need=60 ;;
+    *) need=30 ;;
+  esac
+  if [ "$gpu" != 1 ] && [ "$step" != tests ]; then
+    record "$step" "left out" 0 0 "no CUDA GPU on this machine"
+    continue
+  fi
+  if { [ "$step" = peers ] && [ "${GPU_RUN_PEERS:-1}" = 0 ]; } ||
+    { [ "$step" = ncu ] && { [ "${GPU_RUN_NCU:-1}" = 0 ] || ! command -v ncu >/dev/null; }; }; then
+    record "$step" "left out" 0 0 "GPU_RUN_PEERS/GPU_RUN_NCU = 0, or no ncu"
+    continue
+  fi
+  if [ "$(left)" -lt "$need" ]; then
+    record "$step" "not started" 0 0 "$(left) s left of GPU_RUN_SECONDS=$budget"
+    continue
+  fi
+  case $step in
+    gpu-tests) nextest_step gpu-tests only ;;
+    tests) nextest_step tests default ;;
+    *)
+      if ! extract; then
+        record "$step" failed 0 1 "the archive could not be unpacked"
+        continue
+      fi
+      # The doctor's report (libraries, embedded IR) goes with every call's results.
+      [ -f "$logs/doctor.json" ] || "$bin" doctor --json >"$logs/doctor.json" 2>"$logs/doctor.err"
+      "${step}_step"
+      ;;
+  esac
+  collect
+done
+if [ ! -f "$logs/doctor.json" ] && extract; then
+  "$bin" doctor --json >"$logs/doctor.json" 2>"$logs/doctor.err"
+fi
+collect
 cat "$outdir/gpu-summary.md"
+remaining=$("$py" -c 'import json,sys; print(" ".join(d["step"] for d in map(json.loads, open(sys.argv[1])) if d["status"] in ("stopped", "not started")))' "$logs/steps.jsonl")
 if [ "$gpu" != 1 ]; then
   echo "gpu-run: no CUDA GPU on this machine: ran the portable tests only (exit $tests_rc)"
   exit 3
 fi
-exit "$tests_rc"
+if [ "$tests_rc" != 0 ]; then
+  echo "gpu-run: tests failed (nextest exit $tests_rc)${remaining:+; steps left for another call: $remaining}"
+  exit "$tests_rc"
+fi
+if [ -n "$remaining" ]; then
+  echo "gpu-run: steps left for another call: $remaining"
+  exit 5
+fi
+echo "gpu-run: every step done"

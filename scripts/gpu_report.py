@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Turns a scripts/gpu-run.sh run into gpu-results.json and gpu-summary.md
-(`collect`), and gpu-results.json into GPU.md (`md`). GPU.md is only ever
-written by this script: never edit it by hand."""
+(`collect`), and the gpu-results.json of one or more runs of the same commit
+on the same device (one lease call each, each running some of the steps) into
+GPU.md (`md`). GPU.md is only ever written by this script: never edit it by
+hand."""
 import argparse
 import csv
 import json
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -52,6 +55,50 @@ def tests_from_junit(path):
                 "message": message,
             })
     return out
+
+
+# A test's line in nextest's output: `        PASS [   0.011s] (5/8) fraglink::knn_gpu name`
+# (also FAIL, TIMEOUT, SIGSEGV, SIGABRT, ABORT, LEAK, LEAK-FAIL ...).
+NEXTEST_LINE = re.compile(r"^\s*(?:TRY \d+ )?([A-Z][A-Z-]+)\s+\[\s*([0-9.]+)s\]\s+(?:\(\s*\d+/\d+\)\s+)?"
+                          r"(\S+)\s+(\S.*?)\s*$")
+NEXTEST_START = re.compile(r"^\s*Starting (\d+) tests? across")
+
+
+def tests_from_log(path):
+    """The tests nextest reported in its output, for a run stopped before it
+    wrote JUnit: (tests, how many it started)."""
+    out, started = [], None
+    for line in (read(path, "") or "").splitlines():
+        m = NEXTEST_START.match(line)
+        if m:
+            started = int(m.group(1))
+            continue
+        m = NEXTEST_LINE.match(line)
+        if not m or m.group(1) in ("SLOW", "START", "RETRY", "CANCEL", "SETUP"):
+            continue
+        status = m.group(1)
+        out.append({
+            "binary": m.group(3),
+            "test": m.group(4),
+            "outcome": "passed" if status in ("PASS", "LEAK") else "failed",
+            "seconds": float(m.group(2)),
+            "message": "" if status == "PASS" else status,
+        })
+    return out, started
+
+
+def tests_of_step(logs, step, status):
+    """A test step's tests (JUnit where nextest wrote it, else its output)
+    and how many nextest started with. In a step stopped at the budget, the
+    tests nextest interrupted (SIGINT) are "stopped", not failed."""
+    log_tests, started = tests_from_log(os.path.join(logs, f"tests-{step}.txt"))
+    junit = os.path.join(logs, f"junit-{step}.xml")
+    tests = tests_from_junit(junit) if os.path.exists(junit) else log_tests
+    for t in tests:
+        t["step"] = step
+        if status == "stopped" and t["outcome"] == "failed" and "SIGINT" in t["message"]:
+            t["outcome"] = "stopped"
+    return tests, started
 
 
 # Nsight Compute metrics GPU.md shows per profiled kernel (gpu-run.sh's ncu step).
@@ -103,11 +150,20 @@ def collect(a):
     bench = read_json(os.path.join(logs, "bench.json"))
     peers = read_json(os.path.join(logs, "peers.json"))
     profiles = ncu_profiles(logs)
-    tests = tests_from_junit(os.path.join(logs, "junit.xml"))
+    steps = []
+    for line in (read(os.path.join(logs, "steps.jsonl"), "") or "").splitlines():
+        try:
+            steps.append(json.loads(line))
+        except ValueError:
+            pass
+    tests = []
+    for st in steps:
+        if st["step"] in ("gpu-tests", "tests") and st["status"] not in ("left out", "not started"):
+            step_tests, started = tests_of_step(logs, st["step"], st["status"])
+            tests += step_tests
+            st["tests_started"] = started
+            st["tests_reported"] = len(step_tests)
     commit = (read(os.path.join(a.archive, "commit"), "") or "").strip() or None
-    counts = {}
-    for t in tests:
-        counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
     results = {
         "device": device,
         "driver": driver,
@@ -116,8 +172,8 @@ def collect(a):
         "commit": commit,
         "cuda": (doctor or {}).get("libraries") if doctor else None,
         "doctor": doctor,
-        "tests_exit": int(a.tests_exit),
-        "test_counts": counts,
+        "steps": steps,
+        "test_counts": test_counts(tests),
         "tests": tests,
         "searches": searches,
         "bench": bench,
@@ -131,6 +187,42 @@ def collect(a):
         f.write(render(results, summary=True))
 
 
+def test_counts(tests):
+    counts = {}
+    for t in tests:
+        counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
+    return counts
+
+
+def merge(runs):
+    """One report from the results of several calls of one commit on one
+    kind of device: a later call's steps, tests and figures replace an
+    earlier one's."""
+    for key in ("commit", "device"):
+        seen = {r.get(key) for r in runs if r.get(key)}
+        if len(seen) > 1:
+            raise SystemExit(f"error: the results are of different {key}s: {sorted(seen)}")
+    out = dict(runs[0])
+    steps, tests = {}, {}
+    for r in runs:
+        for key in ("device", "driver", "memory", "commit", "cuda", "doctor"):
+            if r.get(key) and not out.get(key):
+                out[key] = r[key]
+        out["gpu"] = out.get("gpu") or r.get("gpu")
+        for key in ("searches", "bench", "peers", "profiles"):
+            if r.get(key):
+                out[key] = r[key]
+        for st in r.get("steps") or []:
+            if st["status"] != "left out" or st["step"] not in steps:
+                steps[st["step"]] = st
+        for t in r.get("tests") or []:
+            tests[(t["binary"], t["test"])] = t
+    out["steps"] = list(steps.values())
+    out["tests"] = list(tests.values())
+    out["test_counts"] = test_counts(out["tests"])
+    return out
+
+
 def fmt(v):
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -142,7 +234,7 @@ def render(r, summary=False):
     title = "GPU run summary" if summary else "fraglink on a GPU"
     lines.append(f"# {title}\n")
     if not summary:
-        lines.append("Generated by `scripts/gpu_report.py md` from `gpu-results.json` "
+        lines.append("Generated by `scripts/gpu_report.py md` from the `gpu-results.json` of each call "
                      "(written by `scripts/gpu-run.sh`); never edited by hand.\n")
     lines.append(f"- device: {r.get('device')} ({r.get('memory')})")
     lines.append(f"- driver: {r.get('driver')}")
@@ -155,7 +247,20 @@ def render(r, summary=False):
     lines.append(f"- commit tested: `{r.get('commit')}`")
     c = r.get("test_counts", {})
     lines.append(f"- tests: {c.get('passed', 0)} passed, {c.get('failed', 0)} failed, "
-                 f"{c.get('skipped', 0)} skipped (nextest exit {r.get('tests_exit')})\n")
+                 f"{c.get('skipped', 0)} skipped, {c.get('stopped', 0)} stopped at a call's budget\n")
+    steps = r.get("steps") or []
+    if steps:
+        lines.append("## Steps of `scripts/gpu-run.sh`\n")
+        lines.append("| step | status | s | exit | tests started | tests reported | note |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+        for st in steps:
+            lines.append(f"| {st['step']} | {st['status']} | {st.get('seconds')} | {st.get('exit')} | "
+                         f"{fmt(st.get('tests_started'))} | {fmt(st.get('tests_reported'))} | {fmt(st.get('note'))} |")
+        missing = [st["step"] for st in steps if st["status"] in ("stopped", "not started")]
+        if missing:
+            lines.append(f"\n**Incomplete**: {', '.join(missing)} did not run to the end; "
+                         "run them in another call and merge its results.")
+        lines.append("")
     failed = [t for t in r.get("tests", []) if t["outcome"] == "failed"]
     if failed:
         lines.append("## Failed tests\n")
@@ -257,8 +362,11 @@ def render(r, summary=False):
 
 
 def md(a):
-    with open(a.results) as f:
-        r = json.load(f)
+    runs = []
+    for path in a.results:
+        with open(path) as f:
+            runs.append(json.load(f))
+    r = merge(runs)
     if not r.get("peers") and a.peers_from:
         # The comparison from an earlier run, labelled with its own commit.
         with open(a.peers_from) as f:
@@ -277,10 +385,9 @@ def main():
     c.add_argument("--logs", required=True)
     c.add_argument("--archive", required=True)
     c.add_argument("--gpu", required=True)
-    c.add_argument("--tests-exit", required=True)
     c.add_argument("--out", required=True)
     m = sub.add_parser("md")
-    m.add_argument("results")
+    m.add_argument("results", nargs="+", help="gpu-results.json of one or more calls, in the order they ran")
     m.add_argument("--out", default="GPU.md")
     m.add_argument("--peers-from", help="an earlier gpu-results.json whose torch/CuPy "
                    "comparison to show when this run has none")

@@ -25,19 +25,13 @@ fn python(args: &[&str], cwd: &Path) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// `gpu_report.py md RESULTS`: the GPU.md it writes (into `dir`).
-fn render_md(report_py: &Path, results: &Path, dir: &Path, root: &Path) -> String {
+/// `gpu_report.py md RESULTS...`: the GPU.md it writes (into `dir`).
+fn render_md(report_py: &Path, results: &[&Path], dir: &Path, root: &Path) -> String {
     let md = dir.join("GPU.md");
-    python(
-        &[
-            report_py.to_str().unwrap(),
-            "md",
-            results.to_str().unwrap(),
-            "--out",
-            md.to_str().unwrap(),
-        ],
-        root,
-    );
+    let mut args = vec![report_py.to_str().unwrap(), "md"];
+    args.extend(results.iter().map(|r| r.to_str().unwrap()));
+    args.extend(["--out", md.to_str().unwrap()]);
+    python(&args, root);
     std::fs::read_to_string(&md).unwrap()
 }
 
@@ -127,7 +121,7 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         serde_json::json!({ "peers": doc, "searches": search }).to_string(),
     )
     .unwrap();
-    let md = render_md(&report_py, &results, dir.path(), &root);
+    let md = render_md(&report_py, &[&results], dir.path(), &root);
     assert!(md.contains("Exact k-NN against torch and CuPy"), "{md}");
     // The search matrix names the kernel that served each search.
     assert!(
@@ -212,8 +206,6 @@ fn kernel_profiles_are_collected_and_rendered() {
             dir.path().to_str().unwrap(),
             "--gpu",
             "1",
-            "--tests-exit",
-            "0",
             "--out",
             out.to_str().unwrap(),
         ],
@@ -232,10 +224,166 @@ fn kernel_profiles_are_collected_and_rendered() {
         kernels[0]["metrics"].get("L1/TEX Hit Rate").is_none(),
         "only the listed metrics: {doc}"
     );
-    let md = render_md(&report_py, &results, dir.path(), &root);
+    let md = render_md(&report_py, &[&results], dir.path(), &root);
     assert!(
         md.contains("## Kernel profiles")
             && md.contains("| knn-nq1 | knn_tile_f32_tf32x3_q16_k32 | (1, 528, 1) | (128, 1, 1) | 412.35 usecond | 71.20 % |"),
         "{md}"
+    );
+}
+
+/// gpu-run.sh's steps: `collect` reads each step's outcome (steps.jsonl), a
+/// test step's JUnit, or, for a step stopped before nextest wrote it, the
+/// tests nextest's output names; `md` merges the results of several calls
+/// of one commit (a later call's tests replace an earlier one's), shows
+/// which steps did not run to the end, and refuses results of two commits.
+#[test]
+fn the_steps_of_several_calls_merge_into_one_report() {
+    let root = support::manifest_dir();
+    let report_py = root.join("scripts/gpu_report.py");
+    let dir = tempfile::tempdir().unwrap();
+    let collect = |name: &str, files: &[(&str, &str)]| {
+        let logs = dir.path().join(format!("logs-{name}"));
+        std::fs::create_dir(&logs).unwrap();
+        for (file, text) in files {
+            std::fs::write(logs.join(file), text).unwrap();
+        }
+        let archive = dir.path().join(format!("archive-{name}"));
+        std::fs::create_dir(&archive).unwrap();
+        std::fs::write(archive.join("commit"), "abc123\n").unwrap();
+        let out = dir.path().join(format!("out-{name}"));
+        python(
+            &[
+                report_py.to_str().unwrap(),
+                "collect",
+                "--logs",
+                logs.to_str().unwrap(),
+                "--archive",
+                archive.to_str().unwrap(),
+                "--gpu",
+                "1",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &root,
+        );
+        out.join("gpu-results.json")
+    };
+    // Call 1: the GPU tests were stopped at the budget (no JUnit), the
+    // search matrix ran, the portable tests did not start.
+    let nextest_output = "\
+────────────
+ Nextest run ID 0 with nextest profile: gpu
+    Starting 4 tests across 2 binaries (900 tests skipped)
+        PASS [   1.250s] (1/4) fraglink::knn_gpu the_select_equals_the_cpu_path
+        FAIL [  12.000s] fraglink::search_gpu k_beyond_the_scan
+     SIGSEGV [   0.500s] fraglink::ivf_gpu ivf_probes
+        SLOW [> 60.000s] fraglink::knn_gpu every_dtype_and_metric
+  Cancelling due to interrupt: 1 test still running
+      SIGINT [  67.467s] (4/4) fraglink::knn_gpu every_dtype_and_metric
+";
+    let steps1 = [
+        r#"{"step":"gpu-tests","status":"stopped","seconds":520,"exit":124,"note":""}"#,
+        r#"{"step":"search","status":"done","seconds":10,"exit":0,"note":""}"#,
+        r#"{"step":"tests","status":"not started","seconds":0,"exit":0,"note":"5 s left"}"#,
+    ]
+    .join("\n");
+    let search = r#"{"metric":"l2","dtype":"f32","filter":"none","exit":0,"route":"gpu","recall":1.0,"qps":9.0}"#;
+    let first = collect(
+        "1",
+        &[
+            ("steps.jsonl", &steps1),
+            ("tests-gpu-tests.txt", nextest_output),
+            ("search.jsonl", search),
+        ],
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&first).unwrap()).unwrap();
+    let tests = doc["tests"].as_array().unwrap();
+    let outcome = |t: &serde_json::Value| {
+        format!(
+            "{} {} {}",
+            t["binary"].as_str().unwrap(),
+            t["test"].as_str().unwrap(),
+            t["outcome"].as_str().unwrap()
+        )
+    };
+    assert_eq!(
+        tests.iter().map(outcome).collect::<Vec<_>>(),
+        [
+            "fraglink::knn_gpu the_select_equals_the_cpu_path passed",
+            "fraglink::search_gpu k_beyond_the_scan failed",
+            "fraglink::ivf_gpu ivf_probes failed",
+            "fraglink::knn_gpu every_dtype_and_metric stopped",
+        ],
+        "{doc}"
+    );
+    assert_eq!(doc["steps"][0]["tests_started"], 4, "{doc}");
+    assert_eq!(doc["steps"][0]["tests_reported"], 4, "{doc}");
+
+    // Call 2: the GPU tests again (the failing one fixed) and the portable
+    // tests, both to the end (JUnit).
+    let junit = |cases: &str| {
+        format!(
+            "<?xml version=\"1.0\"?><testsuites>\
+             <testsuite name=\"fraglink::search_gpu\">{cases}</testsuite></testsuites>"
+        )
+    };
+    let steps2 = [
+        r#"{"step":"gpu-tests","status":"done","seconds":300,"exit":0,"note":""}"#,
+        r#"{"step":"tests","status":"done","seconds":200,"exit":0,"note":""}"#,
+    ]
+    .join("\n");
+    let second = collect(
+        "2",
+        &[
+            ("steps.jsonl", &steps2),
+            (
+                "junit-gpu-tests.xml",
+                &junit(r#"<testcase name="k_beyond_the_scan" time="3.5"/>"#),
+            ),
+            (
+                "junit-tests.xml",
+                &junit(r#"<testcase name="a_portable_test" time="0.1"/>"#),
+            ),
+        ],
+    );
+    let md = render_md(&report_py, &[&first, &second], dir.path(), &root);
+    assert!(
+        md.contains("- tests: 3 passed, 1 failed, 0 skipped, 1 stopped at a call's budget"),
+        "the fixed test passes, the crash stays failed: {md}"
+    );
+    assert!(md.contains("| search | done |"), "{md}");
+    assert!(md.contains("| gpu-tests | done | 300 |"), "{md}");
+    assert!(!md.contains("**Incomplete**"), "every step ran: {md}");
+    assert!(md.contains("| l2 | f32 | none | 0 | gpu |"), "{md}");
+    // Call 1 alone: incomplete.
+    let md = render_md(&report_py, &[&first], dir.path(), &root);
+    assert!(
+        md.contains("**Incomplete**: gpu-tests, tests did not run to the end"),
+        "{md}"
+    );
+
+    // Results of another commit do not merge.
+    let mut other: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&second).unwrap()).unwrap();
+    other["commit"] = "def456".into();
+    let other_path = dir.path().join("other.json");
+    std::fs::write(&other_path, other.to_string()).unwrap();
+    let o = Command::new("python3")
+        .args([
+            report_py.to_str().unwrap(),
+            "md",
+            first.to_str().unwrap(),
+            other_path.to_str().unwrap(),
+            "--out",
+            dir.path().join("x.md").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("different commits"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
     );
 }
