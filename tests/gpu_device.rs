@@ -427,6 +427,7 @@ fn scan_kernel_matches_the_cpu_reference() {
         .config_for(nq as u64 * u64::from(SCAN_BLOCK), SCAN_BLOCK)
         .unwrap();
     assert_eq!(cfg.grid, (nq as u32, 1, 1));
+    launcher.set_timing(true);
     {
         let mut args = KernelArgs::new();
         args.input(&d_dataset).unwrap();

@@ -285,7 +285,8 @@ impl LaunchConfig {
 }
 
 /// Launch statistics of one [`Launcher`]. Times come from a pair of CUDA
-/// events around each launch and are collected once the launch finished.
+/// events around each launch while [`Launcher::set_timing`] is on, and are
+/// collected once the launch finished.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KernelStats {
     /// Launches issued.
@@ -822,7 +823,7 @@ impl Launcher {
             sm_count: ctx.info().sm_count,
             cooperative: ctx.info().cooperative_launch,
             dynamic_shared_opt_in: Mutex::new(0),
-            timing: AtomicBool::new(true),
+            timing: AtomicBool::new(false),
             state: Mutex::new(TimingState {
                 stats: KernelStats::default(),
                 pending: VecDeque::new(),
@@ -850,7 +851,9 @@ impl Launcher {
         &self.stream
     }
 
-    /// Turns per-launch event timing on or off (on by default).
+    /// Turns per-launch event timing on or off (off by default: two events
+    /// created, recorded, queried and destroyed per launch cost several
+    /// microseconds of host time, more than a small kernel's launch).
     pub fn set_timing(&self, on: bool) {
         self.timing.store(on, Ordering::Relaxed);
     }
@@ -887,6 +890,9 @@ impl Launcher {
     /// at once, by this kernel's registers and shared memory
     /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`).
     pub fn blocks_per_sm(&self, threads: u32, dynamic_shared_bytes: u32) -> GpuResult<u32> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_error("cuCtxSetCurrent"))?;
         // The occupancy calculator counts no block whose dynamic shared
         // memory is above the kernel's opt-in.
         self.opt_in_shared(
@@ -1116,7 +1122,11 @@ impl Launcher {
         if let Some(pair) = end {
             st.pending.push_back(pair);
         }
-        collect_timings(&mut st, false);
+        // cuEventQuery on a capturing thread (relaxed mode aside) would
+        // invalidate the capture: earlier launches' times wait.
+        if !capturing {
+            collect_timings(&mut st, false);
+        }
         Ok(())
     }
 

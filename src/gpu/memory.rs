@@ -63,6 +63,12 @@ pub trait DeviceMemory: Send + Sync + 'static {
 
     /// Bytes the backend could still allocate (best effort).
     fn available(&self) -> u64;
+
+    /// Waits until blocks given back with [`free`](Self::free) can be
+    /// allocated again. A stream-ordered backend frees when the stream gets
+    /// there; the pool calls this before retrying an allocation that ran
+    /// out of memory.
+    fn settle(&self) {}
 }
 
 /// A shared backend: lets the owner watch it (e.g. [`HostMemory::used`])
@@ -80,6 +86,10 @@ impl<M: DeviceMemory> DeviceMemory for Arc<M> {
 
     fn available(&self) -> u64 {
         (**self).available()
+    }
+
+    fn settle(&self) {
+        (**self).settle()
     }
 }
 
@@ -213,6 +223,15 @@ impl DeviceMemory for CudaMemory {
         result::mem_get_info()
             .map(|(free, _)| free as u64)
             .unwrap_or(0)
+    }
+
+    /// `cuMemFreeAsync` returns a block to the device's pool only when the
+    /// stream reaches the free, and the pool gives memory back to the
+    /// device at a synchronisation: synchronise, so an out-of-memory retry
+    /// after a trim finds the trimmed bytes. An error here is the stream's
+    /// (a fault) and the retried allocation reports it.
+    fn settle(&self) {
+        let _ = self.stream.synchronize();
     }
 }
 
@@ -667,7 +686,13 @@ impl<M: DeviceMemory> MemoryPool<M> {
     /// A buffer of `len` elements of `T`, contents unspecified (a reused
     /// block holds whatever its previous owner left).
     pub fn alloc<T: DeviceRepr>(&self, len: usize) -> GpuResult<GpuBuffer<T, M>> {
-        let requested = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+        let Some(requested) = (len as u64).checked_mul(std::mem::size_of::<T>() as u64) else {
+            self.shared.lock().stats.failed_allocations += 1;
+            return Err(GpuError::AllocationTooLarge {
+                requested: u64::MAX,
+                max_allocation: self.shared.config.max_allocation,
+            });
+        };
         let (block, class) = self.alloc_raw(requested)?;
         Ok(GpuBuffer {
             block: Some(block),
@@ -704,8 +729,12 @@ impl<M: DeviceMemory> MemoryPool<M> {
         let mut block = shared.backend.alloc(class);
         if matches!(block, Err(GpuError::OutOfMemory { .. })) {
             let idle = shared.lock().stats.idle_bytes;
-            if idle > 0 {
+            // Only a request the idle blocks could make room for empties
+            // the cache: one larger than the device's free memory and all
+            // idle bytes together would fail again with nothing to reuse.
+            if idle > 0 && class <= idle.saturating_add(shared.backend.available()) {
                 shared.trim();
+                shared.backend.settle();
                 block = shared.backend.alloc(class);
             }
         }
@@ -1549,6 +1578,25 @@ mod tests {
         assert_eq!(s.idle_bytes, 0);
         assert_eq!(s.backend_frees, 1);
         assert_eq!(p.backend().used(), 1024);
+    }
+
+    #[test]
+    fn a_request_no_trim_could_serve_keeps_the_idle_blocks() {
+        let p = pool(3000, cfg());
+        drop(p.alloc::<u8>(2000).unwrap()); // 2048 idle, 952 free
+                                            // 4096 > 2048 idle + 952 free: trimming could not make room.
+        assert!(matches!(
+            p.alloc::<u8>(4000),
+            Err(GpuError::OutOfMemory { .. })
+        ));
+        assert_eq!(p.stats().idle_bytes, 2048);
+        assert_eq!(p.stats().backend_frees, 0);
+        // A size that overflows u64 is too large, not a request for u64::MAX.
+        assert!(matches!(
+            p.alloc::<u64>(usize::MAX),
+            Err(GpuError::AllocationTooLarge { .. })
+        ));
+        assert_eq!(p.stats().idle_bytes, 2048);
     }
 
     #[test]

@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{
-    result, CudaContext, CudaEvent, CudaStream, DeviceRepr, HostSlice, SyncOnDrop, ValidAsZeroBits,
+    result, CudaContext, CudaEvent, CudaStream, DeviceRepr, DriverError, HostSlice, SyncOnDrop,
+    ValidAsZeroBits,
 };
 
 use super::memory::{CudaMemory, DeviceMemory, GpuBuffer, GpuView, GpuViewMut, MemoryPool};
@@ -252,16 +253,36 @@ unsafe impl<T: Sync> Sync for PinnedAlloc<T> {}
 impl<T> Drop for PinnedAlloc<T> {
     fn drop(&mut self) {
         // Copies still reading or writing the memory finish first.
-        self.ctx.record_err(self.event.synchronize());
-        self.ctx.record_err(self.ctx.bind_to_thread());
+        let quiet = self.quiesce();
+        self.ctx.record_err(quiet);
         // SAFETY: allocated by `cuMemHostAlloc` in `PinnedAlloc::new`, freed
-        // only here, after the last copy using it.
+        // only here, after the last copy using it (`quiesce` made the
+        // context current).
         self.ctx
             .record_err(unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) });
     }
 }
 
 impl<T> PinnedAlloc<T> {
+    /// Waits until no copy uses the memory, returning an error cudarc had
+    /// stored (from a destructor) if there was one. cudarc's own event
+    /// calls return such an error *instead of* waiting, and its recording
+    /// of the event after a copy is skipped the same way, so the event may
+    /// be stale: with an error stored this waits for the whole context.
+    /// The driver is called directly, so the wait always happens.
+    fn quiesce(&self) -> Result<(), DriverError> {
+        let stored = self.ctx.check_err();
+        // SAFETY: the context is alive (held by `self.ctx`).
+        unsafe { result::ctx::set_current(self.ctx.cu_ctx()) }?;
+        if stored.is_err() {
+            result::ctx::synchronize()?;
+        } else {
+            // SAFETY: the event is alive (owned by `self`).
+            unsafe { result::event::synchronize(self.event.cu_event()) }?;
+        }
+        stored
+    }
+
     /// `len` (≥ 1) uninitialised elements.
     fn new(ctx: &Arc<CudaContext>, len: usize, flags: c_uint) -> GpuResult<Self> {
         let bytes = len
@@ -392,9 +413,7 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedBuffer<T> {
         match &self.inner {
             None => Ok(&[]),
             Some(s) => {
-                s.event
-                    .synchronize()
-                    .map_err(driver_error("cuEventSynchronize"))?;
+                s.quiesce().map_err(driver_error("cuEventSynchronize"))?;
                 // SAFETY: `len` initialised elements (zeroed at allocation),
                 // no copy pending, borrowed as long as `self`.
                 Ok(unsafe { std::slice::from_raw_parts(s.ptr, s.len) })
@@ -407,9 +426,7 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedBuffer<T> {
         match &mut self.inner {
             None => Ok(&mut []),
             Some(s) => {
-                s.event
-                    .synchronize()
-                    .map_err(driver_error("cuEventSynchronize"))?;
+                s.quiesce().map_err(driver_error("cuEventSynchronize"))?;
                 // SAFETY: as in `as_slice`, borrowed mutably with `self`.
                 Ok(unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
             }
@@ -466,11 +483,15 @@ impl PendingTransfer<'_> {
         self.direction
     }
 
-    /// Whether the copy has finished (`cuEventQuery`).
-    pub fn is_complete(&self) -> bool {
-        self.events
-            .as_ref()
-            .is_none_or(|(_, end)| end.is_complete())
+    /// Whether the copy has finished (`cuEventQuery`). An error (a fault
+    /// earlier on the stream, which the event never gets past) is returned,
+    /// not read as "not yet": a loop polling this would otherwise spin
+    /// forever.
+    pub fn is_complete(&self) -> GpuResult<bool> {
+        match &self.events {
+            None => Ok(true),
+            Some((_, end)) => end.try_is_complete().map_err(driver_error("cuEventQuery")),
+        }
     }
 
     /// Waits for the copy (`cuEventSynchronize`) and returns its device
@@ -697,6 +718,23 @@ impl Transfer {
                 .memcpy_dtoh(&view, host)
                 .map_err(driver_error("cuMemcpyDtoHAsync"))
         })
+    }
+
+    /// Sets `dst` to zero bytes (`cuMemsetD8Async`), ordered on the stream;
+    /// does not wait.
+    pub fn zero<'b, T: DeviceRepr + ValidAsZeroBits + 'b>(
+        &self,
+        dst: impl Into<GpuViewMut<'b, T>>,
+    ) -> GpuResult<()> {
+        let mut dst = dst.into();
+        if !dst.is_empty() {
+            let mut view = dst.as_cuda_mut()?;
+            self.stream
+                .memset_zeros(&mut view)
+                .map_err(driver_error("cuMemsetD8Async"))?;
+            self.check_deferred()?;
+        }
+        Ok(())
     }
 
     /// Device-to-device copy (`cuMemcpyDtoDAsync`), ordered on the stream;

@@ -623,9 +623,9 @@ fn nv_info_value(data: &[u8], attr: u8, sym: u32) -> Option<u32> {
         let (fmt, a) = (data[at], data[at + 1]);
         at += 2;
         match fmt {
-            EIFMT_NVAL => {}
-            EIFMT_BVAL => at += 1,
-            EIFMT_HVAL => at += 2,
+            // Records are padded to 4 bytes: a format and attribute byte,
+            // then 2 bytes of value (or padding) for these three.
+            EIFMT_NVAL | EIFMT_BVAL | EIFMT_HVAL => at += 2,
             EIFMT_SVAL => {
                 let len = usize::from(read_u16(data, at)?);
                 at += 2;
@@ -948,6 +948,20 @@ impl KernelMetadata {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `.nv.info` records are 4-byte units: a byte, half-word or absent
+    /// value still takes 2 bytes, so a register count after them is found.
+    #[test]
+    fn nv_info_records_without_a_size_take_four_bytes() {
+        let mut data = vec![EIFMT_HVAL, 0x1b, 0x34, 0x12];
+        data.extend([EIFMT_BVAL, 0x07, 0x01, 0x00]);
+        data.extend([EIFMT_NVAL, 0x01, 0x00, 0x00]);
+        data.extend([EIFMT_SVAL, EIATTR_REGCOUNT, 8, 0]);
+        data.extend(3u32.to_le_bytes());
+        data.extend(40u32.to_le_bytes());
+        assert_eq!(nv_info_value(&data, EIATTR_REGCOUNT, 3), Some(40));
+        assert_eq!(nv_info_value(&data, EIATTR_REGCOUNT, 4), None);
+    }
 
     /// nvJitLink 12.9, `-lto -arch=sm_80 -O3 -verbose -maxrregcount=24`.
     const SAMPLE: &str = "\

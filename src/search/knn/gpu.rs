@@ -214,6 +214,12 @@ impl KnnSearch<'_> {
             let (d_qa0, d_qa1) = d_qaux.view().split_at(nb)?;
             let (n_chunks, chunk_rows) = self.plan.chunks(self.n_rows, nb, resident);
             let mut cand = Candidates::alloc(pool, nb * n_chunks as usize, cap)?;
+            // Pooled memory holds a former owner's bytes: should the tile
+            // kernel refuse its launch contract and write nothing, the
+            // re-rank then reads empty candidates (a wrong answer the tests
+            // see) instead of stale ids (an out-of-bounds read that kills
+            // the context).
+            t.zero(&mut cand.count)?;
             {
                 let tiles = nb.div_ceil(self.plan.qtile as usize) as u32;
                 let cfg = LaunchConfig::new((tiles, n_chunks, 1), (KNN_BLOCK, 1, 1))

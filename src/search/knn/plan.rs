@@ -189,7 +189,11 @@ pub fn chunks(n_rows: usize, nq: usize, qtile: u32, row_tile: u32, resident: u32
     let max_chunks = n_rows.div_ceil(rt).max(1);
     // grid.y holds at most 65535 chunks.
     let want = (resident.max(1) as usize / tiles).clamp(1, max_chunks.min(65_535));
-    let chunk_rows = n_rows.div_ceil(want).div_ceil(rt).max(1) * rt;
+    // A chunk's rows are a u32 (the kernel's `chunk_rows`): near 2^32 rows
+    // one chunk would wrap to 0, so it takes at most the largest whole
+    // number of row tiles a u32 holds.
+    let chunk_rows =
+        (n_rows.div_ceil(want).div_ceil(rt).max(1) * rt).min(u32::MAX as usize / rt * rt);
     let n_chunks = n_rows.div_ceil(chunk_rows).max(1);
     (n_chunks as u32, chunk_rows as u32)
 }
@@ -715,6 +719,12 @@ mod tests {
         assert_eq!(chunks(0, 1, 16, 64, 396), (1, 64));
         // A huge device never asks for more chunks than grid.y holds.
         assert!(chunks(1 << 31, 1, 16, 64, 1 << 24).0 <= 65_535);
+        // Near 2^32 rows one chunk would not fit the kernel's u32: two.
+        let n = u32::MAX as usize - 10;
+        let (c, rows) = chunks(n, 10_000, 16, 64, 396);
+        assert!(rows > 0 && rows % 64 == 0, "{rows}");
+        assert_eq!(c, 2);
+        assert!(c as usize * rows as usize >= n);
     }
 
     #[test]
