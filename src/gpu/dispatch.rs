@@ -448,6 +448,32 @@ impl DispatchRegistry {
     }
 }
 
+const CAPTURE_FLAGS: CUgraphInstantiate_flags =
+    CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+
+/// Restores the stream and the context if the recording closure panics: a
+/// stream left capturing fails every later call on it, and event tracking
+/// left off would stop ordering cudarc's copies.
+struct CaptureGuard<'a> {
+    stream: &'a Arc<CudaStream>,
+    tracking: bool,
+    capturing: bool,
+}
+
+impl Drop for CaptureGuard<'_> {
+    fn drop(&mut self) {
+        if self.capturing {
+            let _ = self.stream.end_capture(CAPTURE_FLAGS);
+        }
+        if self.tracking {
+            // SAFETY: restores the setting `capture` found, as its own
+            // success path does; `capture`'s contract keeps other threads
+            // off the context meanwhile.
+            unsafe { self.stream.context().enable_event_tracking() };
+        }
+    }
+}
+
 /// A CUDA graph captured from one stream, replayed on it.
 ///
 /// Capture with [`CapturedGraph::capture`]: `cuStreamBeginCapture` (thread
@@ -492,16 +518,21 @@ impl CapturedGraph {
         if tracking {
             ctx.disable_event_tracking();
         }
+        let mut guard = CaptureGuard {
+            stream,
+            tracking,
+            capturing: false,
+        };
         let begun = stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(driver_error("cuStreamBeginCapture"));
+        guard.capturing = begun.is_ok();
         let recorded = begun.and_then(|()| record(stream));
+        guard.capturing = false;
         let ended = stream
-            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .end_capture(CAPTURE_FLAGS)
             .map_err(driver_error("cuStreamEndCapture"));
-        if tracking {
-            ctx.enable_event_tracking();
-        }
+        drop(guard);
         recorded?;
         match ended? {
             Some(graph) => Ok(CapturedGraph { graph }),
@@ -515,7 +546,10 @@ impl CapturedGraph {
     ///
     /// # Safety
     /// Every buffer the captured launches use must still be alive, at the
-    /// same address (not dropped and handed to someone else by the pool).
+    /// same address (not dropped and handed to someone else by the pool),
+    /// and so must every [`Launcher`](super::Launcher) whose kernels were
+    /// captured: dropping one unloads its module, and the graph's nodes
+    /// would name a function that no longer exists.
     pub unsafe fn replay(&self) -> GpuResult<()> {
         self.graph.launch().map_err(driver_error("cuGraphLaunch"))
     }
