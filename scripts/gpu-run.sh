@@ -69,6 +69,8 @@ py=$(command -v python3)
 # `timeout 0` would never stop).
 left() { echo $((budget - reserve - (SECONDS - start))); }
 limit() { local l; l=$(left); [ "$l" -ge 1 ] || l=1; echo "$l"; }
+# The same, at most $1 seconds: one command of a step must not take the call.
+limit_at_most() { local l; l=$(limit); [ "$l" -le "$1" ] || l=$1; echo "$l"; }
 
 # One line per step into steps.jsonl: STEP STATUS SECONDS EXIT [NOTE].
 # STATUS: done | failed | stopped (ran past the budget) | not started | left out.
@@ -146,24 +148,28 @@ extract() {
 }
 
 search_step() {
-  local t0=$SECONDS status=done metric dtype filter line rc
+  local t0=$SECONDS status=done metric dtype filter line rc failed=0
   echo "== search matrix ($(left) s left)"
   : >"$logs/search.jsonl"
   for metric in l2 ip cosine; do
     for dtype in f32 f16 i8 u8; do
       for filter in none bitset:0.5 bitset:0.05; do
         if [ "$(left)" -le 15 ]; then status=stopped; break 3; fi
-        line=$(timeout -k 10 "$(limit)" "$bin" search --device gpu --json --n 100000 --dim 128 --nq 1000 --k 10 \
+        line=$(timeout -k 10 "$(limit_at_most 120)" "$bin" search --device gpu --json --n 100000 --dim 128 --nq 1000 --k 10 \
           --metric "$metric" --dtype "$dtype" --filter "$filter" 2>>"$logs/search.err")
         rc=$?
         "$py" -c 'import json,sys; d=json.loads(sys.argv[1]) if sys.argv[1].strip() else {}; d.update(metric=sys.argv[2],dtype=sys.argv[3],filter=sys.argv[4],exit=int(sys.argv[5])); print(json.dumps(d))' \
           "$line" "$metric" "$dtype" "$filter" "$rc" >>"$logs/search.jsonl" 2>>"$logs/search.err" \
           || echo "{\"metric\":\"$metric\",\"dtype\":\"$dtype\",\"filter\":\"$filter\",\"exit\":$rc,\"unparsed\":true}" >>"$logs/search.jsonl"
         echo "$metric $dtype $filter exit=$rc"
+        [ "$rc" = 0 ] || failed=$((failed + 1))
       done
     done
   done
-  record search "$status" $((SECONDS - t0)) 0
+  [ "$status" = done ] && [ "$failed" != 0 ] && status=failed
+  local note=""
+  [ "$failed" = 0 ] || note="$failed of the searches failed"
+  record search "$status" $((SECONDS - t0)) "$failed" "$note"
 }
 
 bench_step() {
@@ -182,8 +188,11 @@ peers_step() {
   echo "== exact k-NN against torch / CuPy (benches/scripts/gpu_peers.py, $(left) s left)"
   # gpu_peers.py rewrites peers.json after each case: a stopped run keeps
   # the cases it finished.
+  # GPU_PEERS_ARGS: more arguments for gpu_peers.py, to split the comparison
+  # over calls (e.g. '--dtypes f16'); gpu_report.py md merges the cases.
+  # shellcheck disable=SC2086
   PYTHONUNBUFFERED=1 timeout -k 10 "$(limit)" "$py" "$root/benches/scripts/gpu_peers.py" --fraglink "$bin" \
-    --out "$logs/peers.json" >"$logs/peers.txt" 2>&1
+    --out "$logs/peers.json" ${GPU_PEERS_ARGS:-} >"$logs/peers.txt" 2>&1
   rc=$?
   tail -30 "$logs/peers.txt"
   [ "$rc" = 124 ] && status=stopped
@@ -195,7 +204,7 @@ peers_step() {
 # second (warm) search of n 1M x 128 f32, k 10: the tensor-core kernels at
 # nq 1 and 1000, the scan at nq 1.
 ncu_step() {
-  local t0=$SECONDS status=done spec rc
+  local t0=$SECONDS status=done spec rc failed=0
   echo "== kernel profiles (ncu, $(left) s left)"
   # name, nq, FRAGLINK_GPU_KNN, launches of the first search (skipped), launches profiled.
   # At nq 1 a search's rows span hundreds of chunks, so the re-rank has its merge
@@ -204,7 +213,9 @@ ncu_step() {
   for spec in "knn-nq1 1 1 3 3" "knn-nq1000 1000 1 2 2" "scan-nq1 1 0 1 1"; do
     if [ "$(left)" -le 30 ]; then status=stopped; break; fi
     set -- $spec
-    FRAGLINK_GPU_KNN=$3 timeout -k 10 "$(limit)" ncu --target-processes all --kernel-name regex:'knn_|scan_' \
+    # Clocks as the application sees them (ncu's default locks them at base).
+    FRAGLINK_GPU_KNN=$3 timeout -k 10 "$(limit_at_most 240)" ncu --target-processes all --kernel-name regex:'knn_|scan_' \
+      --clock-control none \
       --launch-skip "$4" --launch-count "$5" \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
       --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
@@ -214,9 +225,14 @@ ncu_step() {
     rc=$?
     echo "ncu $1 exit $rc"
     [ "$rc" = 124 ] && status=stopped
-    ncu --import "$logs/ncu-$1.ncu-rep" --csv --page details >"$logs/ncu-$1.csv" 2>>"$logs/ncu-$1.out"
+    ncu --import "$logs/ncu-$1.ncu-rep" --csv --page details >"$logs/ncu-$1.csv" 2>>"$logs/ncu-$1.out" \
+      || rc=1
+    [ "$rc" = 0 ] || failed=$((failed + 1))
   done
-  record ncu "$status" $((SECONDS - t0)) 0
+  [ "$status" = done ] && [ "$failed" != 0 ] && status=failed
+  local note=""
+  [ "$failed" = 0 ] || note="$failed of the profiles failed"
+  record ncu "$status" $((SECONDS - t0)) "$failed" "$note"
 }
 
 bin=$work/x/target/release/fraglink

@@ -209,9 +209,16 @@ def merge(runs):
             if r.get(key) and not out.get(key):
                 out[key] = r[key]
         out["gpu"] = out.get("gpu") or r.get("gpu")
-        for key in ("searches", "bench", "peers", "profiles"):
+        for key in ("searches", "bench", "profiles"):
             if r.get(key):
                 out[key] = r[key]
+        if (r.get("peers") or {}).get("cases"):
+            # A comparison split over calls (gpu-run.sh's GPU_PEERS_ARGS):
+            # the cases of each, a later call's replacing an earlier one's.
+            earlier = (out.get("peers") or {}) if out.get("peers") is not r["peers"] else {}
+            cases = {(c["dtype"], c["nq"], c["k"]): c for c in earlier.get("cases") or []}
+            cases.update({(c["dtype"], c["nq"], c["k"]): c for c in r["peers"]["cases"]})
+            out["peers"] = dict(r["peers"], cases=list(cases.values()))
         for st in r.get("steps") or []:
             if st["status"] != "left out" or st["step"] not in steps:
                 steps[st["step"]] = st

@@ -289,12 +289,22 @@ fn the_steps_of_several_calls_merge_into_one_report() {
     ]
     .join("\n");
     let search = r#"{"metric":"l2","dtype":"f32","filter":"none","exit":0,"route":"gpu","recall":1.0,"qps":9.0}"#;
+    // The comparison split over the calls (GPU_PEERS_ARGS='--dtypes ...').
+    let peers = |dtype: &str| {
+        serde_json::json!({"n": 1_000_000, "dim": 128, "batch": 1000, "cases": [{
+            "dtype": dtype, "nq": 100, "k": 10, "goal": 1.5, "floor_qps": 1e6,
+            "floor_bound": "memory",
+            "sides": {"torch.mm+topk": {"qps": 100.0, "recall": 1.0},
+                      "fraglink": {"qps": 200.0, "recall": 1.0}}}]})
+        .to_string()
+    };
     let first = collect(
         "1",
         &[
             ("steps.jsonl", &steps1),
             ("tests-gpu-tests.txt", nextest_output),
             ("search.jsonl", search),
+            ("peers.json", &peers("f32")),
         ],
     );
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&first).unwrap()).unwrap();
@@ -345,6 +355,7 @@ fn the_steps_of_several_calls_merge_into_one_report() {
                 "junit-tests.xml",
                 &junit(r#"<testcase name="a_portable_test" time="0.1"/>"#),
             ),
+            ("peers.json", &peers("f16")),
         ],
     );
     let md = render_md(&report_py, &[&first, &second], dir.path(), &root);
@@ -356,6 +367,11 @@ fn the_steps_of_several_calls_merge_into_one_report() {
     assert!(md.contains("| gpu-tests | done | 300 |"), "{md}");
     assert!(!md.contains("**Incomplete**"), "every step ran: {md}");
     assert!(md.contains("| l2 | f32 | none | 0 | gpu |"), "{md}");
+    assert!(
+        md.contains("| f32 | 100 | 10 | 200 (1) | 100 (1) |")
+            && md.contains("| f16 | 100 | 10 | 200 (1) | 100 (1) |"),
+        "both calls' comparison cases: {md}"
+    );
     // Call 1 alone: incomplete.
     let md = render_md(&report_py, &[&first], dir.path(), &root);
     assert!(
