@@ -5,6 +5,8 @@
 //! [`DiskCacheConfig`]; nothing here touches the user's real cache.
 #![cfg(unix)]
 
+mod support;
+
 use std::fs::{self, File};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -1180,13 +1182,10 @@ mod forged {
     use fraglink::link::{DiskPayload, LinkRuntime, Linked, Planner, RuntimeConfig, Source};
 
     fn runtime(dir: &Path) -> LinkRuntime {
-        // These tests compare figures across fresh links. Where a driver is
-        // installed, nvJitLink serves a repeated link from the driver's
-        // compute cache with an empty info log, so the relinked kernel's
-        // figures come from the cubin alone (no barrier count): seen on an
-        // H100 host. Switch that cache off for this process.
-        static NO_DRIVER_CACHE: std::sync::Once = std::sync::Once::new();
-        NO_DRIVER_CACHE.call_once(|| std::env::set_var("CUDA_CACHE_DISABLE", "1"));
+        // These tests compare figures across fresh links: a link served
+        // from the driver's compute cache has figures from the cubin alone
+        // (no barrier count).
+        super::support::without_driver_compute_cache();
         LinkRuntime::new(RuntimeConfig {
             memory_capacity: 16,
             disk: Some(DiskCacheConfig::new(dir)),

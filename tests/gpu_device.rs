@@ -8,6 +8,8 @@
 //! CPU-side half of loading a kernel — a real nvJitLink link of the shipped
 //! scan whose cubin and resources pass the launcher's checks.
 
+mod support;
+
 use fraglink::gpu::launch::{check_cubin, ScanContract, EM_CUDA};
 use fraglink::gpu::{
     CapturedGraph, GpuContext, GpuError, KernelArgs, KernelResources, LaunchConfig, Launcher,
@@ -69,6 +71,8 @@ fn link_scan(arch: &str) -> (Vec<u8>, String) {
 }
 
 fn link_scan_variant(scan: &str, arch: &str) -> (Vec<u8>, String) {
+    // The resources come from ptxas's lines in the info log.
+    support::without_driver_compute_cache();
     let jl = NvJitLink::open(None).unwrap_or_else(|e| panic!("{e}"));
     let options: Vec<String> = [
         "-lto".to_string(),
@@ -261,7 +265,9 @@ fn pinned_async_roundtrip() {
     // summation, both buffers: the plain one must not be the slow one.
     let mut wc = PinnedBuffer::<f32>::for_upload(&ctx, host.len()).unwrap();
     wc.as_mut_slice().unwrap().copy_from_slice(&host);
-    let read = |b: &PinnedBuffer<f32>| {
+    // The fastest of 5 reads each, interleaved: other test processes share
+    // the cores, and one preempted sample must not decide.
+    let read_once = |b: &PinnedBuffer<f32>| {
         let t0 = std::time::Instant::now();
         let mut sum = 0.0f64;
         for _ in 0..3 {
@@ -274,10 +280,18 @@ fn pinned_async_roundtrip() {
         }
         (t0.elapsed(), sum)
     };
-    let (t_plain, s_plain) = read(&out);
-    let (t_wc, s_wc) = read(&wc);
+    let (mut t_plain, mut t_wc) = (std::time::Duration::MAX, std::time::Duration::MAX);
+    let (mut s_plain, mut s_wc) = (0.0, 0.0);
+    for _ in 0..5 {
+        let (t, s) = read_once(&out);
+        (t_plain, s_plain) = (t_plain.min(t), s);
+        let (t, s) = read_once(&wc);
+        (t_wc, s_wc) = (t_wc.min(t), s);
+    }
     assert_eq!(s_plain.to_bits(), s_wc.to_bits());
-    eprintln!("host read of 4 MiB ×3: plain pinned {t_plain:?}, write-combined {t_wc:?}");
+    eprintln!(
+        "host read of 4 MiB ×3, fastest of 5: plain pinned {t_plain:?}, write-combined {t_wc:?}"
+    );
     assert!(
         t_plain <= t_wc * 2,
         "plain pinned reads ({t_plain:?}) should not be slower than write-combined ones ({t_wc:?})"

@@ -1,6 +1,8 @@
 //! Resource usage and cubin checks on real links: the embedded fragments,
 //! linked by the real nvJitLink for sm_75, sm_80 and sm_90. No GPU needed.
 
+mod support;
+
 use fraglink::link::metadata::{
     check_cubin, cubin_resources, entry_resources, parse_info_log, sm_from_e_flags, CubinError,
     KernelMetadata, MetadataError, EM_CUDA,
@@ -15,12 +17,8 @@ const ARCHS: [(&str, u32); 3] = [("sm_75", 75), ("sm_80", 80), ("sm_90", 90)];
 
 /// Links scan + metric + filter for `arch`; returns (cubin, info log).
 fn link(arch: &str, fragments: [&str; 3], verbose: bool) -> (Vec<u8>, String) {
-    // These tests read ptxas's output in the info log. Where a driver is
-    // installed, nvJitLink serves repeated links from the driver's compute
-    // cache with an empty log (see `metadata::cubin_resources`), so switch
-    // that cache off for this process before the first link.
-    static NO_DRIVER_CACHE: std::sync::Once = std::sync::Once::new();
-    NO_DRIVER_CACHE.call_once(|| std::env::set_var("CUDA_CACHE_DISABLE", "1"));
+    // These tests read ptxas's output in the info log.
+    support::without_driver_compute_cache();
     let nvjitlink = NvJitLink::open(None).expect("nvJitLink (paths baked at build time)");
     let mut options: Vec<String> = vec![
         "-lto".into(),

@@ -20,6 +20,17 @@ pub mod scan_links;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+/// Switches the driver's compute cache off for this process, before its
+/// first link. Where a driver is installed, nvJitLink serves a repeated link
+/// (one any process on the machine made before, with the same options) from
+/// that cache with an empty info log (see `metadata::cubin_resources`), so a
+/// test that reads ptxas's figures from the log must not get one from there:
+/// seen on an H100 host.
+pub fn without_driver_compute_cache() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("CUDA_CACHE_DISABLE", "1"));
+}
+
 /// The run-time value of the environment variable `name`, if set and non-empty.
 fn env_path(name: &str) -> Option<OsString> {
     std::env::var_os(name).filter(|value| !value.is_empty())
