@@ -73,10 +73,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let gpu = GpuSearcher::new(ctx)?;
     let (base, queries) = synthetic(20_000, 64, 100, DType::F32, 1);
-    let index = build_index(
-        &base,
-        &IvfBuildParams::new(64, MetricSpec::plain(Metric::L2)),
-    )?;
+    // The entry reads veclen-4 lists; f32 indexes store veclen 1 unless asked.
+    let mut bp = IvfBuildParams::new(64, MetricSpec::plain(Metric::L2));
+    bp.veclen = Some(4);
+    let index = build_index(&base, &bp)?;
     let dev = GpuIvfIndex::upload(&gpu, &index)?;
     let (k, nprobe) = (10, 8);
     let p = IvfSearchParams::new(k, nprobe);

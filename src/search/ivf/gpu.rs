@@ -149,6 +149,57 @@ pub enum IvfGpuError {
     Gpu(#[from] GpuSearchError),
     #[error("{what} = {value} exceeds the IVF scan kernel's 32-bit argument")]
     TooLarge { what: &'static str, value: usize },
+    /// A caller's planner ([`GpuIvfIndex::search_with`]) that does not fit
+    /// the index or the search: the kernel would read the lists as another
+    /// type (out of bounds), refuse its capacity (results never written) or
+    /// filter the wrong way.
+    #[error("the planner of `{entry}` does not fit this search: {reason}")]
+    PlannerMismatch { entry: String, reason: String },
+    #[error("the coarse step returned list {list}, but the index has {nlist} lists")]
+    BadProbe { list: i64, nlist: usize },
+}
+
+/// What [`GpuIvfIndex::search_with`] can check of a caller's planner (its
+/// static fragments, the entry first) against the index and the search:
+/// the entry's dtype and capacity (its matrix parameters), and that a filter
+/// fragment of the search's kind is linked. Fragments added as run-time
+/// sources are not checked. `None` when nothing is wrong.
+fn planner_mismatch(
+    fragments: &[&FragmentInfo],
+    dtype: DType,
+    capacity: u32,
+    filter: &Filter,
+) -> Option<String> {
+    let entry = fragments.first()?;
+    if let Some(d) = entry.param("dtype").filter(|&d| d != dtype.name()) {
+        return Some(format!(
+            "it reads {d} lists, the index stores {}",
+            dtype.name()
+        ));
+    }
+    if let Some(c) = entry
+        .param("capacity")
+        .filter(|&c| c != capacity.to_string())
+    {
+        return Some(format!(
+            "its capacity is {c}, the capacity passed is {capacity}"
+        ));
+    }
+    let want = match filter {
+        Filter::None => "none",
+        Filter::Bitset(_) => "bitset",
+    };
+    let filters: Vec<&str> = fragments
+        .iter()
+        .filter(|f| f.family == "filter")
+        .filter_map(|f| f.param("filter"))
+        .collect();
+    (!filters.is_empty() && !filters.contains(&want)).then(|| {
+        format!(
+            "it links filter {}, the search asks for filter {want}",
+            filters.join(", ")
+        )
+    })
 }
 
 fn u32_arg(what: &'static str, value: usize) -> Result<u32, IvfGpuError> {
@@ -183,7 +234,16 @@ impl KernelLists {
         for l in 0..index.nlist() {
             let list = index.lists().ids(l);
             offsets.push(at as u64);
-            sizes.push(u32_arg("list size", list.len())?);
+            // The kernel walks a list in u32 tiles of 128 rows: a size
+            // within 128 of 2^32 would wrap the tile counter and never end.
+            let size = u32_arg("list size", list.len())?;
+            if size > u32::MAX - 128 {
+                return Err(IvfGpuError::TooLarge {
+                    what: "list size",
+                    value: list.len(),
+                });
+            }
+            sizes.push(size);
             ids.extend_from_slice(list);
             let padded = super::layout::padded_rows(list.len());
             ids.resize(ids.len() + padded - list.len(), -1);
@@ -262,6 +322,22 @@ impl GpuIvfIndex {
         self.search_with(&plan.planner(), plan.capacity, queries, p)
     }
 
+    fn check_planner(
+        &self,
+        planner: &Planner,
+        capacity: u32,
+        p: &IvfSearchParams,
+    ) -> Result<(), IvfGpuError> {
+        let fragments = planner.static_fragments();
+        match planner_mismatch(fragments, self.dtype, capacity, &p.filter) {
+            Some(reason) => Err(IvfGpuError::PlannerMismatch {
+                entry: fragments.first().map_or("?", |f| f.name).to_owned(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The search with a planner of the caller's: an `ivf_scan_<dtype>_v<veclen>_k<capacity>_<order>`
     /// entry (the index's dtype and veclen, `capacity ≥ k`), a metric for the dtype
     /// — a run-time source through [`Planner::add_source`] included — and a
@@ -287,6 +363,7 @@ impl GpuIvfIndex {
                 index: self.veclen,
             }));
         }
+        self.check_planner(planner, capacity, p)?;
         if p.k > capacity as usize {
             return Err(dev_err(PlanError::KTooLarge {
                 k: p.k,
@@ -306,7 +383,20 @@ impl GpuIvfIndex {
             .centroids
             .search(&qf, &SearchParams::new(nprobe, self.metric.metric))
             .map_err(dev_err)?;
-        let probes: Vec<u32> = coarse.neighbors.ids.iter().map(|&l| l as u32).collect();
+        // The kernel indexes the list tables with these ids unchecked: a
+        // padding id (-1) would read gigabytes past them.
+        let probes = coarse
+            .neighbors
+            .ids
+            .iter()
+            .map(|&l| match usize::try_from(l) {
+                Ok(i) if i < self.nlist => Ok(i as u32),
+                _ => Err(IvfGpuError::BadProbe {
+                    list: l,
+                    nlist: self.nlist,
+                }),
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
         let linked = planner
             .link_for(self.gpu.context().arch())
             .map_err(dev_err)?;
@@ -400,6 +490,31 @@ impl GpuIvfIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_planner_that_does_not_fit_the_index_is_named() {
+        let f = |n: &str| crate::fragments::find(n).unwrap();
+        let plan = [
+            f("ivf_scan_f32_v4_k32_asc"),
+            f("metric_l2_f32"),
+            f("filter_none_i64"),
+        ];
+        assert_eq!(planner_mismatch(&plan, DType::F32, 32, &Filter::None), None);
+        let e = planner_mismatch(&plan, DType::U8, 32, &Filter::None).unwrap();
+        assert!(e.contains("reads f32 lists, the index stores u8"), "{e}");
+        let e = planner_mismatch(&plan, DType::F32, 64, &Filter::None).unwrap();
+        assert!(
+            e.contains("capacity is 32, the capacity passed is 64"),
+            "{e}"
+        );
+        let bits = Filter::Bitset(crate::search::Bitset::all(10));
+        let e = planner_mismatch(&plan, DType::F32, 32, &bits).unwrap();
+        assert!(
+            e.contains("links filter none") && e.contains("asks for filter bitset"),
+            "{e}"
+        );
+        assert_eq!(planner_mismatch(&[], DType::F32, 32, &bits), None);
+    }
 
     /// The enumerator and the planner rules agree both ways.
     #[test]
