@@ -180,24 +180,18 @@ __device__ FRAGLINK_INLINE void visit_row(const float* __restrict__ row, uint32_
 }
 
 // Ascending bitonic sort of `n` (a power of two) 64-bit keys in shared memory by
-// BLOCK threads. Must be called by all threads of the block; ends with a barrier.
+// BLOCK threads (scan.cuh's network). Must be called by all threads of the block;
+// ends with a barrier.
 template <int BLOCK>
 __device__ FRAGLINK_INLINE void bitonic_sort_u64(uint64_t* keys, uint32_t n) {
-  for (uint32_t size = 2; size <= n; size <<= 1) {
-    for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
-      for (uint32_t t = threadIdx.x; t < n / 2; t += BLOCK) {
-        const uint32_t lo = 2 * t - (t & (stride - 1));
-        const uint32_t hi = lo + stride;
-        const uint64_t a = keys[lo];
-        const uint64_t b = keys[hi];
-        if ((a > b) == ((lo & size) == 0)) {
-          keys[lo] = b;
-          keys[hi] = a;
-        }
-      }
-      __syncthreads();
+  scan::bitonic_network<BLOCK>(n, [&](uint32_t lo, uint32_t hi, bool ascending) {
+    const uint64_t a = keys[lo];
+    const uint64_t b = keys[hi];
+    if ((a > b) == ascending) {
+      keys[lo] = b;
+      keys[hi] = a;
     }
-  }
+  });
 }
 
 // The select's contract (as scan.cuh's launch_ok): block shape, 1 <= k, at least one

@@ -146,31 +146,42 @@ __device__ FRAGLINK_INLINE float distance(const T* __restrict__ q, const T* __re
   return M::finalize(&st);
 }
 
-// Ascending bitonic sort of S (a power of two) keys in shared memory by BLOCK
-// threads. Must be called by all threads of the block; ends with a barrier.
-template <int S, int BLOCK, typename Idx>
-__device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
-  for (int size = 2; size <= S; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int t = static_cast<int>(threadIdx.x); t < S / 2; t += BLOCK) {
-        const int lo = 2 * t - (t & (stride - 1));  // pair t: lo, lo + stride
-        const int hi = lo + stride;
-        const bool ascending = (lo & size) == 0;
-        const float dl = d[lo];
-        const float dh = d[hi];
-        const Idx il = id[lo];
-        const Idx ih = id[hi];
-        const bool swap = ascending ? key_less(dh, ih, dl, il) : key_less(dl, il, dh, ih);
-        if (swap) {
-          d[lo] = dh;
-          d[hi] = dl;
-          id[lo] = ih;
-          id[hi] = il;
-        }
+// The comparators of an ascending bitonic sorting network over n slots (n a power of
+// two), spread over BLOCK threads: cas(lo, hi, ascending) orders slots lo < hi, with
+// a block barrier after each stage. Must be called by all threads of the block; ends
+// with a barrier. One network for the scan's (distance, id) pairs and the select's
+// 64-bit keys; n may be a compile-time constant after inlining.
+template <int BLOCK, typename CompareSwap>
+__device__ FRAGLINK_INLINE void bitonic_network(uint32_t n, CompareSwap cas) {
+  for (uint32_t size = 2; size <= n; size <<= 1) {
+    for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (uint32_t t = threadIdx.x; t < n / 2; t += BLOCK) {
+        const uint32_t lo = 2 * t - (t & (stride - 1));  // pair t: lo, lo + stride
+        cas(lo, lo + stride, (lo & size) == 0);
       }
       __syncthreads();
     }
   }
+}
+
+// Ascending bitonic sort of S (a power of two) (distance, id) keys in shared memory
+// by BLOCK threads, in key_less order. Must be called by all threads of the block;
+// ends with a barrier.
+template <int S, int BLOCK, typename Idx>
+__device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
+  bitonic_network<BLOCK>(S, [&](uint32_t lo, uint32_t hi, bool ascending) {
+    const float dl = d[lo];
+    const float dh = d[hi];
+    const Idx il = id[lo];
+    const Idx ih = id[hi];
+    const bool swap = ascending ? key_less(dh, ih, dl, il) : key_less(dl, il, dh, ih);
+    if (swap) {
+      d[lo] = dh;
+      d[hi] = dl;
+      id[lo] = ih;
+      id[hi] = il;
+    }
+  });
 }
 
 // The block-wide top-k step shared by every scan: thread t offers key (d, id) when
