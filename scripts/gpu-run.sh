@@ -29,8 +29,8 @@
 #   gpu-summary.md    the same, short
 #   gpu-logs.tar.gz   every log
 # Exit: 0 all steps done and every test passed; nextest's exit when a test
-# failed; 3 without a GPU (then only the portable tests run); 5 when steps
-# are left for another call.
+# failed; 1 when another step failed; 3 without a GPU (then only the
+# portable tests run); 5 when steps are left for another call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -280,7 +280,12 @@ if [ ! -f "$logs/doctor.json" ] && extract; then
 fi
 collect
 cat "$outdir/gpu-summary.md"
-remaining=$("$py" -c 'import json,sys; print(" ".join(d["step"] for d in map(json.loads, open(sys.argv[1])) if d["status"] in ("stopped", "not started")))' "$logs/steps.jsonl")
+steps_with() {
+  "$py" -c 'import json,sys; print(" ".join(d["step"] for d in map(json.loads, open(sys.argv[1])) if d["status"] in sys.argv[2:]))' \
+    "$logs/steps.jsonl" "$@"
+}
+remaining=$(steps_with stopped "not started")
+failed_steps=$(steps_with failed)
 if [ "$gpu" != 1 ]; then
   echo "gpu-run: no CUDA GPU on this machine: ran the portable tests only (exit $tests_rc)"
   exit 3
@@ -288,6 +293,10 @@ fi
 if [ "$tests_rc" != 0 ]; then
   echo "gpu-run: tests failed (nextest exit $tests_rc)${remaining:+; steps left for another call: $remaining}"
   exit "$tests_rc"
+fi
+if [ -n "$failed_steps" ]; then
+  echo "gpu-run: steps failed: $failed_steps (see gpu-summary.md and the logs)${remaining:+; steps left for another call: $remaining}"
+  exit 1
 fi
 if [ -n "$remaining" ]; then
   echo "gpu-run: steps left for another call: $remaining"
