@@ -155,9 +155,16 @@ search_step() {
     for dtype in f32 f16 i8 u8; do
       for filter in none bitset:0.5 bitset:0.05; do
         if [ "$(left)" -le 15 ]; then status=stopped; break 3; fi
+        # --repeat 3: the QPS is the median, a warm search (the first one
+        # loads the kernels and makes the first allocations).
         line=$(timeout -k 10 "$(limit_at_most 120)" "$bin" search --device gpu --json --n 100000 --dim 128 --nq 1000 --k 10 \
-          --metric "$metric" --dtype "$dtype" --filter "$filter" 2>>"$logs/search.err")
+          --repeat 3 --metric "$metric" --dtype "$dtype" --filter "$filter" 2>>"$logs/search.err")
         rc=$?
+        # A search the GPU failed and the CPU answered exits 0 (the exact
+        # fallback), but it is not a GPU result.
+        if [ "$rc" = 0 ] && ! "$py" -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d.get("route") == "gpu" and not d.get("fell_back") else 1)' "$line" 2>/dev/null; then
+          rc=4
+        fi
         "$py" -c 'import json,sys; d=json.loads(sys.argv[1]) if sys.argv[1].strip() else {}; d.update(metric=sys.argv[2],dtype=sys.argv[3],filter=sys.argv[4],exit=int(sys.argv[5])); print(json.dumps(d))' \
           "$line" "$metric" "$dtype" "$filter" "$rc" >>"$logs/search.jsonl" 2>>"$logs/search.err" \
           || echo "{\"metric\":\"$metric\",\"dtype\":\"$dtype\",\"filter\":\"$filter\",\"exit\":$rc,\"unparsed\":true}" >>"$logs/search.jsonl"

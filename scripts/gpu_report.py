@@ -284,6 +284,8 @@ def render(r, summary=False):
     s = r.get("searches") or []
     if s:
         lines.append("## `fraglink search --device gpu` (n 100000, dim 128, nq 1000, k 10)\n")
+        lines.append("QPS: the median of `--repeat 3`. Exit 4: the search exited 0 but the CPU "
+                     "answered it (a GPU failure and the exact fallback).\n")
         lines.append("| metric | dtype | filter | exit | route | kernel | recall | QPS |")
         lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for x in s:

@@ -99,7 +99,7 @@ pub fn repeat<T>(
         let (again, s) = search()?;
         if !same(&again, &first) {
             return Err(format!(
-                "{what}: repetition {} of --repeat gave other neighbours than the first",
+                "{what}: repetition {} of --repeat did not repeat the first (other neighbours, or another route)",
                 i + 1
             ));
         }
