@@ -122,7 +122,12 @@ nextest_step() {
   local step=$1 run_ignored=$2 t0=$SECONDS rc status=done
   echo "== $step (run-ignored=$run_ignored, $(left) s left)"
   rm -f "$root/target/nextest/gpu/junit.xml"
-  timeout -s INT -k 30 "$(limit)" "$work/cargo-nextest" nextest run "${archive_args[@]}" \
+  # The driver's compute cache off for the tests: nvJitLink serves a link
+  # any process made before from there with an empty info log, and the tests
+  # read ptxas's figures from the log (the disk cache shared by the test
+  # processes would keep such log-less entries too). The bench measures the
+  # compute cache on purpose, in its own environment.
+  CUDA_CACHE_DISABLE=1 timeout -s INT -k 30 "$(limit)" "$work/cargo-nextest" nextest run "${archive_args[@]}" \
     --profile gpu --run-ignored "$run_ignored" --no-fail-fast --no-tests pass \
     -E "$filter" >"$logs/tests-$step.txt" 2>&1
   rc=$?

@@ -193,11 +193,9 @@ impl loader::FnTable for NvJitLinkFns {
         // SAFETY: two valid out-pointers.
         let r = unsafe { (self.nvJitLinkVersion)(&mut major, &mut minor) };
         if r != NVJITLINK_SUCCESS {
-            return Err(loader::Reject::Fail(api_error(
-                "nvJitLinkVersion",
-                r,
-                String::new(),
-            )));
+            // As NVRTC and nvFatbin do: a copy that cannot say its version is
+            // passed over, and the search goes on to the next candidate.
+            return Err(loader::Reject::Skip(format!("nvJitLinkVersion returned {r}")));
         }
         Ok((major, minor))
     }
