@@ -195,7 +195,9 @@ impl loader::FnTable for NvJitLinkFns {
         if r != NVJITLINK_SUCCESS {
             // As NVRTC and nvFatbin do: a copy that cannot say its version is
             // passed over, and the search goes on to the next candidate.
-            return Err(loader::Reject::Skip(format!("nvJitLinkVersion returned {r}")));
+            return Err(loader::Reject::Skip(format!(
+                "nvJitLinkVersion returned {r}"
+            )));
         }
         Ok((major, minor))
     }
