@@ -236,6 +236,14 @@ def fmt(v):
     return "" if v is None else str(v)
 
 
+def table(headers, rows):
+    """Markdown table lines: a header row, its rule, one line per row."""
+    out = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    out += ["| " + " | ".join(fmt(v) if not isinstance(v, str) else v for v in row) + " |"
+            for row in rows]
+    return out
+
+
 def render(r, summary=False):
     lines = []
     title = "GPU run summary" if summary else "fraglink on a GPU"
@@ -258,11 +266,10 @@ def render(r, summary=False):
     steps = r.get("steps") or []
     if steps:
         lines.append("## Steps of `scripts/gpu-run.sh`\n")
-        lines.append("| step | status | s | exit | tests started | tests reported | note |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- |")
-        for st in steps:
-            lines.append(f"| {st['step']} | {st['status']} | {st.get('seconds')} | {st.get('exit')} | "
-                         f"{fmt(st.get('tests_started'))} | {fmt(st.get('tests_reported'))} | {fmt(st.get('note'))} |")
+        lines += table(["step", "status", "s", "exit", "tests started", "tests reported", "note"],
+                       [[st["step"], st["status"], st.get("seconds"), st.get("exit"),
+                         st.get("tests_started"), st.get("tests_reported"), st.get("note")]
+                        for st in steps])
         missing = [st["step"] for st in steps if st["status"] in ("stopped", "not started")]
         if missing:
             lines.append(f"\n**Incomplete**: {', '.join(missing)} did not run to the end; "
@@ -297,11 +304,9 @@ def render(r, summary=False):
     figs = b.get("figures") or []
     if figs:
         lines.append("## GPU contract figures (`gpu_bench`)\n")
-        lines.append("| figure | value | unit | target | met | note |")
-        lines.append("| --- | --- | --- | --- | --- | --- |")
-        for f_ in figs:
-            lines.append(f"| {f_.get('name')} | {fmt(f_.get('value'))} | {fmt(f_.get('unit'))} | "
-                         f"{fmt(f_.get('target'))} | {fmt(f_.get('met'))} | {fmt(f_.get('note'))} |")
+        lines += table(["figure", "value", "unit", "target", "met", "note"],
+                       [[f_.get(c) for c in ("name", "value", "unit", "target", "met", "note")]
+                        for f_ in figs])
         lines.append("")
     p = r.get("peers") or {}
     if p.get("cases"):

@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn python(args: &[&str], cwd: &Path) -> String {
@@ -23,6 +23,27 @@ fn python(args: &[&str], cwd: &Path) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `gpu_report.py collect` of a GPU run's `logs` (the commit read from
+/// `archive`) into `out`: the gpu-results.json it writes.
+fn collect(report_py: &Path, logs: &Path, archive: &Path, out: &Path, root: &Path) -> PathBuf {
+    python(
+        &[
+            report_py.to_str().unwrap(),
+            "collect",
+            "--logs",
+            logs.to_str().unwrap(),
+            "--archive",
+            archive.to_str().unwrap(),
+            "--gpu",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        root,
+    );
+    out.join("gpu-results.json")
 }
 
 /// `gpu_report.py md RESULTS...`: the GPU.md it writes (into `dir`).
@@ -195,23 +216,13 @@ fn kernel_profiles_are_collected_and_rendered() {
     ]
     .join("\n");
     std::fs::write(logs.join("ncu-knn-nq1.csv"), csv).unwrap();
-    let out = dir.path().join("out");
-    python(
-        &[
-            report_py.to_str().unwrap(),
-            "collect",
-            "--logs",
-            logs.to_str().unwrap(),
-            "--archive",
-            dir.path().to_str().unwrap(),
-            "--gpu",
-            "1",
-            "--out",
-            out.to_str().unwrap(),
-        ],
+    let results = collect(
+        &report_py,
+        &logs,
+        dir.path(),
+        &dir.path().join("out"),
         &root,
     );
-    let results = out.join("gpu-results.json");
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
     let profiles = doc["profiles"].as_array().unwrap();
     assert_eq!(profiles.len(), 1, "{doc}");
@@ -242,7 +253,7 @@ fn the_steps_of_several_calls_merge_into_one_report() {
     let root = support::manifest_dir();
     let report_py = root.join("scripts/gpu_report.py");
     let dir = tempfile::tempdir().unwrap();
-    let collect = |name: &str, files: &[(&str, &str)]| {
+    let collect_call = |name: &str, files: &[(&str, &str)]| {
         let logs = dir.path().join(format!("logs-{name}"));
         std::fs::create_dir(&logs).unwrap();
         for (file, text) in files {
@@ -252,22 +263,7 @@ fn the_steps_of_several_calls_merge_into_one_report() {
         std::fs::create_dir(&archive).unwrap();
         std::fs::write(archive.join("commit"), "abc123\n").unwrap();
         let out = dir.path().join(format!("out-{name}"));
-        python(
-            &[
-                report_py.to_str().unwrap(),
-                "collect",
-                "--logs",
-                logs.to_str().unwrap(),
-                "--archive",
-                archive.to_str().unwrap(),
-                "--gpu",
-                "1",
-                "--out",
-                out.to_str().unwrap(),
-            ],
-            &root,
-        );
-        out.join("gpu-results.json")
+        collect(&report_py, &logs, &archive, &out, &root)
     };
     // Call 1: the GPU tests were stopped at the budget (no JUnit), the
     // search matrix ran, the portable tests did not start.
@@ -298,7 +294,7 @@ fn the_steps_of_several_calls_merge_into_one_report() {
                       "fraglink": {"qps": 200.0, "recall": 1.0}}}]})
         .to_string()
     };
-    let first = collect(
+    let first = collect_call(
         "1",
         &[
             ("steps.jsonl", &steps1),
@@ -343,7 +339,7 @@ fn the_steps_of_several_calls_merge_into_one_report() {
         r#"{"step":"tests","status":"done","seconds":200,"exit":0,"note":""}"#,
     ]
     .join("\n");
-    let second = collect(
+    let second = collect_call(
         "2",
         &[
             ("steps.jsonl", &steps2),
