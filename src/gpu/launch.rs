@@ -743,6 +743,7 @@ fn launch_error(entry: &str, call: &str) -> impl FnOnce(cudarc::driver::DriverEr
     move |e| GpuError::Launch {
         kernel,
         message: format!("{call}: {e}"),
+        context_lost: super::is_sticky(&e),
     }
 }
 

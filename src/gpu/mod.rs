@@ -100,14 +100,24 @@ pub enum GpuError {
     #[error("implicit transfer refused: {what}; {hint}")]
     ImplicitTransfer { what: String, hint: String },
 
-    /// A kernel launch (or module load) the driver rejected.
+    /// A kernel launch (or module load) the driver rejected. `context_lost`:
+    /// the error is one of the sticky ones ([`is_sticky`]).
     #[error("launch of `{kernel}` failed: {message}")]
-    Launch { kernel: String, message: String },
+    Launch {
+        kernel: String,
+        message: String,
+        context_lost: bool,
+    },
 
     /// Any other driver call that failed; `message` is cudarc's
-    /// `DriverError` text (error name and description).
+    /// `DriverError` text (error name and description). `context_lost`: the
+    /// error is one of the sticky ones ([`is_sticky`]).
     #[error("CUDA driver call {call} failed: {message}")]
-    Driver { call: &'static str, message: String },
+    Driver {
+        call: &'static str,
+        message: String,
+        context_lost: bool,
+    },
 
     /// A configuration that cannot work (launch dimensions, resources, pool
     /// settings, a malformed cubin), detected before reaching the driver.
@@ -126,6 +136,22 @@ impl GpuError {
         matches!(self, GpuError::DeviceNotAvailable { .. })
     }
 
+    /// True for a sticky driver error (a kernel's illegal address, an
+    /// assertion, ...): the context is unusable for the rest of the
+    /// process, and every later call on it fails the same way.
+    pub fn is_context_lost(&self) -> bool {
+        matches!(
+            self,
+            GpuError::Driver {
+                context_lost: true,
+                ..
+            } | GpuError::Launch {
+                context_lost: true,
+                ..
+            }
+        )
+    }
+
     pub(crate) fn invalid_config(reason: impl Into<String>) -> Self {
         GpuError::InvalidConfig {
             reason: reason.into(),
@@ -138,5 +164,61 @@ pub(crate) fn driver_error(call: &'static str) -> impl FnOnce(DriverError) -> Gp
     move |e| GpuError::Driver {
         call,
         message: e.to_string(),
+        context_lost: is_sticky(&e),
+    }
+}
+
+/// The driver errors after which a context cannot be used again (CUDA's
+/// "sticky" errors: the process must create a new context, which fraglink's
+/// primary-context handles do only once every handle is dropped).
+pub fn is_sticky(e: &DriverError) -> bool {
+    use cudarc::driver::sys::cudaError_enum as E;
+    matches!(
+        e.0,
+        E::CUDA_ERROR_ILLEGAL_ADDRESS
+            | E::CUDA_ERROR_MISALIGNED_ADDRESS
+            | E::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | E::CUDA_ERROR_INVALID_PC
+            | E::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | E::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | E::CUDA_ERROR_ASSERT
+            | E::CUDA_ERROR_LAUNCH_FAILED
+            | E::CUDA_ERROR_LAUNCH_TIMEOUT
+            | E::CUDA_ERROR_ECC_UNCORRECTABLE
+            | E::CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::cudaError_enum as E;
+
+    #[test]
+    fn sticky_driver_errors_mark_the_context_lost() {
+        // (DriverError's text needs the driver library: build the errors
+        // by hand.)
+        for code in [
+            E::CUDA_ERROR_ILLEGAL_ADDRESS,
+            E::CUDA_ERROR_MISALIGNED_ADDRESS,
+            E::CUDA_ERROR_ASSERT,
+        ] {
+            assert!(is_sticky(&DriverError(code)), "{code:?}");
+        }
+        for code in [
+            E::CUDA_ERROR_OUT_OF_MEMORY,
+            E::CUDA_ERROR_INVALID_VALUE,
+            E::CUDA_ERROR_NOT_READY,
+        ] {
+            assert!(!is_sticky(&DriverError(code)), "{code:?}");
+        }
+        let lost = |context_lost| GpuError::Driver {
+            call: "cuStreamSynchronize",
+            message: String::new(),
+            context_lost,
+        };
+        assert!(lost(true).is_context_lost());
+        assert!(!lost(false).is_context_lost());
+        assert!(!GpuError::invalid_config("x").is_context_lost());
     }
 }

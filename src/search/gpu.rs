@@ -77,6 +77,12 @@ impl GpuSearchError {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, GpuSearchError::Gpu(GpuError::OutOfMemory { .. }))
     }
+
+    /// A sticky driver error ([`GpuError::is_context_lost`]): no later
+    /// search of this process can use the GPU.
+    pub fn is_context_lost(&self) -> bool {
+        matches!(self, GpuSearchError::Gpu(e) if e.is_context_lost())
+    }
 }
 
 /// One GPU search's results and what it took.

@@ -1,7 +1,9 @@
 //! Routing a search to the GPU or the CPU: the cost model decides per call
 //! and says why; `Device::Cpu` / `Device::Gpu` override it. A GPU failure
 //! (out of memory after halving the batch, or anything else) falls back to
-//! the CPU path, which gives the same results.
+//! the CPU path, which gives the same results. After a sticky driver error
+//! (a kernel fault: the context is dead for the rest of the process) a
+//! [`Searcher`] sends every later search to the CPU at once, saying why.
 //!
 //! [`Searcher::index`] prepares a base for any number of searches: the first
 //! search sent to the GPU uploads it once ([`GpuIndex`]), and every search
@@ -99,6 +101,11 @@ pub struct Searcher {
     model: AdaptiveCostModel,
     gpu: Option<GpuSearcher>,
     max_batch: usize,
+    /// Set by the first search whose GPU try hit a sticky driver error
+    /// ([`GpuSearchError::is_context_lost`]): the context is dead for the
+    /// rest of the process, so later searches go to the CPU at once, saying
+    /// why, instead of failing on the GPU each time first.
+    lost: OnceLock<String>,
 }
 
 impl Searcher {
@@ -132,6 +139,7 @@ impl Searcher {
         Ok(Searcher {
             device,
             model: AdaptiveCostModel::new(params),
+            lost: OnceLock::new(),
             gpu,
             max_batch: usize::MAX,
         })
@@ -228,6 +236,7 @@ impl Searcher {
 /// batches: they would not shrink it) or a search.
 enum GpuTry<'e> {
     NoGpu,
+    Lost(&'e str),
     Upload(&'e GpuSearchError),
     Search(GpuSearchError),
 }
@@ -236,6 +245,9 @@ impl fmt::Display for GpuTry<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             GpuTry::NoGpu => f.write_str("no GPU searcher"),
+            GpuTry::Lost(why) => {
+                write!(f, "the GPU context was lost earlier in this process: {why}")
+            }
             GpuTry::Upload(e) => write!(f, "uploading the base vectors: {e}"),
             GpuTry::Search(e) => e.fmt(f),
         }
@@ -245,7 +257,7 @@ impl fmt::Display for GpuTry<'_> {
 impl RecoverableError for GpuTry<'_> {
     fn is_out_of_memory(&self) -> bool {
         match self {
-            GpuTry::NoGpu | GpuTry::Upload(_) => false,
+            GpuTry::NoGpu | GpuTry::Lost(_) | GpuTry::Upload(_) => false,
             GpuTry::Search(e) => e.is_out_of_memory(),
         }
     }
@@ -321,12 +333,24 @@ impl SearchIndex<'_> {
             choice.target,
             &choice.reason,
             BatchPolicy::new(nq.min(s.max_batch).max(1), 1),
-            |batch| match gpu {
-                Some(Ok(index)) => Searcher::gpu_batched(index, queries, params, batch, &kernel)
-                    .map(Ok)
-                    .map_err(GpuTry::Search),
-                Some(Err(e)) => Err(GpuTry::Upload(e)),
-                None => Err(GpuTry::NoGpu),
+            |batch| {
+                if let Some(why) = s.lost.get() {
+                    return Err(GpuTry::Lost(why));
+                }
+                match gpu {
+                    Some(Ok(index)) => {
+                        Searcher::gpu_batched(index, queries, params, batch, &kernel)
+                            .map(Ok)
+                            .map_err(|e| {
+                                if e.is_context_lost() {
+                                    let _ = s.lost.set(e.to_string());
+                                }
+                                GpuTry::Search(e)
+                            })
+                    }
+                    Some(Err(e)) => Err(GpuTry::Upload(e)),
+                    None => Err(GpuTry::NoGpu),
+                }
             },
             || search_cpu(base, queries, params),
         );
