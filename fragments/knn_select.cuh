@@ -179,19 +179,26 @@ __device__ FRAGLINK_INLINE void visit_row(const float* __restrict__ row, uint32_
   }
 }
 
-// Ascending bitonic sort of `n` (a power of two) 64-bit keys in shared memory by
-// BLOCK threads (scan.cuh's network). Must be called by all threads of the block;
-// ends with a barrier.
-template <int BLOCK>
-__device__ FRAGLINK_INLINE void bitonic_sort_u64(uint64_t* keys, uint32_t n) {
-  scan::bitonic_network<BLOCK>(n, [&](uint32_t lo, uint32_t hi, bool ascending) {
+// The comparator of 64-bit keys in shared memory (a struct, as scan.cuh's
+// PairCompareSwap, so no capture lands in a stack frame).
+struct KeyCompareSwap {
+  uint64_t* keys;
+  __device__ FRAGLINK_INLINE void operator()(uint32_t lo, uint32_t hi, bool ascending) const {
     const uint64_t a = keys[lo];
     const uint64_t b = keys[hi];
     if ((a > b) == ascending) {
       keys[lo] = b;
       keys[hi] = a;
     }
-  });
+  }
+};
+
+// Ascending bitonic sort of `n` (a power of two) 64-bit keys in shared memory by
+// BLOCK threads (scan.cuh's network). Must be called by all threads of the block;
+// ends with a barrier.
+template <int BLOCK>
+__device__ FRAGLINK_INLINE void bitonic_sort_u64(uint64_t* keys, uint32_t n) {
+  scan::bitonic_network<BLOCK>(n, KeyCompareSwap{keys});
 }
 
 // The select's contract (as scan.cuh's launch_ok): block shape, 1 <= k, at least one

@@ -164,12 +164,15 @@ __device__ FRAGLINK_INLINE void bitonic_network(uint32_t n, CompareSwap cas) {
   }
 }
 
-// Ascending bitonic sort of S (a power of two) (distance, id) keys in shared memory
-// by BLOCK threads, in key_less order. Must be called by all threads of the block;
-// ends with a barrier.
-template <int S, int BLOCK, typename Idx>
-__device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
-  bitonic_network<BLOCK>(S, [&](uint32_t lo, uint32_t hi, bool ascending) {
+// The comparator of the scan's (distance, id) keys in shared memory, in key_less
+// order. A struct with a forced-inline call, not a lambda: ptxas kept a lambda's
+// captures in a stack frame in some variants (ivf_scan_i8_v16_k128 with inner product
+// and a bitset: 8 bytes of spill on sm_90).
+template <typename Idx>
+struct PairCompareSwap {
+  float* d;
+  Idx* id;
+  __device__ FRAGLINK_INLINE void operator()(uint32_t lo, uint32_t hi, bool ascending) const {
     const float dl = d[lo];
     const float dh = d[hi];
     const Idx il = id[lo];
@@ -181,7 +184,15 @@ __device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
       id[lo] = ih;
       id[hi] = il;
     }
-  });
+  }
+};
+
+// Ascending bitonic sort of S (a power of two) (distance, id) keys in shared memory
+// by BLOCK threads, in key_less order. Must be called by all threads of the block;
+// ends with a barrier.
+template <int S, int BLOCK, typename Idx>
+__device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
+  bitonic_network<BLOCK>(S, PairCompareSwap<Idx>{d, id});
 }
 
 // The block-wide top-k step shared by every scan: thread t offers key (d, id) when
