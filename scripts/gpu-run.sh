@@ -79,6 +79,10 @@ record() {
     "$@" >>"$logs/steps.jsonl"
 }
 
+# A step's status from its command's exit: done, stopped (124: timeout
+# ended it at the budget) or failed.
+status_of() { case $1 in 0) echo done ;; 124) echo stopped ;; *) echo failed ;; esac; }
+
 collect() {
   "$py" "$root/scripts/gpu_report.py" collect --logs "$logs" --archive "$arch" --gpu "$gpu" \
     --out "$outdir" >"$logs/collect.txt" 2>&1 || cat "$logs/collect.txt" >&2
@@ -119,7 +123,7 @@ archive_args=(--archive-file "$arch/fraglink-tests.tar.zst" --workspace-remap "$
 # Runs STEP's tests: run-ignored RUN_IGNORED, stopped (SIGINT, so nextest
 # still reports what finished) when the budget runs out.
 nextest_step() {
-  local step=$1 run_ignored=$2 t0=$SECONDS rc status=done
+  local step=$1 run_ignored=$2 t0=$SECONDS rc
   echo "== $step (run-ignored=$run_ignored, $(left) s left)"
   rm -f "$root/target/nextest/gpu/junit.xml"
   # The driver's compute cache off for the tests: nvJitLink serves a link
@@ -131,14 +135,12 @@ nextest_step() {
     --profile gpu --run-ignored "$run_ignored" --no-fail-fast --no-tests pass \
     -E "$filter" >"$logs/tests-$step.txt" 2>&1
   rc=$?
-  cat "$logs/tests-$step.txt" | tail -40
-  [ "$rc" = 124 ] && status=stopped
-  [ "$status" = done ] && [ "$rc" != 0 ] && status=failed
+  tail -40 "$logs/tests-$step.txt"
   # nextest writes JUnit under the (remapped) workspace's target/nextest/<profile>/.
   local junit
   junit=$(find "$root/target/nextest/gpu" "$work/x" -name junit.xml 2>/dev/null | head -1)
   [ -n "$junit" ] && mv "$junit" "$logs/junit-$step.xml"
-  record "$step" "$status" $((SECONDS - t0)) "$rc"
+  record "$step" "$(status_of "$rc")" $((SECONDS - t0)) "$rc"
   [ "$rc" = 0 ] || tests_rc=$rc
   extracted=1
 }
@@ -150,6 +152,27 @@ extract() {
   "$work/cargo-nextest" nextest list "${archive_args[@]}" -E 'none()' >"$logs/extract.txt" 2>&1 \
     || { echo "error: could not unpack the archive:" >&2; tail -20 "$logs/extract.txt" >&2; return 1; }
   extracted=1
+}
+
+# Appends one search's line to search.jsonl (the CLI's JSON, or
+# `unparsed`, with the case and its exit) and prints the exit: 4 for a search
+# that exited 0 but that the CPU answered (a GPU failure and the exact
+# fallback): not a GPU result.
+search_line() {
+  "$py" -c '
+import json, sys
+line, metric, dtype, filt, rc, out = sys.argv[1:7]
+rc = int(rc)
+try:
+    d = json.loads(line) if line.strip() else {}
+except ValueError:
+    d = {"unparsed": True}
+if rc == 0 and (d.get("route") != "gpu" or d.get("fell_back")):
+    rc = 4
+d.update(metric=metric, dtype=dtype, filter=filt, exit=rc)
+with open(out, "a") as f:
+    f.write(json.dumps(d) + "\n")
+print(rc)' "$@" "$logs/search.jsonl"
 }
 
 search_step() {
@@ -164,15 +187,7 @@ search_step() {
         # loads the kernels and makes the first allocations).
         line=$(timeout -k 10 "$(limit_at_most 120)" "$bin" search --device gpu --json --n 100000 --dim 128 --nq 1000 --k 10 \
           --repeat 3 --metric "$metric" --dtype "$dtype" --filter "$filter" 2>>"$logs/search.err")
-        rc=$?
-        # A search the GPU failed and the CPU answered exits 0 (the exact
-        # fallback), but it is not a GPU result.
-        if [ "$rc" = 0 ] && ! "$py" -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d.get("route") == "gpu" and not d.get("fell_back") else 1)' "$line" 2>/dev/null; then
-          rc=4
-        fi
-        "$py" -c 'import json,sys; d=json.loads(sys.argv[1]) if sys.argv[1].strip() else {}; d.update(metric=sys.argv[2],dtype=sys.argv[3],filter=sys.argv[4],exit=int(sys.argv[5])); print(json.dumps(d))' \
-          "$line" "$metric" "$dtype" "$filter" "$rc" >>"$logs/search.jsonl" 2>>"$logs/search.err" \
-          || echo "{\"metric\":\"$metric\",\"dtype\":\"$dtype\",\"filter\":\"$filter\",\"exit\":$rc,\"unparsed\":true}" >>"$logs/search.jsonl"
+        rc=$(search_line "$line" "$metric" "$dtype" "$filter" "$?")
         echo "$metric $dtype $filter exit=$rc"
         [ "$rc" = 0 ] || failed=$((failed + 1))
       done
@@ -185,18 +200,16 @@ search_step() {
 }
 
 bench_step() {
-  local t0=$SECONDS rc status=done
+  local t0=$SECONDS rc
   echo "== gpu bench ($(left) s left)"
   timeout -k 10 "$(limit)" "$bench" --json "$logs/bench.json" >"$logs/bench.txt" 2>&1
   rc=$?
   cat "$logs/bench.txt"
-  [ "$rc" = 124 ] && status=stopped
-  [ "$status" = done ] && [ "$rc" != 0 ] && status=failed
-  record bench "$status" $((SECONDS - t0)) "$rc"
+  record bench "$(status_of "$rc")" $((SECONDS - t0)) "$rc"
 }
 
 peers_step() {
-  local t0=$SECONDS rc status=done
+  local t0=$SECONDS rc
   echo "== exact k-NN against torch / CuPy (benches/scripts/gpu_peers.py, $(left) s left)"
   # gpu_peers.py rewrites peers.json after each case: a stopped run keeps
   # the cases it finished.
@@ -207,9 +220,7 @@ peers_step() {
     --out "$logs/peers.json" ${GPU_PEERS_ARGS:-} >"$logs/peers.txt" 2>&1
   rc=$?
   tail -30 "$logs/peers.txt"
-  [ "$rc" = 124 ] && status=stopped
-  [ "$status" = done ] && [ "$rc" != 0 ] && status=failed
-  record peers "$status" $((SECONDS - t0)) "$rc"
+  record peers "$(status_of "$rc")" $((SECONDS - t0)) "$rc"
 }
 
 # Kernel profiles for whoever tunes the kernels next: Nsight Compute on the

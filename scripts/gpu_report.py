@@ -31,6 +31,18 @@ def read_json(path):
         return None
 
 
+def read_jsonl(path):
+    """The JSON documents of a file of one per line; lines that do not parse
+    are left out."""
+    out = []
+    for line in (read(path, "") or "").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
 def tests_from_junit(path):
     out = []
     if not os.path.exists(path):
@@ -141,21 +153,11 @@ def collect(a):
         if len(parts) >= 3:
             device, driver, memory = parts[:3]
     doctor = read_json(os.path.join(logs, "doctor.json"))
-    searches = []
-    for line in (read(os.path.join(logs, "search.jsonl"), "") or "").splitlines():
-        try:
-            searches.append(json.loads(line))
-        except ValueError:
-            pass
+    searches = read_jsonl(os.path.join(logs, "search.jsonl"))
     bench = read_json(os.path.join(logs, "bench.json"))
     peers = read_json(os.path.join(logs, "peers.json"))
     profiles = ncu_profiles(logs)
-    steps = []
-    for line in (read(os.path.join(logs, "steps.jsonl"), "") or "").splitlines():
-        try:
-            steps.append(json.loads(line))
-        except ValueError:
-            pass
+    steps = read_jsonl(os.path.join(logs, "steps.jsonl"))
     tests = []
     for st in steps:
         if st["step"] in ("gpu-tests", "tests") and st["status"] not in ("left out", "not started"):
@@ -203,7 +205,7 @@ def merge(runs):
         if len(seen) > 1:
             raise SystemExit(f"error: the results are of different {key}s: {sorted(seen)}")
     out = dict(runs[0])
-    steps, tests = {}, {}
+    steps, tests, peer_cases = {}, {}, {}
     for r in runs:
         for key in ("device", "driver", "memory", "commit", "cuda", "doctor"):
             if r.get(key) and not out.get(key):
@@ -215,10 +217,8 @@ def merge(runs):
         if (r.get("peers") or {}).get("cases"):
             # A comparison split over calls (gpu-run.sh's GPU_PEERS_ARGS):
             # the cases of each, a later call's replacing an earlier one's.
-            earlier = (out.get("peers") or {}) if out.get("peers") is not r["peers"] else {}
-            cases = {(c["dtype"], c["nq"], c["k"]): c for c in earlier.get("cases") or []}
-            cases.update({(c["dtype"], c["nq"], c["k"]): c for c in r["peers"]["cases"]})
-            out["peers"] = dict(r["peers"], cases=list(cases.values()))
+            peer_cases.update({(c["dtype"], c["nq"], c["k"]): c for c in r["peers"]["cases"]})
+            out["peers"] = dict(r["peers"], cases=list(peer_cases.values()))
         for st in r.get("steps") or []:
             if st["status"] != "left out" or st["step"] not in steps:
                 steps[st["step"]] = st
@@ -239,8 +239,7 @@ def fmt(v):
 def table(headers, rows):
     """Markdown table lines: a header row, its rule, one line per row."""
     out = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
-    out += ["| " + " | ".join(fmt(v) if not isinstance(v, str) else v for v in row) + " |"
-            for row in rows]
+    out += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return out
 
 

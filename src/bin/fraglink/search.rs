@@ -528,15 +528,13 @@ fn gpu_plan(
         let planners = b.kernels().into_iter().map(|(p, _)| p).collect();
         (planners, b.fragment_names())
     };
-    if knn::gpu::enabled_by_env().map_err(|e| e.to_string())? {
-        if let Some(p) = knn::choose(&r) {
-            return Ok(two(knn::BeyondScan::Knn(p)));
-        }
+    if let Some(p) = knn::beyond::tensor_cores(&r).map_err(|e| e.to_string())? {
+        return Ok(two(knn::BeyondScan::Knn(p)));
     }
     match scan {
         Ok(p) => Ok((vec![p.planner()], p.fragment_names())),
-        Err(e) => match knn::BeyondScan::plan(&r).map_err(|e| e.to_string())? {
-            Some(b) => Ok(two(b)),
+        Err(e) => match knn::choose_select(&r) {
+            Some(p) => Ok(two(knn::BeyondScan::Select(p))),
             None => Err(e.to_string()),
         },
     }

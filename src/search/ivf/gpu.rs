@@ -185,10 +185,7 @@ fn planner_mismatch(
             "its capacity is {c}, the capacity passed is {capacity}"
         ));
     }
-    let want = match filter {
-        Filter::None => "none",
-        Filter::Bitset(_) => "bitset",
-    };
+    let want = filter.fragment_name();
     let filters: Vec<&str> = fragments
         .iter()
         .filter(|f| f.family == "filter")
@@ -322,6 +319,9 @@ impl GpuIvfIndex {
         self.search_with(&plan.planner(), plan.capacity, queries, p)
     }
 
+    /// The caller's planner against the index and the search, before
+    /// anything is uploaded or linked: the entry must read the layout the
+    /// lists were stored in (their veclen), and [`planner_mismatch`].
     fn check_planner(
         &self,
         planner: &Planner,
@@ -329,6 +329,16 @@ impl GpuIvfIndex {
         p: &IvfSearchParams,
     ) -> Result<(), IvfGpuError> {
         let fragments = planner.static_fragments();
+        let entry_veclen = fragments
+            .first()
+            .and_then(|f| f.param("veclen"))
+            .and_then(|v| v.parse::<usize>().ok());
+        if let Some(v) = entry_veclen.filter(|&v| v != self.veclen) {
+            return Err(IvfGpuError::Ivf(IvfError::VeclenMismatch {
+                entry: v,
+                index: self.veclen,
+            }));
+        }
         match planner_mismatch(fragments, self.dtype, capacity, &p.filter) {
             Some(reason) => Err(IvfGpuError::PlannerMismatch {
                 entry: fragments.first().map_or("?", |f| f.name).to_owned(),
@@ -351,18 +361,6 @@ impl GpuIvfIndex {
         p: &IvfSearchParams,
     ) -> Result<Neighbors, IvfGpuError> {
         self.validate(queries, p)?;
-        // The entry must read the layout the lists were stored in.
-        let entry_veclen = planner
-            .static_fragments()
-            .first()
-            .and_then(|f| f.param("veclen"))
-            .and_then(|v| v.parse::<usize>().ok());
-        if let Some(v) = entry_veclen.filter(|&v| v != self.veclen) {
-            return Err(IvfGpuError::Ivf(IvfError::VeclenMismatch {
-                entry: v,
-                index: self.veclen,
-            }));
-        }
         self.check_planner(planner, capacity, p)?;
         if p.k > capacity as usize {
             return Err(dev_err(PlanError::KTooLarge {
