@@ -136,6 +136,41 @@ fn arch_specific_targets_keep_their_variant() {
 }
 
 #[test]
+fn a_repeated_cpu_search_reads_its_plan_from_the_disk_cache() {
+    // Without a GPU the plan is linked only to describe it; a usable disk
+    // cache spares the next run that link (knn_tile: seconds on 2 cores).
+    let cache = tempfile::tempdir().unwrap();
+    let args = [
+        "search", "--json", "--n", "300", "--nq", "3", "--device", "cpu", "--arch", "sm_80",
+    ];
+    let run = |disable: &str| -> Value {
+        let out = Command::new(support::fraglink_bin())
+            .args(args)
+            .env("FRAGLINK_CACHE_DIR", cache.path())
+            .env("FRAGLINK_CACHE_DISABLE", disable)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let first = run("0");
+    assert_eq!(first["route"], "cpu", "{first}");
+    assert_eq!(first["link"]["source"], "linked", "{first}");
+    let again = run("0");
+    assert_eq!(again["link"]["source"], "disk", "{again}");
+    assert_eq!(again["link"]["key"], first["link"]["key"]);
+    assert_eq!(again["recall"], 1.0);
+    // FRAGLINK_CACHE_DISABLE is honoured: linked again, and nothing stored.
+    let entries = std::fs::read_dir(cache.path()).unwrap().count();
+    assert_eq!(run("1")["link"]["source"], "linked");
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), entries);
+}
+
+#[test]
 fn bad_inputs_exit_2_with_one_line() {
     let cache = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -300,8 +300,8 @@ fn hostile_environment() {
         &[("RAYON_NUM_THREADS", "abc")],
         "RAYON_NUM_THREADS",
     );
-    // ...and unused ones are not consulted at all: a CPU search never
-    // touches the link cache.
+    // ...and a CPU search, which links only to describe its GPU plan, is
+    // not failed by them: it describes the plan without a disk cache.
     let o = run(
         &["search", "--device", "cpu", "--n", "200", "--k", "1"],
         &[("FRAGLINK_CACHE_MAX_BYTES", "lots")],

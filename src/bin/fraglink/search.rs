@@ -319,14 +319,15 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         Ok((planners, names)) => {
             let pb = spinner("linking the GPU plan", quiet);
             // Without a GPU the link only describes the plan: it must not
-            // depend on (or fail over) the cache settings, which the CPU
-            // route never uses. With one, every kernel of the plan is linked
-            // here, into the runtime the search links through, so the timed
-            // searches find them linked.
+            // fail over the cache settings, which the CPU route never uses,
+            // but a usable disk cache spares a repeated run the link. With a
+            // GPU, every kernel of the plan is linked here, into the runtime
+            // the search links through, so the timed searches find them
+            // linked.
             let runtime = if searcher.gpu().is_some() {
                 LinkRuntime::global()
             } else {
-                LinkRuntime::memory_only()
+                LinkRuntime::describing()
             };
             let linked = runtime.and_then(|rt| {
                 let mut first = None;
