@@ -9,6 +9,8 @@
 # Steps, in the default order (every one when none is named):
 #   gpu-tests  the ignored tests: the ones that need a GPU
 #   search     `fraglink search --device gpu` over metric x dtype x filter
+#   sanitize   compute-sanitizer (memcheck, racecheck, synccheck, initcheck)
+#              over small searches that reach every GPU kernel family
 #   bench      gpu_bench, the GPU contract's figures
 #   peers      exact k-NN against torch and CuPy (benches/scripts/gpu_peers.py)
 #   ncu        Nsight Compute profiles of the k-NN kernels
@@ -35,9 +37,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 start=$SECONDS
-outdir=${1:?usage: scripts/gpu-run.sh OUTDIR [gpu-tests|search|bench|peers|ncu|tests ...]}
+outdir=${1:?usage: scripts/gpu-run.sh OUTDIR [gpu-tests|search|sanitize|bench|peers|ncu|tests ...]}
 shift
-all_steps="gpu-tests search bench peers ncu tests"
+all_steps="gpu-tests search sanitize bench peers ncu tests"
 steps=${*:-$all_steps}
 for s in $steps; do
   case " $all_steps " in
@@ -154,25 +156,44 @@ extract() {
   extracted=1
 }
 
-# Appends one search's line to search.jsonl (the CLI's JSON, or
-# `unparsed`, with the case and its exit) and prints the exit: 4 for a search
+# Appends one search's line to OUT (the CLI's JSON LINE, or `unparsed`,
+# with RC and the KEY=VALUE fields given) and prints its exit: 4 for a search
 # that exited 0 but that the CPU answered (a GPU failure and the exact
-# fallback): not a GPU result.
+# fallback): not a GPU result. With sanitizer_log=PATH, the sanitizer's
+# report there adds `errors`, `warnings` (racecheck) and the first lines of
+# the first report; errors make the exit 9 (compute-sanitizer's
+# --error-exitcode), a report without its summary line 6.
 search_line() {
   "$py" -c '
-import json, sys
-line, metric, dtype, filt, rc, out = sys.argv[1:7]
-rc = int(rc)
+import json, os, re, sys
+out, rc, line = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 try:
     d = json.loads(line) if line.strip() else {}
 except ValueError:
     d = {"unparsed": True}
 if rc == 0 and (d.get("route") != "gpu" or d.get("fell_back")):
     rc = 4
-d.update(metric=metric, dtype=dtype, filter=filt, exit=rc)
+for kv in sys.argv[4:]:
+    k, _, v = kv.partition("=")
+    d[k] = v
+log = d.pop("sanitizer_log", None)
+if log is not None:
+    text = open(log, errors="replace").read() if os.path.exists(log) else ""
+    race = re.search(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)", text)
+    summary = re.search(r"ERROR SUMMARY: (\d+) errors?", text)
+    d["errors"] = int(race.group(1)) if race else int(summary.group(1)) if summary else None
+    d["warnings"] = int(race.group(2)) if race else None
+    reports = [l.strip("= ").strip() for l in text.splitlines()
+               if l.startswith("=========") and "COMPUTE-SANITIZER" not in l and "SUMMARY" not in l]
+    d["first_report"] = " / ".join(r for r in reports[:4] if r)[:400]
+    if d["errors"]:
+        rc = 9
+    elif d["errors"] is None and rc == 0:
+        rc = 6
+d["exit"] = rc
 with open(out, "a") as f:
     f.write(json.dumps(d) + "\n")
-print(rc)' "$@" "$logs/search.jsonl"
+print(rc)' "$@"
 }
 
 search_step() {
@@ -187,7 +208,7 @@ search_step() {
         # loads the kernels and makes the first allocations).
         line=$(timeout -k 10 "$(limit_at_most 120)" "$bin" search --device gpu --json --n 100000 --dim 128 --nq 1000 --k 10 \
           --repeat 3 --metric "$metric" --dtype "$dtype" --filter "$filter" 2>>"$logs/search.err")
-        rc=$(search_line "$line" "$metric" "$dtype" "$filter" "$?")
+        rc=$(search_line "$logs/search.jsonl" "$?" "$line" metric="$metric" dtype="$dtype" filter="$filter")
         echo "$metric $dtype $filter exit=$rc"
         [ "$rc" = 0 ] || failed=$((failed + 1))
       done
@@ -197,6 +218,45 @@ search_step() {
   local note=""
   [ "$failed" = 0 ] || note="$failed of the searches failed"
   record search "$status" $((SECONDS - t0)) "$failed" "$note"
+}
+
+# The sanitizer's cases: NAME TOOLS ENV ARGS. Small searches that reach every
+# GPU kernel family: the tensor-core candidates and their re-rank (f32 with a
+# partial query tile, f16 cosine with a bitset, u8 at nq 1 where a query's
+# rows span blocks and the re-rank merges, i8 inner product at k 300), the
+# scan, the two-pass select, and IVF-Flat. memcheck on each; racecheck and
+# synccheck where blocks exchange through shared memory; initcheck on two.
+sanitize_cases="\
+tile-f32 memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 70 --k 10
+tile-f16 memcheck,racecheck FRAGLINK_GPU_KNN=1 --dtype f16 --metric cosine --filter bitset:0.5 --n 6000 --nq 40 --k 100
+tile-u8-nq1 memcheck FRAGLINK_GPU_KNN=1 --dtype u8 --filter bitset:0.5 --n 30000 --nq 1 --k 10
+tile-i8-k300 memcheck FRAGLINK_GPU_KNN=1 --dtype i8 --metric ip --n 6000 --nq 5 --k 300
+scan-f16 memcheck,racecheck FRAGLINK_GPU_KNN=0 --dtype f16 --n 6000 --nq 5 --k 10
+select memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 5 --k 3000
+ivf-i8 memcheck,racecheck FRAGLINK_GPU_KNN=1 --ivf-flat --nlist 32 --nprobe 8 --dtype i8 --filter bitset:0.5 --n 6000 --nq 20 --k 10"
+
+sanitize_step() {
+  local t0=$SECONDS status=done failed=0 name tools envs args tool log line rc
+  echo "== compute-sanitizer ($(left) s left)"
+  : >"$logs/sanitize.jsonl"
+  while read -r name tools envs args; do
+    for tool in ${tools//,/ }; do
+      if [ "$(left)" -le 15 ]; then status=stopped; break 2; fi
+      log=$logs/sanitize-$name-$tool.txt
+      # shellcheck disable=SC2086
+      line=$(env "$envs" timeout -k 10 "$(limit_at_most 120)" "$sanitizer" --tool "$tool" --error-exitcode 9 \
+        --print-limit 20 --log-file "$log" "$bin" search --device gpu --json $args 2>>"$logs/sanitize.err")
+      rc=$(search_line "$logs/sanitize.jsonl" "$?" "$line" case="$name" tool="$tool" args="$args" env="$envs" \
+        sanitizer_log="$log")
+      echo "$name $tool exit=$rc"
+      [ "$rc" = 124 ] && status=stopped
+      [ "$rc" = 0 ] || failed=$((failed + 1))
+    done
+  done <<<"$sanitize_cases"
+  [ "$status" = done ] && [ "$failed" != 0 ] && status=failed
+  local note=""
+  [ "$failed" = 0 ] || note="$failed of the sanitized searches failed or reported errors"
+  record sanitize "$status" $((SECONDS - t0)) "$failed" "$note"
 }
 
 bench_step() {
@@ -259,6 +319,7 @@ ncu_step() {
 }
 
 bin=$work/x/target/release/fraglink
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 bench=$work/x/target/release/examples/gpu_bench
 tests_rc=0
 : >"$logs/steps.jsonl"
@@ -267,7 +328,7 @@ for step in $steps; do
   # Roughly the least time a step needs to be worth starting.
   case $step in
     gpu-tests | tests) need=60 ;;
-    ncu) need=60 ;;
+    ncu | sanitize) need=60 ;;
     *) need=30 ;;
   esac
   if [ "$gpu" != 1 ] && [ "$step" != tests ]; then
@@ -277,6 +338,10 @@ for step in $steps; do
   if { [ "$step" = peers ] && [ "${GPU_RUN_PEERS:-1}" = 0 ]; } ||
     { [ "$step" = ncu ] && { [ "${GPU_RUN_NCU:-1}" = 0 ] || ! command -v ncu >/dev/null; }; }; then
     record "$step" "left out" 0 0 "GPU_RUN_PEERS/GPU_RUN_NCU = 0, or no ncu"
+    continue
+  fi
+  if [ "$step" = sanitize ] && [ -z "$sanitizer" ]; then
+    record "$step" "left out" 0 0 "no compute-sanitizer on PATH or in /usr/local/cuda*/bin"
     continue
   fi
   if [ "$(left)" -lt "$need" ]; then

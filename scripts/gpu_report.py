@@ -154,6 +154,7 @@ def collect(a):
             device, driver, memory = parts[:3]
     doctor = read_json(os.path.join(logs, "doctor.json"))
     searches = read_jsonl(os.path.join(logs, "search.jsonl"))
+    sanitized = read_jsonl(os.path.join(logs, "sanitize.jsonl"))
     bench = read_json(os.path.join(logs, "bench.json"))
     peers = read_json(os.path.join(logs, "peers.json"))
     profiles = ncu_profiles(logs)
@@ -178,6 +179,7 @@ def collect(a):
         "test_counts": test_counts(tests),
         "tests": tests,
         "searches": searches,
+        "sanitize": sanitized,
         "bench": bench,
         "peers": peers,
         "profiles": profiles,
@@ -211,7 +213,7 @@ def merge(runs):
             if r.get(key) and not out.get(key):
                 out[key] = r[key]
         out["gpu"] = out.get("gpu") or r.get("gpu")
-        for key in ("searches", "bench", "profiles"):
+        for key in ("searches", "sanitize", "bench", "profiles"):
             if r.get(key):
                 out[key] = r[key]
         if (r.get("peers") or {}).get("cases"):
@@ -231,9 +233,10 @@ def merge(runs):
 
 
 def fmt(v):
+    """A table cell: floats to 4 significant digits, None empty, `|` escaped."""
     if isinstance(v, float):
         return f"{v:.4g}"
-    return "" if v is None else str(v)
+    return "" if v is None else str(v).replace("|", "\\|")
 
 
 def table(headers, rows):
@@ -298,6 +301,17 @@ def render(r, summary=False):
             lines.append(f"| {x.get('metric')} | {x.get('dtype')} | {x.get('filter')} | {x.get('exit')} | "
                          f"{fmt(x.get('route'))} | {fmt(x.get('gpu_kernel'))} | {fmt(x.get('recall'))} | "
                          f"{fmt(x.get('qps'))} |")
+        lines.append("")
+    z = r.get("sanitize") or []
+    if z:
+        lines.append("## compute-sanitizer (small searches reaching every GPU kernel family)\n")
+        lines.append("`compute-sanitizer --tool TOOL fraglink search --device gpu ARGS`. Exit 9: the tool "
+                     "reported errors; 4: the CPU answered (a GPU failure); 6: the tool wrote no summary. "
+                     "Warnings: racecheck's possible hazards, which are not errors.\n")
+        lines += table(["case", "tool", "exit", "kernel", "errors", "warnings", "first report", "args"],
+                       [[x.get("case"), x.get("tool"), x.get("exit"), x.get("gpu_kernel"), x.get("errors"),
+                         x.get("warnings"), x.get("first_report"), f"{x.get('env')} {x.get('args')}"]
+                        for x in z])
         lines.append("")
     b = r.get("bench") or {}
     figs = b.get("figures") or []

@@ -285,6 +285,12 @@ fn the_steps_of_several_calls_merge_into_one_report() {
     ]
     .join("\n");
     let search = r#"{"metric":"l2","dtype":"f32","filter":"none","exit":0,"route":"gpu","recall":1.0,"qps":9.0}"#;
+    // Two sanitized searches (search_line's lines): one clean, one with a race.
+    let sanitize = [
+        r#"{"case":"tile-f32","tool":"memcheck","exit":0,"route":"gpu","gpu_kernel":"knn_tile_f32_a","errors":0,"warnings":null,"first_report":"","env":"FRAGLINK_GPU_KNN=1","args":"--n 6000"}"#,
+        r#"{"case":"select","tool":"racecheck","exit":9,"route":"gpu","gpu_kernel":"knn_dist_f32","errors":2,"warnings":1,"first_report":"Error: Race reported | at knn_select_b256+0x10","env":"FRAGLINK_GPU_KNN=1","args":"--k 3000"}"#,
+    ]
+    .join("\n");
     // The comparison split over the calls (GPU_PEERS_ARGS='--dtypes ...').
     let peers = |dtype: &str| {
         serde_json::json!({"n": 1_000_000, "dim": 128, "batch": 1000, "cases": [{
@@ -300,6 +306,7 @@ fn the_steps_of_several_calls_merge_into_one_report() {
             ("steps.jsonl", &steps1),
             ("tests-gpu-tests.txt", nextest_output),
             ("search.jsonl", search),
+            ("sanitize.jsonl", &sanitize),
             ("peers.json", &peers("f32")),
         ],
     );
@@ -363,6 +370,13 @@ fn the_steps_of_several_calls_merge_into_one_report() {
     assert!(md.contains("| gpu-tests | done | 300 |"), "{md}");
     assert!(!md.contains("**Incomplete**"), "every step ran: {md}");
     assert!(md.contains("| l2 | f32 | none | 0 | gpu |"), "{md}");
+    assert!(
+        md.contains("| tile-f32 | memcheck | 0 | knn_tile_f32_a | 0 |  |  | FRAGLINK_GPU_KNN=1 --n 6000 |")
+            && md.contains(
+                "| select | racecheck | 9 | knn_dist_f32 | 2 | 1 | Error: Race reported \\| at knn_select_b256+0x10 |"
+            ),
+        "the sanitizer's table, a report's `|` escaped: {md}"
+    );
     assert!(
         md.contains("| f32 | 100 | 10 | 200 (1) | 100 (1) |")
             && md.contains("| f16 | 100 | 10 | 200 (1) | 100 (1) |"),
