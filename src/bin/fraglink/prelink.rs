@@ -22,7 +22,8 @@ pub struct PrelinkArgs {
     /// A profile written with FRAGLINK_PROFILE=FILE by an earlier run.
     #[arg(long, value_name = "PROFILE")]
     pub from: Option<PathBuf>,
-    /// Every valid plan of one shipped family (see --list).
+    /// Every valid plan of one shipped family: scan, ivf_scan, knn or select
+    /// (an unknown name is an error listing them).
     #[arg(long, value_name = "F")]
     pub family: Option<String>,
     /// Every valid plan of every shipped family.
