@@ -105,6 +105,57 @@ fn thirty_two_threads_one_key_one_link() {
 }
 
 #[test]
+fn link_all_links_the_cold_plans_at_once_in_order() {
+    let rt = runtime(None);
+    let named = |frags: &[&str]| {
+        frags
+            .iter()
+            .fold(Planner::new(frags[0]), |p, f| p.add_named(f).unwrap())
+    };
+    let a = typed_plan();
+    let b = named(&[
+        "scan_f16_u32_v8_k32",
+        "metric_inner_product_f16",
+        "filter_none_u32",
+    ]);
+    let c = typed_plan().lineinfo(true);
+    let all = rt.link_all(&[&a, &b, &c], Arch::sm(80)).unwrap();
+    assert_eq!(
+        all.iter()
+            .map(|l| l.kernel.entry.as_str())
+            .collect::<Vec<_>>(),
+        [
+            "scan_f32_u32_v4_k128",
+            "scan_f16_u32_v8_k32",
+            "scan_f32_u32_v4_k128"
+        ]
+    );
+    assert!(all.iter().all(|l| l.source == Source::Linked));
+    assert_eq!(rt.stats().links, 3);
+    // The same kernels and keys as one link at a time.
+    let one_by_one = runtime(None);
+    for (p, l) in [&a, &b, &c].into_iter().zip(&all) {
+        let single = one_by_one.link(p, Arch::sm(80)).unwrap();
+        assert_eq!(single.key, l.key);
+        assert_eq!(single.kernel.cubin, l.kernel.cubin);
+    }
+    // Warm: memory, no link.
+    let again = rt.link_all(&[&c, &a], Arch::sm(80)).unwrap();
+    assert!(again.iter().all(|l| l.source == Source::Memory));
+    assert_eq!((again[0].key, again[1].key), (all[2].key, all[0].key));
+    // Each counted once: looking for links due counts nothing.
+    let st = rt.stats();
+    assert_eq!((st.links, st.misses, st.hits), (3, 3, 2), "{st:?}");
+    // A failing plan among cold ones: its error; the others are linked and kept.
+    let bad = named(&["scan_f32_u32_v4_k128", "metric_l2_f16", "filter_none_u32"]);
+    let d = named(&["scan_u8_u32_v16_k32", "metric_l2_u8", "filter_none_u32"]);
+    let e = rt.link_all(&[&d, &bad], Arch::sm(80)).unwrap_err();
+    assert!(e.to_string().contains("fraglink_metric_init_f32"), "{e}");
+    assert_eq!(rt.link(&d, Arch::sm(80)).unwrap().source, Source::Memory);
+    assert!(rt.link_all(&[], Arch::sm(80)).unwrap().is_empty());
+}
+
+#[test]
 fn the_key_separates_archs_and_options() {
     let rt = runtime(None);
     let a = rt.link(&typed_plan(), Arch::sm(80)).unwrap();

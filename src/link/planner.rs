@@ -259,6 +259,23 @@ impl Planner {
         LinkRuntime::global()?.link(self, arch)
     }
 
+    /// Links two plans for `arch` through the process-wide runtime, both at
+    /// the same time when neither is in memory yet
+    /// ([`LinkRuntime::link_all`]): a search's kernel pair.
+    pub fn link_pair_for(
+        first: &Planner,
+        second: &Planner,
+        arch: Arch,
+    ) -> Result<(Linked, Linked), LinkError> {
+        let mut both = LinkRuntime::global()?
+            .link_all(&[first, second], arch)?
+            .into_iter();
+        match (both.next(), both.next()) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => unreachable!("link_all returns one link per plan"),
+        }
+    }
+
     /// Links for `arch` through `runtime`.
     pub fn link_with(&self, runtime: &LinkRuntime, arch: Arch) -> Result<Linked, LinkError> {
         runtime.link(self, arch)

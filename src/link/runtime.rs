@@ -45,7 +45,7 @@ use crate::sys::{InputType, Nvrtc, Output};
 use super::cache::{CacheStats, DigestState, SingleFlightCache, Source, Weighed};
 use super::disk::{DiskCache, DiskCacheConfig, DiskCacheError, DiskLookup, MAX_ENTRY_BYTES};
 use super::key::LinkKey;
-use super::linker::{LinkInput, Linker};
+use super::linker::{LinkInput, LinkOptions, Linker};
 use super::metadata::{self, KernelMetadata};
 use super::planner::Planner;
 use super::profile::ProfileWriter;
@@ -220,6 +220,23 @@ enum InputBytes<'a> {
         text: &'a str,
         options: Vec<String>,
     },
+}
+
+/// What [`LinkRuntime::link`] knows about a plan before it looks in the
+/// caches or links.
+enum Prepared<'p> {
+    /// Linked by this runtime before and still in memory.
+    Remembered(Linked),
+    Keyed(LinkRequest<'p>),
+}
+
+/// A link request: the real arch, the inputs, the options and their key.
+struct LinkRequest<'p> {
+    arch: Arch,
+    inputs: Vec<Input<'p>>,
+    options: LinkOptions,
+    key: LinkKey,
+    requested: Instant,
 }
 
 /// LTO-IR of a run-time source.
@@ -643,12 +660,59 @@ impl LinkRuntime {
 
     /// Links `plan` for `arch` (memory cache, then disk cache, then nvJitLink).
     pub fn link(&self, plan: &Planner, arch: Arch) -> Result<Linked, LinkError> {
+        match self.prepare(plan, arch)? {
+            Prepared::Remembered(linked) => Ok(linked),
+            Prepared::Keyed(request) => self.finish(plan, request),
+        }
+    }
+
+    /// Links every plan of `plans` for `arch`, each as [`link`](Self::link)
+    /// would, and those not yet in memory at the same time, one thread each:
+    /// a search's kernel pair (knn_tile + knn_rerank, knn_dist + knn_select)
+    /// then costs its first call the slower link, not the sum. A plan whose
+    /// kernel is already in memory costs what `link` costs: no thread is
+    /// started unless two links are due. Results in the order of `plans`;
+    /// the first failure (in that order) is returned.
+    pub fn link_all(&self, plans: &[&Planner], arch: Arch) -> Result<Vec<Linked>, LinkError> {
+        let prepared = plans
+            .iter()
+            .map(|p| self.prepare(p, arch))
+            .collect::<Result<Vec<_>, _>>()?;
+        let due = prepared
+            .iter()
+            .filter(|p| matches!(p, Prepared::Keyed(r) if self.memory.peek(&r.key).is_none()))
+            .count();
+        let finish = |(plan, p): (&&Planner, Prepared)| match p {
+            Prepared::Remembered(linked) => Ok(linked),
+            Prepared::Keyed(request) => self.finish(plan, request),
+        };
+        if due < 2 {
+            return plans.iter().zip(prepared).map(finish).collect();
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = plans
+                .iter()
+                .zip(prepared)
+                .map(|job| s.spawn(move || finish(job)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        })
+    }
+
+    /// A link request's inputs and key, or, for a plan this runtime linked
+    /// before whose kernel is still in memory, the kernel itself.
+    fn prepare<'p>(&self, plan: &'p Planner, arch: Arch) -> Result<Prepared<'p>, LinkError> {
         // The real arch, variant kept: sm_90a is its own target and key.
         let arch = arch.real();
-        let entry = plan.entry();
         if plan.is_empty() {
             return Err(LinkError::EmptyPlan {
-                entry: entry.to_string(),
+                entry: plan.entry().to_string(),
             });
         }
         // A repeated link of the same plan: its remembered key and one
@@ -656,12 +720,12 @@ impl LinkRuntime {
         // Not timed: see `Linked::elapsed`.
         if let Some(key) = plan.memo().get(self.id, arch) {
             if let Some(kernel) = self.memory.hit(&key) {
-                return Ok(Linked {
+                return Ok(Prepared::Remembered(Linked {
                     kernel,
                     source: Source::Memory,
                     key,
                     elapsed: std::time::Duration::ZERO,
-                });
+                }));
             }
         }
         let requested = Instant::now();
@@ -700,6 +764,27 @@ impl LinkRuntime {
         let entries: Vec<&str> = plan.entries().iter().map(String::as_str).collect();
         let key = LinkKey::new(&entries, &pairs, &args, self.linker.version());
         plan.memo().remember(self.id, arch, key);
+        Ok(Prepared::Keyed(LinkRequest {
+            arch,
+            inputs,
+            options,
+            key,
+            requested,
+        }))
+    }
+
+    /// The kernel of a keyed request: from memory, the disk cache or a
+    /// fresh link, stored in both caches and recorded in the profile.
+    fn finish(&self, plan: &Planner, request: LinkRequest<'_>) -> Result<Linked, LinkError> {
+        let LinkRequest {
+            arch,
+            inputs,
+            options,
+            key,
+            requested,
+        } = request;
+        let entry = plan.entry();
+        let entries: Vec<&str> = plan.entries().iter().map(String::as_str).collect();
         // A checked kernel of this request, from the disk or a fresh link:
         // entry, arch and fragments always come from the request.
         let assemble =

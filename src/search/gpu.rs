@@ -18,7 +18,7 @@ use crate::gpu::{
     GpuBuffer, GpuContext, GpuError, GpuViewMut, KernelArgs, KernelResources, LaunchConfig,
     Launcher, MemoryPool, Transfer,
 };
-use crate::link::{LinkError, LinkKey, Linked, Planner};
+use crate::link::{LinkError, LinkKey, LinkRuntime, Linked, Planner};
 
 use super::index::{GpuIndex, IndexShape};
 use super::knn::BeyondScan;
@@ -290,13 +290,19 @@ impl GpuSearcher {
         first: &(Planner, u32),
         rest: &[(Planner, u32)],
     ) -> Result<Linked, GpuSearchError> {
-        let arch = self.ctx.arch();
-        let linked = first.0.link_for(arch)?;
-        self.launcher_for(&linked, first.1)?;
-        for (planner, block) in rest {
-            self.launcher_for(&planner.link_for(arch)?, *block)?;
+        // Linked at the same time (LinkRuntime::link_all), loaded in order.
+        let plans: Vec<&Planner> = std::iter::once(&first.0)
+            .chain(rest.iter().map(|(p, _)| p))
+            .collect();
+        let linked = LinkRuntime::global()?.link_all(&plans, self.ctx.arch())?;
+        let blocks = std::iter::once(first.1).chain(rest.iter().map(|(_, b)| *b));
+        for (l, block) in linked.iter().zip(blocks) {
+            self.launcher_for(l, block)?;
         }
-        Ok(linked)
+        Ok(linked
+            .into_iter()
+            .next()
+            .expect("one link per plan, first included"))
     }
 
     /// The scan of `plan` over `nq` resident queries against `n_rows`

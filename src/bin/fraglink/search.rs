@@ -329,13 +329,10 @@ pub fn run(a: &SearchArgs) -> ExitCode {
             } else {
                 LinkRuntime::describing()
             };
+            // The plan's kernels at the same time (LinkRuntime::link_all).
             let linked = runtime.and_then(|rt| {
-                let mut first = None;
-                for p in planners {
-                    let l = rt.link(p, link_arch)?;
-                    first.get_or_insert(l);
-                }
-                Ok(first)
+                let plans: Vec<&Planner> = planners.iter().collect();
+                Ok(rt.link_all(&plans, link_arch)?.into_iter().next())
             });
             pb.finish_and_clear();
             match linked {

@@ -8,7 +8,7 @@
 
 use crate::gpu::launch::ScanContract;
 use crate::gpu::{GpuBuffer, GpuError, KernelArgs, LaunchConfig, MemoryPool, Transfer};
-use crate::link::Linked;
+use crate::link::{Linked, Planner};
 use crate::search::gpu::{append_batch, push_output, DeviceVectors, GpuSearchError, GpuSearcher};
 use crate::search::{Metric, Neighbors, Vectors};
 
@@ -180,8 +180,8 @@ impl KnnSearch<'_> {
         metric: Metric,
     ) -> Result<(Neighbors, Linked), GpuSearchError> {
         let arch = self.gpu.context().arch();
-        let tile_link = self.plan.tile_planner().link_for(arch)?;
-        let rerank_link = self.plan.rerank_planner().link_for(arch)?;
+        let (tile_link, rerank_link) =
+            Planner::link_pair_for(&self.plan.tile_planner(), &self.plan.rerank_planner(), arch)?;
         let tile = self.gpu.launcher(&tile_link)?;
         let rerank = self.gpu.launcher(&rerank_link)?;
         let (t, pool) = (self.gpu.transfer(), self.gpu.pool());
