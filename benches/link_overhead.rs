@@ -10,6 +10,12 @@
 //!   `elapsed` minus the time spent in nvJitLink (`link_ms`), which no
 //!   neighbour's noise can inflate much.
 //!
+//! Then the first call of a tensor-core k-NN search's kernel pair
+//! (knn_tile + knn_rerank, f32 l2, sm_90), cold: the two links one after the
+//! other against [`LinkRuntime::link_all`], which links them at the same
+//! time, alternating which goes first (`FRAGLINK_BENCH_PAIR_ROUNDS`, default
+//! 5: a round takes seconds).
+//!
 //! `cargo bench --bench link_overhead` (`FRAGLINK_BENCH_ROUNDS`, default 40).
 //! The last line is JSON for `benches/run.sh`.
 
@@ -31,12 +37,69 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
-fn main() {
-    let rounds: usize = std::env::var("FRAGLINK_BENCH_ROUNDS")
+/// `var` as a round count of at least 3, else `default`.
+fn rounds_from_env(var: &str, default: usize) -> usize {
+    std::env::var(var)
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&n| n >= 3)
-        .unwrap_or(40);
+        .unwrap_or(default)
+}
+
+/// Median ms of the k-NN pair's cold links, one by one and through
+/// `link_all`, over `rounds` interleaved rounds, and the per-round ratio.
+fn pair_rounds(rt: &LinkRuntime, rounds: usize) -> (f64, f64, f64) {
+    let named = |frags: [&str; 3]| {
+        frags
+            .iter()
+            .fold(Planner::new(frags[0]), |p, f| p.add_named(f).expect(f))
+    };
+    let tile = named([
+        "knn_tile_f32_tf32x3_q64_r64_k32",
+        "metric_l2_f32",
+        "filter_none_u32",
+    ]);
+    let rerank = Planner::new("knn_rerank_f32_k32")
+        .add_named("knn_rerank_f32_k32")
+        .and_then(|p| p.add_named("metric_l2_f32"))
+        .expect("knn_rerank_f32_k32");
+    let arch = Arch::sm(90);
+    let one_by_one = || {
+        rt.clear();
+        let t = Instant::now();
+        for p in [&tile, &rerank] {
+            assert_eq!(rt.link(p, arch).unwrap().source, Source::Linked);
+        }
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    let together = || {
+        rt.clear();
+        let t = Instant::now();
+        let all = rt.link_all(&[&tile, &rerank], arch).unwrap();
+        assert!(all.iter().all(|l| l.source == Source::Linked));
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    together();
+    let (mut seq, mut all, mut ratios) = (vec![], vec![], vec![]);
+    for round in 0..rounds {
+        let (s, a) = if round % 2 == 0 {
+            let s = one_by_one();
+            (s, together())
+        } else {
+            let a = together();
+            (one_by_one(), a)
+        };
+        ratios.push(a / s);
+        seq.push(s);
+        all.push(a);
+    }
+    let m = |v: Vec<f64>| quantile(&sorted(v), 0.5);
+    (m(seq), m(all), m(ratios))
+}
+
+fn main() {
+    let rounds = rounds_from_env("FRAGLINK_BENCH_ROUNDS", 40);
+    let pair_rounds_n = rounds_from_env("FRAGLINK_BENCH_PAIR_ROUNDS", 5);
     let plan = Planner::new("scan_f32_u32_v4_k128")
         .add::<ScanFragment<F32, U32, 4, 128>>()
         .add::<MetricFragment<L2, F32>>()
@@ -114,6 +177,16 @@ fn main() {
         m(&own_us),
         m(&own_us) / 1e3 / m(&raw_ms) * 100.0
     );
+    let (pair_seq_ms, pair_all_ms, pair_ratio) = pair_rounds(&rt, pair_rounds_n);
+    println!(
+        "k-NN pair (knn_tile_f32_tf32x3_q64_r64_k32 + knn_rerank_f32_k32, sm_90), cold, \
+         {pair_rounds_n} interleaved rounds, {} threads available",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!("  one by one      median {pair_seq_ms:.1} ms");
+    println!(
+        "  link_all        median {pair_all_ms:.1} ms (per-round ratio median {pair_ratio:.3})"
+    );
     println!(
         "{}",
         serde_json::json!({
@@ -124,6 +197,11 @@ fn main() {
             "ratio_q1": quantile(&ratios, 0.25),
             "ratio_q3": quantile(&ratios, 0.75),
             "own_us": m(&own_us),
+            "pair_rounds": pair_rounds_n,
+            "pair_one_by_one_ms": pair_seq_ms,
+            "pair_link_all_ms": pair_all_ms,
+            "pair_ratio": pair_ratio,
+            "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
         })
     );
 }

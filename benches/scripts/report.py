@@ -315,6 +315,19 @@ def section_link(res, lines, headline):
         headline.append(("Cold link: planner vs raw nvJitLink, interleaved",
                          f"{fmt(over['planner_ms'])} ms vs {fmt(over['raw_ms'])} ms",
                          f"planner / raw = {over['ratio']:.3f}; planner's own work {over['own_us']:.0f} µs"))
+        if "pair_ratio" in over:
+            lines += [
+                f"**A k-NN search's kernel pair, cold** (same bench, {over['pair_rounds']} interleaved "
+                "rounds, `knn_tile_f32_tf32x3_q64_r64_k32` + `knn_rerank_f32_k32` for sm_90, "
+                f"{over['threads']} threads): linked one after the other "
+                f"{fmt(over['pair_one_by_one_ms'])} ms, through `LinkRuntime::link_all` (both at once, "
+                f"as the search's first call does) {fmt(over['pair_link_all_ms'])} ms; per-round ratio "
+                f"median {over['pair_ratio']:.3f}.",
+                "",
+            ]
+            headline.append(("k-NN kernel pair, cold: link_all vs one by one",
+                             f"{fmt(over['pair_link_all_ms'])} ms vs {fmt(over['pair_one_by_one_ms'])} ms",
+                             f"link_all / one by one = {over['pair_ratio']:.3f}"))
     pre = optional("prelink.json")
     if pre:
         lines += [
