@@ -49,20 +49,18 @@ fn rounds_from_env(var: &str, default: usize) -> usize {
 /// Median ms of the k-NN pair's cold links, one by one and through
 /// `link_all`, over `rounds` interleaved rounds, and the per-round ratio.
 fn pair_rounds(rt: &LinkRuntime, rounds: usize) -> (f64, f64, f64) {
-    let named = |frags: [&str; 3]| {
+    // The first fragment names the plan's kernel.
+    let named = |frags: &[&str]| {
         frags
             .iter()
             .fold(Planner::new(frags[0]), |p, f| p.add_named(f).expect(f))
     };
-    let tile = named([
+    let tile = named(&[
         "knn_tile_f32_tf32x3_q64_r64_k32",
         "metric_l2_f32",
         "filter_none_u32",
     ]);
-    let rerank = Planner::new("knn_rerank_f32_k32")
-        .add_named("knn_rerank_f32_k32")
-        .and_then(|p| p.add_named("metric_l2_f32"))
-        .expect("knn_rerank_f32_k32");
+    let rerank = named(&["knn_rerank_f32_k32", "metric_l2_f32"]);
     let arch = Arch::sm(90);
     let one_by_one = || {
         rt.clear();

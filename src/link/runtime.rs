@@ -435,10 +435,19 @@ impl LinkRuntime {
     }
 
     pub fn with_linker(linker: Linker, config: RuntimeConfig) -> Result<Self, LinkError> {
-        let rt = Self::unconfigured(linker, config.memory_capacity);
+        Ok(Self::configured(
+            linker,
+            config.memory_capacity,
+            open_disk(config.disk),
+        ))
+    }
+
+    /// Caches configured here: no environment variable is read later.
+    fn configured(linker: Linker, memory_capacity: usize, disk: Option<DiskCache>) -> Self {
+        let rt = Self::unconfigured(linker, memory_capacity);
         let _ = rt.memory_settled.set(());
-        let _ = rt.disk.set(open_disk(config.disk));
-        Ok(rt)
+        let _ = rt.disk.set(disk);
+        rt
     }
 
     /// Caches not configured yet: each is configured from the environment
@@ -503,10 +512,11 @@ impl LinkRuntime {
             let disk = DiskCacheConfig::from_env()
                 .ok()
                 .and_then(|c| DiskCache::open(c).ok());
-            let rt = LinkRuntime::unconfigured(Linker::open()?, DEFAULT_MEMORY_ENTRIES);
-            let _ = rt.memory_settled.set(());
-            let _ = rt.disk.set(disk);
-            Ok(rt)
+            Ok(LinkRuntime::configured(
+                Linker::open()?,
+                DEFAULT_MEMORY_ENTRIES,
+                disk,
+            ))
         })
     }
 
@@ -660,10 +670,8 @@ impl LinkRuntime {
 
     /// Links `plan` for `arch` (memory cache, then disk cache, then nvJitLink).
     pub fn link(&self, plan: &Planner, arch: Arch) -> Result<Linked, LinkError> {
-        match self.prepare(plan, arch)? {
-            Prepared::Remembered(linked) => Ok(linked),
-            Prepared::Keyed(request) => self.finish(plan, request),
-        }
+        let prepared = self.prepare(plan, arch)?;
+        self.resolve(plan, prepared)
     }
 
     /// Links every plan of `plans` for `arch`, each as [`link`](Self::link)
@@ -682,10 +690,7 @@ impl LinkRuntime {
             .iter()
             .filter(|p| matches!(p, Prepared::Keyed(r) if self.memory.peek(&r.key).is_none()))
             .count();
-        let finish = |(plan, p): (&&Planner, Prepared)| match p {
-            Prepared::Remembered(linked) => Ok(linked),
-            Prepared::Keyed(request) => self.finish(plan, request),
-        };
+        let finish = |(plan, p): (&&Planner, Prepared)| self.resolve(plan, p);
         if due < 2 {
             return plans.iter().zip(prepared).map(finish).collect();
         }
@@ -703,6 +708,14 @@ impl LinkRuntime {
                 })
                 .collect()
         })
+    }
+
+    /// The kernel of a prepared plan: the remembered one, or the request's.
+    fn resolve(&self, plan: &Planner, prepared: Prepared<'_>) -> Result<Linked, LinkError> {
+        match prepared {
+            Prepared::Remembered(linked) => Ok(linked),
+            Prepared::Keyed(request) => self.finish(plan, request),
+        }
     }
 
     /// A link request's inputs and key, or, for a plan this runtime linked
