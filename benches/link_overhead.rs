@@ -56,7 +56,7 @@ fn pair_rounds(rt: &LinkRuntime, rounds: usize) -> (f64, f64, f64) {
             .fold(Planner::new(frags[0]), |p, f| p.add_named(f).expect(f))
     };
     let tile = named(&[
-        "knn_tile_f32_tf32x3_q64_r64_k32",
+        "knn_tile_f32_tf32x3_q64_r64_k32_a16",
         "metric_l2_f32",
         "filter_none_u32",
     ]);
@@ -177,7 +177,7 @@ fn main() {
     );
     let (pair_seq_ms, pair_all_ms, pair_ratio) = pair_rounds(&rt, pair_rounds_n);
     println!(
-        "k-NN pair (knn_tile_f32_tf32x3_q64_r64_k32 + knn_rerank_f32_k32, sm_90), cold, \
+        "k-NN pair (knn_tile_f32_tf32x3_q64_r64_k32_a16 + knn_rerank_f32_k32, sm_90), cold, \
          {pair_rounds_n} interleaved rounds, {} threads available",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );

@@ -4,7 +4,7 @@
 // Device-only. Two kernels, each linked with one metric fragment of its dtype
 // (knn_tile also with one filter_*_u32 fragment), exactly like the scan family:
 //
-// knn_tile<T, PREC, QT, RT, CAP> — candidates. Grid = (query tiles, row chunks):
+// knn_tile<T, PREC, QT, RT, CAP, STAGING> — candidates. Grid = (query tiles, row chunks):
 //   block (x, y) takes queries [QT x, QT x + QT) and rows [chunk_rows y,
 //   chunk_rows (y + 1)), so a small batch (nq = 1) still spreads over every SM (the
 //   "small batch split"). Four warps; per row iteration the block covers QT queries
@@ -15,7 +15,13 @@
 //   in slabs of one MMA K step, rows padded so fragment loads are free of bank
 //   conflicts and 32-byte aligned. Chunks come through a pipeline of STAGES
 //   buffers (cp.async where the arch, dim and alignment allow), so the next
-//   STAGES - 1 chunks' global loads overlap the MMAs and the select. From each dot product and the precomputed norms (knn_bounds.cuh) a
+//   STAGES - 1 chunks' global loads overlap the MMAs and the select. STAGING
+//   (staging_any, staging_a16) decides which copies a variant holds: any dim and
+//   alignment (16-byte, 4-byte or element copies, chosen at run time), or rows
+//   that are whole 16-byte groups, 16-byte aligned, only (the host picks it for such
+//   data; the kernel refuses other launches). The other two copy paths are about
+//   30% of a variant's code, and so of its link time (880 -> 630 ms for
+//   q64_r64_k32 tf32x3 on sm_90). From each dot product and the precomputed norms (knn_bounds.cuh) a
 //   pair gets lo <= d <= hi (integers: lo = hi = d). The select is fused: per
 //   query a buffer of BUF = CAP + RT (lo, hi, id) entries in dynamic shared memory
 //   takes the rows with lo < T, T an upper bound of the k-th smallest key of the chunk so far; the
@@ -223,26 +229,35 @@ struct buffer {
 using scan::from_order_key;
 using scan::order_key;
 
-// The k-th smallest (1 <= k <= m) of the m 64-bit keys key(i), i < m, by one warp:
-// a radix select on bytes from the top, BYTES rounds, so the result is exact in its
-// top BYTES bytes (the others are zero). Each round counts, in the warp's 256-word
-// `hist`, the next byte of the keys that share the bytes found so far, and finds the
-// byte holding the k-th by a prefix sum over the lanes (lane l owns bins 8l..8l+7).
-// O(BYTES * m / 32) per lane, where ranking every entry against every other was
-// O(m^2 / 32): 37 000 steps per lane at m = 1088 (capacity 1024).
-template <int BYTES, typename Key>
-__device__ FRAGLINK_INLINE uint64_t kth_smallest(uint32_t m, uint32_t k, Key key, uint32_t* hist, uint32_t lane) {
-  static_assert(BYTES >= 1 && BYTES <= 8, "a 64-bit key has 8 bytes");
+// The 64-bit key of entry i of a buffer: by `hi` alone (its order_key in the top
+// 32 bits), or by (lo, id) (scan::key_less's order once lo holds exact distances).
+__device__ FRAGLINK_INLINE uint64_t entry_key(const buffer& b, uint32_t i, bool by_lo_id) {
+  return by_lo_id ? (static_cast<uint64_t>(order_key(b.lo[i])) << 32) | b.id[i]
+                  : static_cast<uint64_t>(order_key(b.hi[i])) << 32;
+}
+
+// The k-th smallest (1 <= k <= m) of the m keys entry_key(i), i < m, by one warp:
+// a radix select on bytes from the top, `bytes` rounds, so the result is exact in
+// its top `bytes` bytes (the others are zero). Each round counts, in the warp's
+// 256-word `hist`, the next byte of the keys that share the bytes found so far, and
+// finds the byte holding the k-th by a prefix sum over the lanes (lane l owns bins
+// 8l..8l+7). O(bytes * m / 32) per lane, where ranking every entry against every
+// other was O(m^2 / 32): 37 000 steps per lane at m = 1088 (capacity 1024). One
+// instance serves both of compact's selects (`bytes` and the key chosen at run
+// time): a second inlined instance, with a second keep_if, made every knn_tile
+// link about 3% slower (859 -> 880 ms for q64_r64_k32 tf32x3 on sm_90).
+__device__ FRAGLINK_INLINE uint64_t kth_smallest(const buffer& b, uint32_t m, uint32_t k, bool by_lo_id, int bytes,
+                                                 uint32_t* hist, uint32_t lane) {
   uint64_t prefix = 0;
   uint32_t rank = k;  // among the keys that share `prefix`'s found bytes
 #pragma unroll 1
-  for (int r = 0; r < BYTES; ++r) {
+  for (int r = 0; r < bytes; ++r) {
     const int shift = 56 - 8 * r;
     const uint64_t high = r == 0 ? 0ull : ~0ull << (shift + 8);
-    for (uint32_t b = lane; b < 256u; b += 32u) hist[b] = 0u;
+    for (uint32_t i = lane; i < 256u; i += 32u) hist[i] = 0u;
     __syncwarp();
     for (uint32_t i = lane; i < m; i += 32u) {
-      const uint64_t v = key(i);
+      const uint64_t v = entry_key(b, i, by_lo_id);
       if ((v & high) == prefix) atomicAdd(&hist[static_cast<uint32_t>(v >> shift) & 255u], 1u);
     }
     __syncwarp();
@@ -290,10 +305,10 @@ __device__ FRAGLINK_INLINE uint64_t kth_smallest(uint32_t m, uint32_t k, Key key
   return prefix;
 }
 
-// Keeps the entries that `keep(lo, id)` accepts (order preserved); returns the new
-// count.
-template <typename Keep>
-__device__ FRAGLINK_INLINE uint32_t keep_if(const buffer& b, uint32_t m, Keep keep_entry, uint32_t lane) {
+// Keeps the entries whose (lo, id) key is at most `bound` (order preserved);
+// returns the new count. With bound = (order_key(t) << 32) | 0xffffffff that is
+// lo <= t (every entry's lo is a number: NaN never enters a buffer).
+__device__ FRAGLINK_INLINE uint32_t keep_at_most(const buffer& b, uint32_t m, uint64_t bound, uint32_t lane) {
   uint32_t out = 0;
   for (uint32_t base = 0; base < m; base += 32) {
     const uint32_t i = base + lane;
@@ -301,7 +316,7 @@ __device__ FRAGLINK_INLINE uint32_t keep_if(const buffer& b, uint32_t m, Keep ke
     const float lo = valid ? b.lo[i] : 0.0f;
     const float hi = valid ? b.hi[i] : 0.0f;
     const uint32_t id = valid ? b.id[i] : 0u;
-    const bool keep = valid && keep_entry(lo, id);
+    const bool keep = valid && ((static_cast<uint64_t>(order_key(lo)) << 32) | id) <= bound;
     const uint32_t mask = __ballot_sync(0xffffffffu, keep);
     __syncwarp();
     if (keep) {
@@ -325,10 +340,9 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
                                         uint32_t* hist) {
   const uint32_t lane = threadIdx.x & 31u;
   uint32_t m = *b.count;
-  const uint64_t kth_hi = kth_smallest<4>(
-      m, k, [&](uint32_t i) { return static_cast<uint64_t>(order_key(b.hi[i])) << 32; }, hist, lane);
+  const uint64_t kth_hi = kth_smallest(b, m, k, false, 4, hist, lane);
   const float t = fminf(*b.thr, from_order_key(static_cast<uint32_t>(kth_hi >> 32)));
-  m = keep_if(b, m, [&](float lo, uint32_t) { return lo <= t; }, lane);
+  m = keep_at_most(b, m, (static_cast<uint64_t>(order_key(t)) << 32) | 0xffffffffull, lane);
   if (m > static_cast<uint32_t>(CAP)) {
     // Many equal bounds: decide by exact distances. (d, id) keys are distinct, so
     // exactly k entries are at or below the k-th.
@@ -338,9 +352,8 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
       b.hi[i] = d;
     }
     __syncwarp();
-    auto exact_key = [](float d, uint32_t id) { return (static_cast<uint64_t>(order_key(d)) << 32) | id; };
-    const uint64_t kth = kth_smallest<8>(m, k, [&](uint32_t i) { return exact_key(b.lo[i], b.id[i]); }, hist, lane);
-    m = keep_if(b, m, [&](float d, uint32_t id) { return exact_key(d, id) <= kth; }, lane);
+    const uint64_t kth = kth_smallest(b, m, k, true, 8, hist, lane);
+    m = keep_at_most(b, m, kth, lane);
     if (lane == 0) *b.thr = fminf(t, from_order_key(static_cast<uint32_t>(kth >> 32)));
   } else if (lane == 0) {
     *b.thr = t;
@@ -468,11 +481,16 @@ __device__ FRAGLINK_INLINE int copy_unit(uint32_t dim, const T* a, const T* b) {
   return 0;
 }
 
+// The copies a knn_tile variant holds (the `staging` matrix key): every kind, the
+// unit chosen at run time by copy_unit, or 16-byte copies only (the launch must
+// give copy_unit 16: tile_launch_ok).
+enum staging_kind { staging_any = 0, staging_a16 = 16 };
+
 // One chunk in copies of `unit` bytes (copy_unit); L1 as for copy_async.
-template <int ROWS, int KC, int K, int LD, bool L1, typename T>
+template <int ROWS, int KC, int K, int LD, bool L1, int STAGING, typename T>
 __device__ FRAGLINK_INLINE void copy_chunk(T* dst, const T* __restrict__ src, uint64_t rows, uint64_t row0,
                                            uint32_t dim, uint32_t k0, int unit) {
-  if (unit == 16) {
+  if (STAGING == staging_a16 || unit == 16) {
     copy_groups<ROWS, KC, K, LD, 16, L1>(dst, src, rows, row0, dim, k0);
   } else if (unit == 4) {
     copy_groups<ROWS, KC, K, LD, 4, L1>(dst, src, rows, row0, dim, k0);
@@ -524,21 +542,23 @@ struct tile_shape {
 // The contract the kernel checks by itself (as scan.cuh's launch_ok): block shape,
 // 1 <= k <= CAP, a recognised metric, a supported dim, chunks that cover every row
 // (chunk_rows * gridDim.y >= n_rows: a row left out would be a silently wrong
-// answer), aligned pointers, the dynamic shared memory of the candidate buffers.
-// The same for every thread: a violating launch writes nothing.
-template <typename T, int CAP>
+// answer), aligned pointers, the dynamic shared memory of the candidate buffers,
+// and copies the variant holds (`unit`: copy_unit). The same for every thread: a
+// violating launch writes nothing.
+template <typename T, int CAP, int STAGING>
 __device__ FRAGLINK_INLINE bool tile_launch_ok(int metric, uint32_t n_rows, uint32_t dim, uint32_t k,
                                                uint32_t chunk_rows, uint32_t dynamic_bytes, const void* const* ptrs4,
-                                               int n4) {
+                                               int n4, int unit) {
   uint64_t bad = 0;
   for (int i = 0; i < n4; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
   return bad == 0 && metric != metric_unknown && dim_supported(dim) && k != 0 && k <= static_cast<uint32_t>(CAP) &&
          static_cast<uint64_t>(chunk_rows) * gridDim.y >= n_rows && blockDim.x == FRAGLINK_KNN_BLOCK &&
-         blockDim.y == 1 && blockDim.z == 1 && dynamic_shared_bytes() >= dynamic_bytes;
+         blockDim.y == 1 && blockDim.z == 1 && dynamic_shared_bytes() >= dynamic_bytes &&
+         (STAGING != staging_a16 || unit == 16);
 }
 
 // ----- the candidate kernel ------------------------------------------------------
-template <typename T, int PREC, int QT, int RT, int CAP>
+template <typename T, int PREC, int QT, int RT, int CAP, int STAGING>
 __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T* __restrict__ queries,
                                          const uint32_t* __restrict__ filter_bits, const float* __restrict__ row_aux0,
                                          const float* __restrict__ row_aux1, const float* __restrict__ query_aux0,
@@ -572,7 +592,6 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const int metric = linked_metric<T>();
   const void* ptrs4[] = {row_aux0, row_aux1, query_aux0, query_aux1, out_count, out_lo, out_hi, out_ids,
                          filter_bits};
-  if (!tile_launch_ok<T, CAP>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes, ptrs4, 9)) return;
 
   const uint32_t tid = threadIdx.x;
   const uint32_t warp = tid / 32;
@@ -586,6 +605,9 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const uint64_t row_end = row_end_u < n_rows ? row_end_u : n_rows;
   const bound_consts bc = make_bound_consts(dim, PREC);
   const int unit = copy_unit<T>(dim, dataset, queries);
+  if (!tile_launch_ok<T, CAP, STAGING>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes, ptrs4, 9, unit)) {
+    return;
+  }
 
   for (uint64_t tile = blockIdx.x; tile * QT < n_queries; tile += gridDim.x) {
     const uint64_t q0 = tile * QT;
@@ -605,8 +627,8 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
     int in_stage = 0;
     auto issue = [&]() {
       if (next_row < row_end) {
-        copy_chunk<QT, KC, K, LD, true>(s_q + in_stage * Q_STAGE, queries, n_queries, q0, dim, next_k, unit);
-        copy_chunk<RT, KC, K, LD, false>(s_x + in_stage * X_STAGE, dataset, row_end, next_row, dim, next_k, unit);
+        copy_chunk<QT, KC, K, LD, true, STAGING>(s_q + in_stage * Q_STAGE, queries, n_queries, q0, dim, next_k, unit);
+        copy_chunk<RT, KC, K, LD, false, STAGING>(s_x + in_stage * X_STAGE, dataset, row_end, next_row, dim, next_k, unit);
         next_k += KC;
         if (next_k >= dim) {
           next_k = 0;

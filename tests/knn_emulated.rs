@@ -24,7 +24,7 @@ use fraglink::build::Arch;
 use fraglink::search::data::{synthetic, Rng};
 use fraglink::search::knn::norms::Norms;
 use fraglink::search::knn::plan::{merge_groups, SharedMemory};
-use fraglink::search::knn::{choose, choose_variant, KnnPlan, KnnRequest, Precision};
+use fraglink::search::knn::{choose, choose_variant, KnnPlan, KnnRequest, Precision, Staging};
 use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use half::f16;
 use support::emulated;
@@ -87,6 +87,9 @@ struct Case<'a> {
     /// Caps on grid.x of each kernel (grid-stride loops when below the need).
     tile_grid: u32,
     rerank_grid: u32,
+    /// The candidate kernel's staging, where not the planner's pick (an
+    /// `Any` variant over rows of 16-byte groups: its 16-byte copies).
+    staging: Option<Staging>,
 }
 
 impl<'a> Case<'a> {
@@ -101,12 +104,14 @@ impl<'a> Case<'a> {
             resident,
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
+            staging: None,
         }
     }
 }
 
-/// The plan of case `c`: the planner's pick (tile shape and capacity) at
-/// the dtype's default precision, as the variant of `precision`.
+/// The plan of case `c`: the planner's pick (tile shape, capacity and
+/// staging, unless the case names one) at the dtype's default precision, as
+/// the variant of `precision`.
 fn plan_of(c: &Case<'_>, metric: Metric, precision: Precision) -> KnnPlan {
     let r = KnnRequest {
         device: Arch::sm(90),
@@ -121,12 +126,13 @@ fn plan_of(c: &Case<'_>, metric: Metric, precision: Precision) -> KnnPlan {
     };
     let pick = choose(&r).unwrap_or_else(|| panic!("{}: the planner refuses the search", c.what));
     let name = format!(
-        "knn_tile_{}_{}_q{}_r{}_k{}",
+        "knn_tile_{}_{}_q{}_r{}_k{}{}",
         pick.dtype.name(),
         precision.name(),
         pick.qtile,
         pick.rtile,
-        pick.capacity
+        pick.capacity,
+        c.staging.unwrap_or(pick.staging).suffix()
     );
     choose_variant(&r, &name).unwrap_or_else(|e| panic!("{}: {e}", c.what))
 }
@@ -137,6 +143,21 @@ fn run_case(
     precision: Precision,
     c: &Case<'_>,
 ) -> (KnnPlan, Neighbors) {
+    let (plan, dir, args) = prepare(metric, precision, c);
+    emulated::run(exe, &args, &c.what);
+    (
+        plan,
+        emulated::read_results(dir.path(), c.queries.rows(), c.k, false),
+    )
+}
+
+/// Case `c`'s plan, its inputs written to a new directory, and the driver's
+/// arguments.
+fn prepare(
+    metric: Metric,
+    precision: Precision,
+    c: &Case<'_>,
+) -> (KnnPlan, tempfile::TempDir, Vec<String>) {
     let (n, dim, nq) = (c.base.rows(), c.base.dim(), c.queries.rows());
     let plan = plan_of(c, metric, precision);
     let (rows, queries) = (Norms::of(c.base), Norms::of(&c.queries));
@@ -179,8 +200,29 @@ fn run_case(
         "7".into(),
         d.display().to_string(),
     ];
-    emulated::run(exe, &args, &c.what);
-    (plan, emulated::read_results(d, nq, c.k, false))
+    (plan, dir, args)
+}
+
+/// An `_a16` variant launched over rows that are not whole 16-byte groups
+/// refuses the launch (tile_launch_ok) and writes nothing: the driver finds
+/// its candidate counts unwritten.
+fn a16_refuses_rows_of_other_sizes(exe: &Path, metric: Metric, precision: Precision, c: &Case<'_>) {
+    let (plan, _dir, mut args) = prepare(metric, precision, c);
+    assert_eq!(plan.staging, Staging::Any, "{}", c.what);
+    args[0] = format!("{}_a16", plan.tile.name);
+    let out = std::process::Command::new(exe)
+        .args(&args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("count not written"),
+        "{}: {} over rows of dim {} ran ({}): {stderr}",
+        c.what,
+        args[0],
+        c.base.dim(),
+        out.status
+    );
 }
 
 fn check(exe: &Path, metric: Metric, precision: Precision, c: &Case<'_>) {
@@ -324,11 +366,46 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             200,
             8,
         ),
+        Case::new(
+            label("odd dim, k 200 (capacity 256)"),
+            &odd_base,
+            odd_queries.slice_rows(0, 2),
+            200,
+            8,
+        ),
+        Case {
+            staging: Some(Staging::Any),
+            ..Case::new(
+                label("140 queries, k 10 (query tile 64), any staging"),
+                &base,
+                queries.clone(),
+                10,
+                12,
+            )
+        },
+        Case {
+            staging: Some(Staging::Any),
+            ..Case::new(
+                label("70 queries, k 100 (query tile 32, capacity 128), any staging"),
+                &base,
+                queries.slice_rows(0, 70),
+                100,
+                8,
+            )
+        },
+        Case::new(
+            label("k 700 over 900 rows in one chunk (capacity 1024)"),
+            &base,
+            queries.slice_rows(0, 1),
+            700,
+            1,
+        ),
         Case {
             tile_grid: 1,
             rerank_grid: 3,
+            staging: Some(Staging::Any),
             ..Case::new(
-                label("70 queries, k 7 (query tile 32), grid-stride loops"),
+                label("70 queries, k 7 (query tile 32), grid-stride loops, any staging"),
                 &base,
                 queries.slice_rows(0, 70),
                 7,
@@ -454,4 +531,9 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     for c in &all {
         check(exe, metric, precision, c);
     }
+    let four = all
+        .iter()
+        .find(|c| c.base.dim() == dim4)
+        .expect("a case over rows of 4-byte groups");
+    a16_refuses_rows_of_other_sizes(exe, metric, precision, four);
 }

@@ -318,7 +318,7 @@ def section_link(res, lines, headline):
         if "pair_ratio" in over:
             lines += [
                 f"**A k-NN search's kernel pair, cold** (same bench, {over['pair_rounds']} interleaved "
-                "rounds, `knn_tile_f32_tf32x3_q64_r64_k32` + `knn_rerank_f32_k32` for sm_90, "
+                "rounds, `knn_tile_f32_tf32x3_q64_r64_k32_a16` + `knn_rerank_f32_k32` for sm_90, "
                 f"{over['threads']} threads): linked one after the other "
                 f"{fmt(over['pair_one_by_one_ms'])} ms, through `LinkRuntime::link_all` (both at once, "
                 f"as the search's first call does) {fmt(over['pair_link_all_ms'])} ms; per-round ratio "

@@ -41,7 +41,7 @@ pub fn vector_search() -> Vec<Family> {
             .matrix("matrices/knn_tile.json")
             .template("templates/knn_tile.cu.j2")
             .name_format(
-                "knn_tile_{{ dtype }}_{{ precision }}_q{{ qtile }}_r{{ rtile }}_k{{ capacity }}",
+                "knn_tile_{{ dtype }}_{{ precision }}_q{{ qtile }}_r{{ rtile }}_k{{ capacity }}{{ staging_suffix }}",
             )
             .min_arch_key("min_arch")
             .tag("dtype", "DataType")
@@ -49,7 +49,9 @@ pub fn vector_search() -> Vec<Family> {
             .constant("qtile", "u32")
             .constant("rtile", "u32")
             .constant("capacity", "u32")
-            .constant("min_arch", "u32"),
+            .constant("min_arch", "u32")
+            // knn_tile.cuh's staging_kind: 0 any copies, 16 only 16-byte ones.
+            .constant("staging", "u32"),
         Family::new("knn_rerank", "KnnRerankFragment")
             .matrix("matrices/knn_rerank.json")
             .template("templates/knn_rerank.cu.j2")

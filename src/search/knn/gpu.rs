@@ -187,9 +187,12 @@ impl KnnSearch<'_> {
         let (t, pool) = (self.gpu.transfer(), self.gpu.pool());
         let nq = queries.rows();
         let (qa0, qa1) = qnorms.aux(metric);
+        // An `A16` variant copies rows in 16-byte groups: the launcher
+        // checks dataset and queries for that alignment (the kernel refuses
+        // otherwise, and would leave the candidates empty).
         let contract = ScanContract {
             elem_bytes: self.plan.dtype.size() as u32,
-            veclen: 1,
+            veclen: self.plan.staging.veclen(self.plan.dtype),
             id_bytes: 4,
             capacity: self.plan.capacity,
         };

@@ -15,5 +15,7 @@ pub mod plan;
 pub mod select;
 
 pub use beyond::BeyondScan;
-pub use plan::{choose, choose_named, choose_variant, KnnPlan, KnnRequest, Precision, KNN_FAMILY};
+pub use plan::{
+    choose, choose_named, choose_variant, KnnPlan, KnnRequest, Precision, Staging, KNN_FAMILY,
+};
 pub use select::{choose_select, SelectPlan, SELECT_FAMILY};

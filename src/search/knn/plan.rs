@@ -87,6 +87,43 @@ impl Precision {
     }
 }
 
+/// Which global → shared copies a candidate kernel holds (the `staging`
+/// matrix key: knn_tile.cuh's `staging_kind`, 0 or 16; `_a16` in the name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Staging {
+    /// Any dim and alignment: 16-byte, 4-byte or element copies, chosen by
+    /// the kernel at run time.
+    Any,
+    /// Rows of whole 16-byte groups, 16-byte aligned, only: without the
+    /// other two copy paths a variant links about 30% faster. The planner
+    /// picks it wherever the rows allow (pool memory is 256-byte aligned).
+    A16,
+}
+
+impl Staging {
+    /// The fragment name's suffix (`_a16`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Staging::Any => "",
+            Staging::A16 => "_a16",
+        }
+    }
+
+    /// Whether this variant can stage rows of `dim` elements of `dtype`.
+    pub fn serves(self, dtype: DType, dim: usize) -> bool {
+        self == Staging::Any || (dim * dtype.size()).is_multiple_of(16)
+    }
+
+    /// Elements per copy the launch guarantees (the host's alignment check:
+    /// `ScanContract::veclen`): 16 bytes' worth for `A16`, else 1.
+    pub fn veclen(self, dtype: DType) -> u32 {
+        match self {
+            Staging::Any => 1,
+            Staging::A16 => (16 / dtype.size()) as u32,
+        }
+    }
+}
+
 /// Threads per block of both kernels.
 pub const KNN_BLOCK: u32 = 128;
 /// Largest `dim` the bounds admit (knn_bounds.cuh `dim_supported`).
@@ -110,6 +147,7 @@ pub struct KnnPlan {
     pub filter: &'static FragmentInfo,
     pub dtype: DType,
     pub precision: Precision,
+    pub staging: Staging,
     pub qtile: u32,
     pub rtile: u32,
     pub capacity: u32,
@@ -361,7 +399,8 @@ pub fn choose_variant(r: &KnnRequest<'_>, name: &str) -> Result<KnnPlan, String>
     c.into_iter().find(|p| p.tile.name == name).ok_or_else(|| {
         format!(
             "`{name}` does not serve this search: {} rows of dim {}, k {}, on sm_{} with {} bytes \
-                 of shared memory per block (dtype, capacity ≥ k, arch and shared memory must fit)",
+                 of shared memory per block (dtype, capacity ≥ k, arch and shared memory must fit, \
+                 and an `_a16` variant needs rows of whole 16-byte groups)",
             r.n_rows, r.dim, r.k, r.device.number, r.shared.per_block
         )
     })
@@ -380,18 +419,31 @@ fn candidates(r: &KnnRequest<'_>, precision: Option<Precision>) -> Option<Vec<Kn
     }
     let plans: Vec<KnnPlan> = tiles(r.device, dtype, precision)
         .filter_map(|t| assemble(t, r.metric, r.filter))
-        .filter(|p| p.capacity as usize >= k && p.shared_bytes() <= r.shared.per_block)
+        .filter(|p| {
+            p.capacity as usize >= k
+                && p.shared_bytes() <= r.shared.per_block
+                && p.staging.serves(dtype, dim)
+        })
         .collect();
     (!plans.is_empty()).then_some(plans)
 }
 
-/// The smallest capacity; among its shapes those two blocks of which fit
-/// an SM's `sm_shared` bytes, where any do (one block of 4 warps per SM
-/// leaves it idle while it waits on memory); then the largest query tile
-/// that `nq` fills twice, else the smallest tile.
+/// The smallest capacity, `A16` staging where it serves; among those the
+/// shapes two blocks of which fit an SM's `sm_shared` bytes, where any do
+/// (one block of 4 warps per SM leaves it idle while it waits on memory);
+/// then the largest query tile that `nq` fills twice, else the smallest
+/// tile.
 fn pick(c: &[KnnPlan], nq: usize, sm_shared: u32) -> Option<KnnPlan> {
     let capacity = c.iter().map(|p| p.capacity).min()?;
-    let same: Vec<&KnnPlan> = c.iter().filter(|p| p.capacity == capacity).collect();
+    let staging = if c.iter().any(|p| p.staging == Staging::A16) {
+        Staging::A16
+    } else {
+        Staging::Any
+    };
+    let same: Vec<&KnnPlan> = c
+        .iter()
+        .filter(|p| p.capacity == capacity && p.staging == staging)
+        .collect();
     let two_fit = |p: &&KnnPlan| 2 * (p.shared_bytes() + RESERVED_SHARED_PER_BLOCK) <= sm_shared;
     let same: Vec<&KnnPlan> = if same.iter().any(two_fit) {
         same.into_iter().filter(two_fit).collect()
@@ -412,6 +464,11 @@ fn assemble(tile: &'static FragmentInfo, metric: Metric, filter: &str) -> Option
     let dtype = tile.param("dtype")?.parse::<DType>().ok()?;
     let p = tile.param("precision")?;
     let precision = Precision::ALL.into_iter().find(|x| x.name() == p)?;
+    let staging = match tile.param("staging")? {
+        "0" => Staging::Any,
+        "16" => Staging::A16,
+        _ => return None,
+    };
     let (qtile, rtile, capacity) = (
         param_u32(tile, "qtile")?,
         param_u32(tile, "rtile")?,
@@ -428,6 +485,7 @@ fn assemble(tile: &'static FragmentInfo, metric: Metric, filter: &str) -> Option
         filter: fragments::find(&format!("filter_{filter}_u32"))?,
         dtype,
         precision,
+        staging,
         qtile,
         rtile,
         capacity,
@@ -517,7 +575,7 @@ mod tests {
         let p = pick(SM80, DType::F32, 1, 10).unwrap();
         assert_eq!(
             (p.precision, p.tile.name),
-            (Precision::Tf32x3, "knn_tile_f32_tf32x3_q16_r64_k32")
+            (Precision::Tf32x3, "knn_tile_f32_tf32x3_q16_r64_k32_a16")
         );
         assert_eq!(
             pick(SM75, DType::F16, 1, 10).unwrap().precision,
@@ -540,6 +598,41 @@ mod tests {
         assert_eq!(t.precision, Precision::Tf32);
         assert_eq!(t.filter.name, "filter_bitset_u32");
         assert_eq!(t.metric.name, "metric_cosine_f32");
+    }
+
+    #[test]
+    fn rows_of_16_byte_groups_take_the_a16_staging() {
+        // (dtype, dim): whole 16-byte groups or not.
+        for (d, aligned, other) in [
+            (DType::F32, 128, 126),
+            (DType::F16, 96, 100),
+            (DType::I8, 48, 36),
+            (DType::U8, 16, 1),
+        ] {
+            let at = |dim: usize| choose(&req(SM90, d, 1000, dim, 1, 10)).unwrap();
+            let (a, o) = (at(aligned), at(other));
+            assert_eq!(
+                (a.staging, o.staging),
+                (Staging::A16, Staging::Any),
+                "{d:?}"
+            );
+            assert!(a.tile.name.ends_with("_a16") && !o.tile.name.ends_with("_a16"));
+            assert_eq!(a.staging.veclen(d) as usize * d.size(), 16);
+            assert_eq!(o.staging.veclen(d), 1);
+            // Same shape and capacity otherwise.
+            assert_eq!((a.qtile, a.capacity), (o.qtile, o.capacity), "{d:?}");
+            // By name: the any variant serves aligned rows too; the a16
+            // variant only them.
+            let any_name = o.tile.name;
+            assert_eq!(
+                choose_variant(&req(SM90, d, 1000, aligned, 1, 10), any_name)
+                    .unwrap()
+                    .staging,
+                Staging::Any
+            );
+            let e = choose_variant(&req(SM90, d, 1000, other, 1, 10), a.tile.name).unwrap_err();
+            assert!(e.contains("16-byte groups"), "{e}");
+        }
     }
 
     #[test]
@@ -750,12 +843,12 @@ mod tests {
             for d in DType::ALL {
                 for m in Metric::ALL {
                     for f in FILTERS {
-                        for nq in [1, 100, 1000] {
+                        for (nq, dim) in [(1, 64), (100, 63), (1000, 64), (1000, 63)] {
                             for k in [1, 32, 100, 200, 300, 1000] {
                                 let r = KnnRequest {
                                     metric: m,
                                     filter: f,
-                                    ..req(a, d, 1000, 64, nq, k)
+                                    ..req(a, d, 1000, dim, nq, k)
                                 };
                                 // The planner's pick, then every variant by name.
                                 let by_name =
