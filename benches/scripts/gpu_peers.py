@@ -181,10 +181,16 @@ def goal(nq, k=10):
     return None
 
 
-def knn_variants(bin_, dtype, k):
+ELEM_BYTES = {"f32": 4, "f16": 2, "i8": 1, "u8": 1}
+
+
+def knn_variants(bin_, dtype, k, dim):
     """The candidate kernels (knn_tile_*) of `dtype` from the binary's own
     catalog: per precision and block shape the smallest capacity that holds
-    k (a larger one only costs more)."""
+    k (a larger one only costs more), in the staging the planner picks for
+    rows of `dim` elements (the `_a16` variants where rows are whole 16-byte
+    groups; the others copy the same way then, from more code)."""
+    staging = "16" if dim * ELEM_BYTES.get(dtype, 1) % 16 == 0 else "0"
     p = subprocess.run([bin_, "catalog", "--json"], capture_output=True, text=True)
     if p.returncode != 0:
         return []
@@ -192,6 +198,8 @@ def knn_variants(bin_, dtype, k):
     for f in json.loads(p.stdout)["fragments"]:
         q = f["params"]
         if f["family"] != "knn_tile" or q.get("dtype") != dtype or int(q.get("capacity", 0)) < k:
+            continue
+        if q.get("staging", "0") != staging:
             continue
         shape = (q.get("precision"), q.get("qtile"), q.get("rtile"))
         if shape not in best or int(q["capacity"]) < int(best[shape]["params"]["capacity"]):
@@ -372,7 +380,7 @@ def main():
                 case["sides"]["fraglink/scan"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype,
                                                               a.reps, knn=False)
                 if nq in variant_nqs and k in variant_ks:
-                    for v in knn_variants(a.fraglink, dtype, k):
+                    for v in knn_variants(a.fraglink, dtype, k, a.dim):
                         case["sides"][f"fraglink[{v}]"] = run_fraglink(
                             a.fraglink, base, qpath, gt, k, dtype, a.reps, variant=v)
                 finish_case(case)
