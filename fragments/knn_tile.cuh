@@ -244,7 +244,7 @@ __device__ FRAGLINK_INLINE uint64_t entry_key(const buffer& b, uint32_t i, bool 
 // 8l..8l+7). O(bytes * m / 32) per lane, where ranking every entry against every
 // other was O(m^2 / 32): 37 000 steps per lane at m = 1088 (capacity 1024). One
 // instance serves both of compact's selects (`bytes` and the key chosen at run
-// time): a second inlined instance, with a second keep_if, made every knn_tile
+// time): a second inlined instance, with a second filter, made every knn_tile
 // link about 3% slower (859 -> 880 ms for q64_r64_k32 tf32x3 on sm_90).
 __device__ FRAGLINK_INLINE uint64_t kth_smallest(const buffer& b, uint32_t m, uint32_t k, bool by_lo_id, int bytes,
                                                  uint32_t* hist, uint32_t lane) {

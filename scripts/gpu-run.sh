@@ -222,13 +222,15 @@ search_step() {
 
 # The sanitizer's cases: NAME TOOLS ENV ARGS. Small searches that reach every
 # GPU kernel family: the tensor-core candidates and their re-rank (f32 with a
-# partial query tile, f16 cosine with a bitset, u8 at nq 1 where a query's
+# partial query tile, f16 cosine with a bitset over rows of dim 100 (200 bytes:
+# a staging-0 variant and its 4-byte copies; the others take `_a16` variants),
+# u8 at nq 1 where a query's
 # rows span blocks and the re-rank merges, i8 inner product at k 300), the
 # scan, the two-pass select, and IVF-Flat. memcheck on each; racecheck and
 # synccheck where blocks exchange through shared memory; initcheck on two.
 sanitize_cases="\
 tile-f32 memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 70 --k 10
-tile-f16 memcheck,racecheck FRAGLINK_GPU_KNN=1 --dtype f16 --metric cosine --filter bitset:0.5 --n 6000 --nq 40 --k 100
+tile-f16 memcheck,racecheck FRAGLINK_GPU_KNN=1 --dtype f16 --dim 100 --metric cosine --filter bitset:0.5 --n 6000 --nq 40 --k 100
 tile-u8-nq1 memcheck FRAGLINK_GPU_KNN=1 --dtype u8 --filter bitset:0.5 --n 30000 --nq 1 --k 10
 tile-i8-k300 memcheck FRAGLINK_GPU_KNN=1 --dtype i8 --metric ip --n 6000 --nq 5 --k 300
 scan-f16 memcheck,racecheck FRAGLINK_GPU_KNN=0 --dtype f16 --n 6000 --nq 5 --k 10

@@ -203,26 +203,39 @@ fn prepare(
     (plan, dir, args)
 }
 
-/// An `_a16` variant launched over rows that are not whole 16-byte groups
-/// refuses the launch (tile_launch_ok) and writes nothing: the driver finds
-/// its candidate counts unwritten.
-fn a16_refuses_rows_of_other_sizes(exe: &Path, metric: Metric, precision: Precision, c: &Case<'_>) {
-    let (plan, _dir, mut args) = prepare(metric, precision, c);
-    assert_eq!(plan.staging, Staging::Any, "{}", c.what);
+/// An `_a16` variant refuses a launch (tile_launch_ok) and writes nothing,
+/// so the driver finds its candidate counts unwritten: over `other`'s rows,
+/// which are not whole 16-byte groups, and over `aligned`'s rows with the
+/// queries one element past a 16-byte boundary.
+fn a16_refuses_what_it_cannot_copy(
+    exe: &Path,
+    metric: Metric,
+    precision: Precision,
+    other: &Case<'_>,
+    aligned: &Case<'_>,
+) {
+    let (plan, _dir, mut args) = prepare(metric, precision, other);
+    assert_eq!(plan.staging, Staging::Any, "{}", other.what);
     args[0] = format!("{}_a16", plan.tile.name);
-    let out = std::process::Command::new(exe)
-        .args(&args)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("count not written"),
-        "{}: {} over rows of dim {} ran ({}): {stderr}",
-        c.what,
-        args[0],
-        c.base.dim(),
-        out.status
-    );
+    let (plan, _aligned_dir, aligned_args) = prepare(metric, precision, aligned);
+    assert_eq!(plan.staging, Staging::A16, "{}", aligned.what);
+    for (what, args, offset) in [
+        (&other.what, &args, "0"),
+        (&aligned.what, &aligned_args, "1"),
+    ] {
+        let out = std::process::Command::new(exe)
+            .args(args)
+            .env("FRAGLINK_SIMT_QUERY_OFFSET", offset)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("count not written"),
+            "{what}: {} with queries offset by {offset} ran ({}): {stderr}",
+            args[0],
+            out.status
+        );
+    }
 }
 
 fn check(exe: &Path, metric: Metric, precision: Precision, c: &Case<'_>) {
@@ -403,9 +416,8 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         Case {
             tile_grid: 1,
             rerank_grid: 3,
-            staging: Some(Staging::Any),
             ..Case::new(
-                label("70 queries, k 7 (query tile 32), grid-stride loops, any staging"),
+                label("70 queries, k 7 (query tile 32), grid-stride loops"),
                 &base,
                 queries.slice_rows(0, 70),
                 7,
@@ -436,13 +448,16 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             1,
             32,
         ),
-        Case::new(
-            label("ties and duplicate rows (exact reduction)"),
-            &tie_base,
-            tie_queries.clone(),
-            10,
-            8,
-        ),
+        Case {
+            staging: Some(Staging::Any),
+            ..Case::new(
+                label("ties and duplicate rows (exact reduction), any staging"),
+                &tie_base,
+                tie_queries.clone(),
+                10,
+                8,
+            )
+        },
         Case::new(
             label("odd dim, near ties: every row close to one vector"),
             &near_base,
@@ -533,7 +548,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     }
     let four = all
         .iter()
-        .find(|c| c.base.dim() == dim4)
+        .find(|c| c.what.contains("rows of 4-byte groups"))
         .expect("a case over rows of 4-byte groups");
-    a16_refuses_rows_of_other_sizes(exe, metric, precision, four);
+    a16_refuses_what_it_cannot_copy(exe, metric, precision, four, &all[0]);
 }

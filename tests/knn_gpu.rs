@@ -291,16 +291,26 @@ fn the_two_pass_select_equals_cpu_beyond_the_candidate_capacities() {
 fn every_candidate_variant_by_name_equals_cpu() {
     // Each knn_tile variant the device has shared memory for, named
     // (GpuIndex::search_with_variant), on 150 queries (a partial last tile
-    // for every query tile) with k at its capacity and below.
+    // for every query tile) with k at its capacity and below: the `_a16`
+    // variants (staging 16) over rows of whole 16-byte groups (dim 80), the
+    // others over rows that are not (their 4-byte or element copies).
     let gpu = searcher();
     let limit = gpu.context().limits().shared_bytes_per_block_optin;
     let arch = gpu.context().arch();
     let mut ran = 0;
-    for dtype in DTYPES {
-        let (base, queries) = synthetic(30_000, 72, 150, dtype, 31);
+    for (dtype, staging) in DTYPES.into_iter().flat_map(|d| [(d, "16"), (d, "0")]) {
+        let dim = match (staging, dtype.size()) {
+            ("16", _) => 80,
+            (_, 1) => 70,
+            _ => 45,
+        };
+        let (base, queries) = synthetic(30_000, dim, 150, dtype, 31);
         let index = gpu.upload(&base).unwrap();
         for f in fraglink::fragments::catalog().iter().filter(|f| {
-            f.family == "knn_tile" && f.param("dtype") == Some(dtype.name()) && f.links_for(arch)
+            f.family == "knn_tile"
+                && f.param("dtype") == Some(dtype.name())
+                && f.param("staging") == Some(staging)
+                && f.links_for(arch)
         }) {
             let cap: usize = f.param("capacity").unwrap().parse().unwrap();
             for (k, metric) in [(cap, Metric::L2), (7, Metric::Cosine)] {

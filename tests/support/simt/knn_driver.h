@@ -14,8 +14,11 @@
 // absent: no filter). Writes DIR/ids.bin (u32) and DIR/dists.bin (f32), NQ x K each.
 // Exit 0 on success; 1 with a message on stderr when an output was not written or a
 // candidate buffer breaks the kernels' contract; 2 on bad arguments.
+// FRAGLINK_SIMT_QUERY_OFFSET=N starts the queries N elements into their buffer (a
+// misaligned pointer, for the launch-refusal tests).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -82,7 +85,12 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   const uint32_t cap = tile.capacity;
 
   const std::vector<T> dataset = read_file<T>(dir + "/dataset.bin", size_t(n_rows) * dim);
-  const std::vector<T> queries = read_file<T>(dir + "/queries.bin", size_t(nq) * dim);
+  const std::vector<T> query_rows = read_file<T>(dir + "/queries.bin", size_t(nq) * dim);
+  const char* offset_env = std::getenv("FRAGLINK_SIMT_QUERY_OFFSET");
+  const size_t query_offset = offset_env == nullptr ? 0 : std::strtoul(offset_env, nullptr, 10);
+  std::vector<T> query_buffer(query_offset + query_rows.size());
+  std::copy(query_rows.begin(), query_rows.end(), query_buffer.begin() + query_offset);
+  const T* const queries = query_buffer.data() + query_offset;
   const std::vector<uint32_t> bits = read_file<uint32_t>(dir + "/filter.bin", (n_rows + 31) / 32, true);
   const std::vector<float> ra0 = read_file<float>(dir + "/row_aux0.bin", n_rows);
   const std::vector<float> ra1 = read_file<float>(dir + "/row_aux1.bin", n_rows);
@@ -93,7 +101,7 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   candidates c(size_t(nq) * n_chunks, cap);
   const uint32_t* filter = bits.empty() ? nullptr : bits.data();
   auto run_tile = [&] {
-    tile.fn(dataset.data(), queries.data(), filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
+    tile.fn(dataset.data(), queries, filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
             chunk_rows, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data());
   };
   simt::launch(simt::extent{tile_grid, n_chunks, 1}, simt::extent{128, 1, 1}, run_tile, seed, tile_shared);
@@ -106,7 +114,7 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   candidates merged(groups > 1 ? size_t(nq) * groups : 0, cap);
   if (groups > 1) {
     auto run_merge = [&] {
-      rerank.fn(dataset.data(), queries.data(), c.count.data(), c.lo.data(), c.hi.data(), c.ids.data(), dim, nq,
+      rerank.fn(dataset.data(), queries, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data(), dim, nq,
                 n_chunks, k, group_chunks, merged.count.data(), merged.lo.data(), merged.hi.data(),
                 merged.ids.data(), nullptr, nullptr);
     };
@@ -121,7 +129,7 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   std::vector<uint32_t> out_ids(size_t(nq) * k, candidates::unwritten);
   std::vector<float> out_dists(size_t(nq) * k, NAN);
   auto run_rerank = [&] {
-    rerank.fn(dataset.data(), queries.data(), final_in->count.data(), final_in->lo.data(), final_in->hi.data(),
+    rerank.fn(dataset.data(), queries, final_in->count.data(), final_in->lo.data(), final_in->hi.data(),
               final_in->ids.data(), dim, nq, final_chunks, k, final_chunks, nullptr, nullptr, nullptr, nullptr,
               out_ids.data(), out_dists.data());
   };
