@@ -20,8 +20,8 @@
 //   alignment (16-byte, 4-byte or element copies, chosen at run time), or rows
 //   that are whole 16-byte groups, 16-byte aligned, only (the host picks it for such
 //   data; the kernel refuses other launches). The other two copy paths are about
-//   30% of a variant's code, and so of its link time (880 -> 630 ms for
-//   q64_r64_k32 tf32x3 on sm_90). From each dot product and the precomputed norms (knn_bounds.cuh) a
+//   30% of a variant's code, and so of its link time (883 -> 598 ms for
+//   q64_r64_k32 tf32x3 on sm_90, nvJitLink 13.0). From each dot product and the precomputed norms (knn_bounds.cuh) a
 //   pair gets lo <= d <= hi (integers: lo = hi = d). The select is fused: per
 //   query a buffer of BUF = CAP + RT (lo, hi, id) entries in dynamic shared memory
 //   takes the rows with lo < T, T an upper bound of the k-th smallest key of the chunk so far; the

@@ -190,7 +190,7 @@ def knn_variants(bin_, dtype, k, dim):
     k (a larger one only costs more), in the staging the planner picks for
     rows of `dim` elements (the `_a16` variants where rows are whole 16-byte
     groups; the others copy the same way then, from more code)."""
-    staging = "16" if dim * ELEM_BYTES.get(dtype, 1) % 16 == 0 else "0"
+    staging = "16" if dim * ELEM_BYTES[dtype] % 16 == 0 else "0"
     p = subprocess.run([bin_, "catalog", "--json"], capture_output=True, text=True)
     if p.returncode != 0:
         return []
@@ -261,7 +261,7 @@ def dry_run(a, nqs, ks_of):
     out = {"device": None, "dry_run": True, "n": a.n, "dim": a.dim, "batch": BATCH,
            "bandwidth_gbps": a.bandwidth / 1e9, "cases": []}
     for dtype in a.dtypes.split(","):
-        elem = 4 if dtype == "f32" else 2
+        elem = ELEM_BYTES[dtype]
         unit = "f16" if dtype == "f16" else "3xtf32"
         for nq in nqs:
             for k in ks_of(dtype, nq):
@@ -339,7 +339,7 @@ def main():
                     for row in t:
                         f.write(np.int32(k).tobytes())
                         f.write(row.tobytes())
-                elem = 4 if dtype == "f32" else 2
+                elem = ELEM_BYTES[dtype]
                 case = {"dtype": dtype, "nq": nq, "k": k, "sides": {}, "goal": goal(nq, k)}
                 unit = "f16" if dtype == "f16" else "3xtf32"
                 fl, bound = floor_seconds(a.n, a.dim, nq, elem, unit, bandwidth)

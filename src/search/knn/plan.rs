@@ -109,9 +109,10 @@ impl Staging {
         }
     }
 
-    /// Whether this variant can stage rows of `dim` elements of `dtype`.
+    /// Whether this variant can stage rows of `dim` elements of `dtype`:
+    /// whole copies of [`veclen`](Self::veclen) elements.
     pub fn serves(self, dtype: DType, dim: usize) -> bool {
-        self == Staging::Any || (dim * dtype.size()).is_multiple_of(16)
+        dim.is_multiple_of(self.veclen(dtype) as usize)
     }
 
     /// Elements per copy the launch guarantees (the host's alignment check:
