@@ -5,9 +5,15 @@
 //!
 //! ```text
 //! gpu = (bytes_to + bytes_from) / pcie_bandwidth + launch_overhead
-//!       + (link_cost if the kernel is not linked yet) + gpu_work / gpu_throughput
+//!       + gpu_work / gpu_throughput
+//!       + (link_cost if the kernel is not linked yet)
 //! cpu = cpu_overhead + cpu_work / cpu_throughput
 //! ```
+//!
+//! The link is a one-time cost of a configuration, not of the operation's
+//! size: learning's correction (below) never scales it, and the link cost in
+//! use is the mean of the links observed ([`AdaptiveCostModel::learn_link`]),
+//! [`GpuParams::link_s`] until the first.
 //!
 //! where `cpu_throughput` is **calibrated** on this machine once per process: a
 //! ~10 ms micro-benchmark of an f32 dot-product loop on every rayon thread
@@ -39,6 +45,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -189,8 +196,11 @@ pub struct Cost {
     pub seconds: f64,
     /// Host ↔ device copies (GPU only), seconds, before learning's correction.
     pub transfer_s: f64,
-    /// Fixed costs: launch and link (GPU), fork/join (CPU), seconds, uncorrected.
+    /// Fixed costs: launch (GPU), fork/join (CPU), seconds, uncorrected.
     pub overhead_s: f64,
+    /// Linking and loading kernels not linked yet (GPU), seconds; added
+    /// after the correction, which it never enters.
+    pub link_s: f64,
     /// Work / throughput, seconds, uncorrected.
     pub compute_s: f64,
     /// The learned correction factor applied to the analytical sum (1 = none).
@@ -207,6 +217,7 @@ impl Cost {
         seconds: f64::INFINITY,
         transfer_s: 0.0,
         overhead_s: 0.0,
+        link_s: 0.0,
         compute_s: f64::INFINITY,
         correction: 1.0,
         confidence: 1.0,
@@ -218,6 +229,7 @@ impl Cost {
         Duration::try_from_secs_f64(self.seconds).unwrap_or(Duration::MAX)
     }
 
+    /// The part learning corrects: everything but the link.
     fn analytical(&self) -> f64 {
         self.transfer_s + self.overhead_s + self.compute_s
     }
@@ -233,6 +245,10 @@ pub enum Reason {
     GpuFaster { gpu_s: f64, cpu_s: f64 },
     /// The CPU's estimate was lower (or equal).
     CpuFaster { gpu_s: f64, cpu_s: f64 },
+    /// The CPU's estimate was lower only because the GPU's kernels still
+    /// need a link (`link_s` of `gpu_s`); linked, the GPU would win
+    /// ([`AdaptiveCostModel::choose_unlinked`]).
+    CpuUntilLinked { gpu_s: f64, cpu_s: f64, link_s: f64 },
     /// [`CostParams::force`] chose.
     Forced(Target),
 }
@@ -263,6 +279,17 @@ impl fmt::Display for Reason {
                 fmt_secs(*cpu_s),
                 fmt_secs(*gpu_s)
             ),
+            Reason::CpuUntilLinked {
+                gpu_s,
+                cpu_s,
+                link_s,
+            } => write!(
+                f,
+                "CPU estimated faster until the GPU kernels are linked: {} vs {} on the GPU, {} of it the link",
+                fmt_secs(*cpu_s),
+                fmt_secs(*gpu_s),
+                fmt_secs(*link_s)
+            ),
             Reason::Forced(t) => write!(f, "forced to the {t} by configuration"),
         }
     }
@@ -288,7 +315,9 @@ pub struct GpuParams {
     pub pcie_bytes_per_s: f64,
     /// Per-operation launch + synchronisation overhead, seconds.
     pub launch_overhead_s: f64,
-    /// Cost of linking and loading a kernel not yet linked, seconds.
+    /// Cost of linking and loading a configuration's kernels not yet
+    /// linked, seconds, until a link has been observed
+    /// ([`AdaptiveCostModel::learn_link`]).
     pub link_s: f64,
     /// Sustained work rate of the kernels, flops per second.
     pub throughput: f64,
@@ -298,13 +327,17 @@ pub struct GpuParams {
 
 impl Default for GpuParams {
     /// Conservative figures for a PCIe 3/4 x16 card running the scan kernels:
-    /// 12 GB/s, 20 µs launch + sync, 50 ms link, 2 Tflop/s; confidence 0.3
-    /// (nothing was measured; learning corrects them).
+    /// 12 GB/s, 20 µs launch + sync, 2 Tflop/s; confidence 0.3 (nothing was
+    /// measured; learning corrects them). Link 0.5 s: a cold link of the
+    /// k-NN pair (knn_tile + knn_rerank, linked at the same time) took
+    /// 0.46 s median on a 2-core VM (`fraglink search`, sm_90, nvJitLink
+    /// 13.0; BENCHMARKS.md: 0.63 s through `link_all`), the scan alone
+    /// 0.19 s; the first link observed replaces it.
     fn default() -> Self {
         GpuParams {
             pcie_bytes_per_s: 12e9,
             launch_overhead_s: 20e-6,
-            link_s: 50e-3,
+            link_s: 0.5,
             throughput: 2e12,
             confidence: 0.3,
         }
@@ -386,7 +419,9 @@ pub trait GpuCostModel: Send + Sync {
     fn estimate_gpu(&self, op: &OpDesc) -> Cost;
     /// The cheaper target, with both estimates and the reason.
     fn choose(&self, op: &OpDesc) -> Choice;
-    /// Records how long `op` took on `target`.
+    /// Records how long `op` took on `target`: its own time, without a
+    /// one-time link of its kernels (that is
+    /// [`AdaptiveCostModel::learn_link`]'s).
     fn learn(&self, op: &OpDesc, target: Target, observed: Duration);
 }
 
@@ -488,6 +523,16 @@ pub struct AdaptiveCostModel {
     params: CostParams,
     cpu_throughput: f64,
     stats: StatTable,
+    links: LinkStat,
+}
+
+/// The links observed: their count and mean, seconds (f64 bits), read
+/// without a lock; updates (one per cold configuration) take one.
+#[derive(Default)]
+struct LinkStat {
+    update: std::sync::Mutex<()>,
+    n: std::sync::atomic::AtomicU64,
+    mean_bits: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for AdaptiveCostModel {
@@ -516,6 +561,7 @@ impl AdaptiveCostModel {
             params,
             cpu_throughput,
             stats: StatTable::default(),
+            links: LinkStat::default(),
         }
     }
 
@@ -543,9 +589,74 @@ impl AdaptiveCostModel {
         })
     }
 
-    /// Forgets everything learned.
+    /// Forgets everything learned (the links observed included).
     pub fn reset(&self) {
         self.stats.clear();
+        let _held = self.links.update.lock().unwrap_or_else(|p| p.into_inner());
+        self.links.n.store(0, Ordering::Relaxed);
+        self.links.mean_bits.store(0, Ordering::Relaxed);
+    }
+
+    /// Records how long linking (and loading) a configuration's kernels
+    /// took: one-time costs a search made before its work, never in what
+    /// [`learn`](GpuCostModel::learn) is given. Later estimates of an
+    /// operation whose kernels still need a link add the mean of these.
+    pub fn learn_link(&self, observed: Duration) {
+        let x = observed.as_secs_f64();
+        if !(self.params.learning && x.is_finite() && x >= 0.0) {
+            return;
+        }
+        let _held = self.links.update.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.links.n.load(Ordering::Relaxed) + 1;
+        let mean = f64::from_bits(self.links.mean_bits.load(Ordering::Relaxed));
+        let mean = mean + (x - mean) / n as f64;
+        self.links
+            .mean_bits
+            .store(mean.to_bits(), Ordering::Relaxed);
+        self.links.n.store(n, Ordering::Release);
+    }
+
+    /// The link cost estimates add now, seconds, and how many observed
+    /// links it is the mean of (0: [`GpuParams::link_s`]); `None` without a
+    /// GPU.
+    pub fn link_estimate(&self) -> Option<(f64, u64)> {
+        match &self.params.gpu {
+            GpuAvailability::Available(g) => Some(self.link_seconds(g)),
+            GpuAvailability::Unavailable(_) => None,
+        }
+    }
+
+    /// [`choose`](GpuCostModel::choose) for `op` whose kernels are not
+    /// linked yet (the link's cost in the GPU's estimate), and whether the
+    /// GPU would be chosen once they are. Where only the link sends `op` to
+    /// the CPU, the reason says so ([`Reason::CpuUntilLinked`]) and the
+    /// caller may link in the background meanwhile.
+    pub fn choose_unlinked(&self, op: &OpDesc) -> (Choice, bool) {
+        let mut choice = self.choose(&op.clone().needs_link(true));
+        let Reason::CpuFaster { gpu_s, cpu_s } = choice.reason else {
+            return (choice, false);
+        };
+        let linked = self.choose(&op.clone().needs_link(false));
+        if linked.target != Target::Gpu {
+            return (choice, false);
+        }
+        choice.reason = Reason::CpuUntilLinked {
+            gpu_s,
+            cpu_s,
+            link_s: choice.gpu.link_s,
+        };
+        (choice, true)
+    }
+
+    #[inline]
+    fn link_seconds(&self, g: &GpuParams) -> (f64, u64) {
+        match self.links.n.load(Ordering::Acquire) {
+            0 => (g.link_s, 0),
+            n => (
+                f64::from_bits(self.links.mean_bits.load(Ordering::Relaxed)),
+                n,
+            ),
+        }
     }
 
     #[inline]
@@ -559,6 +670,7 @@ impl AdaptiveCostModel {
             seconds: 0.0,
             transfer_s: 0.0,
             overhead_s: self.params.cpu_overhead_s,
+            link_s: 0.0,
             compute_s: op.cpu_work.max(0.0) / self.cpu_throughput,
             correction: 1.0,
             confidence: self.params.cpu_confidence,
@@ -571,7 +683,12 @@ impl AdaptiveCostModel {
         Cost {
             seconds: 0.0,
             transfer_s: (op.bytes_to_device + op.bytes_from_device) as f64 / g.pcie_bytes_per_s,
-            overhead_s: g.launch_overhead_s + if op.needs_link { g.link_s } else { 0.0 },
+            overhead_s: g.launch_overhead_s,
+            link_s: if op.needs_link {
+                self.link_seconds(g).0
+            } else {
+                0.0
+            },
             compute_s: op.gpu_work.max(0.0) / g.throughput,
             correction: 1.0,
             confidence: g.confidence,
@@ -587,7 +704,7 @@ impl AdaptiveCostModel {
             (1.0, 0.0)
         };
         c.correction = factor;
-        c.seconds = c.analytical() * factor;
+        c.seconds = c.analytical() * factor + c.link_s;
         c.confidence = c.confidence + (1.0 - c.confidence) * w as f32;
         c.samples = s.n;
         c
@@ -929,6 +1046,88 @@ mod tests {
         assert_eq!(c.confidence, 0.6);
         assert_eq!(g.confidence, 0.3);
         assert_eq!(g.time(), Duration::from_secs_f64(g.seconds));
+    }
+
+    #[test]
+    fn the_link_is_learned_apart_and_never_corrected() {
+        let m = model(true);
+        let op = knn_f32(100_000, 128, 10, 10, true);
+        let cold = op.clone().needs_link(true);
+        assert_eq!(m.link_estimate(), Some((0.05, 0)));
+        let g = m.estimate_gpu(&op);
+        assert!(approx(m.estimate_gpu(&cold).seconds, g.seconds + 0.05));
+        // Searches 3× slower than the analytical model: the correction
+        // scales the search, the link is added as observed.
+        for _ in 0..40 {
+            m.learn(&op, Target::Gpu, Duration::from_secs_f64(3.0 * g.seconds));
+        }
+        let warm = m.estimate_gpu(&op);
+        assert!(warm.correction > 2.5, "{warm:?}");
+        let c = m.estimate_gpu(&cold);
+        assert!(approx(c.seconds, warm.seconds + 0.05), "{c:?} {warm:?}");
+        assert!(approx(c.link_s, 0.05));
+        // The mean of the links observed replaces the configured figure.
+        m.learn_link(Duration::from_millis(400));
+        m.learn_link(Duration::from_millis(600));
+        let (mean, n) = m.link_estimate().unwrap();
+        assert_eq!(n, 2);
+        assert!(approx(mean, 0.5));
+        assert!(approx(m.estimate_gpu(&cold).seconds, warm.seconds + 0.5));
+        assert!(approx(m.estimate_gpu(&op).seconds, warm.seconds));
+        // Forgotten with the rest; nothing learned without a GPU or learning.
+        m.reset();
+        assert_eq!(m.link_estimate(), Some((0.05, 0)));
+        assert_eq!(model(false).link_estimate(), None);
+        let off = AdaptiveCostModel::new(CostParams {
+            learning: false,
+            ..model(true).params().clone()
+        });
+        off.learn_link(Duration::from_secs(1));
+        assert_eq!(off.link_estimate(), Some((0.05, 0)));
+    }
+
+    /// Cold, a search the GPU would win linked goes to the CPU only where
+    /// the link outweighs the difference, saying so; forced and GPU-less
+    /// choices are left as they are.
+    #[test]
+    fn an_unlinked_configuration_costs_its_link_once() {
+        let m = model(true);
+        // GPU ≈ 0.6 ms + transfer, CPU ≈ 33 ms: the 50 ms link sends it to
+        // the CPU, and the GPU would win once linked.
+        let small = knn_f32(100_000, 128, 128, 10, true);
+        let (c, background) = m.choose_unlinked(&small);
+        assert_eq!(c.target, Target::Cpu, "{}", c.reason);
+        assert!(background);
+        let Reason::CpuUntilLinked { link_s, .. } = c.reason else {
+            panic!("{}", c.reason);
+        };
+        assert!(approx(link_s, 0.05));
+        assert!(c
+            .reason
+            .to_string()
+            .contains("until the GPU kernels are linked"));
+        assert_eq!(m.choose(&small).target, Target::Gpu);
+        // Large enough that the link does not matter: the GPU, cold.
+        let big = knn_f32(1_000_000, 128, 10_000, 10, true);
+        let (c, background) = m.choose_unlinked(&big);
+        assert_eq!(c.target, Target::Gpu, "{}", c.reason);
+        assert!(!background);
+        assert!(approx(c.gpu.link_s, 0.05));
+        // The CPU either way: nothing to link for.
+        let tiny = knn_f32(100, 16, 1, 1, false);
+        let (c, background) = m.choose_unlinked(&tiny);
+        assert!(matches!(c.reason, Reason::CpuFaster { .. }), "{}", c.reason);
+        assert!(!background);
+        // Forced, or no GPU: as `choose` says.
+        let forced = AdaptiveCostModel::new(CostParams {
+            force: Some(Target::Gpu),
+            ..model(true).params().clone()
+        });
+        let (c, background) = forced.choose_unlinked(&small);
+        assert_eq!((c.target, background), (Target::Gpu, false));
+        let (c, background) = model(false).choose_unlinked(&small);
+        assert!(matches!(c.reason, Reason::NoGpu(_)));
+        assert!(!background);
     }
 
     #[test]

@@ -127,6 +127,39 @@ fn miss() {
     assert_eq!((s.misses, s.hits, s.corrupt), (2, 0, 0));
 }
 
+/// `holds` says whether a lookup would find an entry, without counting or
+/// touching anything; a disabled cache, a missing entry and one `get`
+/// would refuse hold nothing.
+#[test]
+fn holds_looks_without_reading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = open(tmp.path());
+    assert!(!cache.holds(KEY));
+    cache.put(KEY, b"payload").unwrap();
+    assert!(cache.holds(KEY));
+    assert!(!cache.holds("another key"));
+    let path = cache.entry_path(KEY);
+    let mtime = fs::metadata(&path).unwrap().modified().unwrap();
+    set_mtime(&path, mtime - Duration::from_secs(3600));
+    let before = fs::metadata(&path).unwrap().modified().unwrap();
+    assert!(cache.holds(KEY));
+    assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), before);
+    let s = cache.stats();
+    assert_eq!((s.misses, s.hits, s.rejected), (0, 0, 0));
+    // An entry writable by others would be refused: not held.
+    set_mode(&path, 0o666);
+    assert!(!cache.holds(KEY));
+    set_mode(&path, 0o600);
+    assert!(cache.holds(KEY));
+    let off = DiskCache::open(DiskCacheConfig {
+        dir: tmp.path().to_path_buf(),
+        max_bytes: 1 << 20,
+        enabled: false,
+    })
+    .unwrap();
+    assert!(!off.holds(KEY));
+}
+
 #[test]
 fn disabled_config_touches_nothing() {
     let tmp = tempfile::tempdir().unwrap();

@@ -155,6 +155,40 @@ fn link_all_links_the_cold_plans_at_once_in_order() {
     assert!(rt.link_all(&[], Arch::sm(80)).unwrap().is_empty());
 }
 
+/// `is_available` answers whether a link is due without making one: false
+/// until the plan is linked, true from memory (a fresh planner of the same
+/// fragments included), true from another runtime's disk entry, per arch;
+/// it counts nothing.
+#[test]
+fn is_available_says_whether_a_link_is_due() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = runtime(Some(tmp.path()));
+    let plan = typed_plan();
+    assert!(!rt.is_available(&plan, Arch::sm(80)).unwrap());
+    assert_eq!(rt.stats().links, 0);
+    rt.link(&plan, Arch::sm(80)).unwrap();
+    assert!(rt.is_available(&plan, Arch::sm(80)).unwrap());
+    assert!(rt.is_available(&typed_plan(), Arch::sm(80)).unwrap());
+    assert!(!rt.is_available(&plan, Arch::sm(90)).unwrap());
+    let st = rt.stats();
+    assert_eq!((st.links, st.misses), (1, 1), "{st:?}");
+    // Another process: nothing in its memory, the entry on the disk.
+    let other = runtime(Some(tmp.path()));
+    assert!(other.is_available(&typed_plan(), Arch::sm(80)).unwrap());
+    assert!(!runtime(None)
+        .is_available(&typed_plan(), Arch::sm(80))
+        .unwrap());
+    assert_eq!(
+        other.link(&typed_plan(), Arch::sm(80)).unwrap().source,
+        Source::Disk
+    );
+    // An empty plan is the link's error, not an answer.
+    assert!(matches!(
+        rt.is_available(&Planner::new("nothing"), Arch::sm(80)),
+        Err(LinkError::EmptyPlan { .. })
+    ));
+}
+
 #[test]
 fn the_key_separates_archs_and_options() {
     let rt = runtime(None);

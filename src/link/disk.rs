@@ -798,6 +798,22 @@ impl DiskCache {
         }
     }
 
+    /// Whether `key` has an entry [`get`](Self::get) would read (a regular
+    /// file, owned and not writable by others, of a size an entry can have),
+    /// without reading, counting or touching it: an estimate for a caller
+    /// deciding whether a link is due, not a promise (the entry may still
+    /// fail its checksum, or go, before it is read).
+    pub fn holds(&self, key: &str) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        let Ok(dir) = self.checked_dir() else {
+            return false;
+        };
+        dir.stat_at(&Self::file_name(key))
+            .is_ok_and(|st| entry_problem(&st).is_none())
+    }
+
     /// Records that the caller refused the payload [`get`](Self::get)
     /// returned for `key` (it passed the checksum but not the caller's own
     /// checks), counts it in [`DiskStats::rejected`] and removes the entry.

@@ -710,6 +710,22 @@ impl LinkRuntime {
         })
     }
 
+    /// Whether [`link`](Self::link) would find `plan`'s kernel for `arch`
+    /// without linking: in memory, or on disk ([`DiskCache::holds`]). Costs
+    /// the plan's key (a hash of fragment names and content hashes, none of
+    /// their bytes) and a `stat`; links, reads and counts nothing. An
+    /// estimate for a caller deciding whether a link is due (a router
+    /// adding its cost): a disk entry may still fail its checks when read.
+    pub fn is_available(&self, plan: &Planner, arch: Arch) -> Result<bool, LinkError> {
+        Ok(match self.prepare(plan, arch)? {
+            Prepared::Remembered(_) => true,
+            Prepared::Keyed(r) => {
+                self.memory.peek(&r.key).is_some()
+                    || self.disk().is_some_and(|d| d.holds(&r.key.hex()))
+            }
+        })
+    }
+
     /// The kernel of a prepared plan: the remembered one, or the request's.
     fn resolve(&self, plan: &Planner, prepared: Prepared<'_>) -> Result<Linked, LinkError> {
         match prepared {

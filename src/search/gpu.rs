@@ -21,6 +21,8 @@ use crate::gpu::{
 use crate::link::{LinkError, LinkKey, LinkRuntime, Linked, Planner};
 
 use super::index::{GpuIndex, IndexShape};
+use super::kernels::SearchKernels;
+use super::knn::gpu::variant_by_env;
 use super::knn::BeyondScan;
 use super::plan::{PlanError, ScanPlan};
 use super::{Neighbors, SearchError, SearchParams, Vectors};
@@ -209,37 +211,20 @@ impl GpuSearcher {
     ) -> Result<GpuSearch, GpuSearchError> {
         let started = Instant::now();
         let shape = IndexShape::of(base);
-        let nq = queries.rows();
-        // Beyond the scan's capacities the tensor-core path serves the
-        // search, else the two-pass select. Whether a row is special for the
+        // Every check before the upload. Whether a row is special for the
         // tensor-core bounds shows only once the index has the rows: such a
-        // search goes to the select there, or fails with this same error
-        // (and the router takes it to the CPU).
-        let (scan, beyond) = match shape.plan(queries, params) {
-            Ok(p) => (Some(p), None),
-            Err(e) if beyond_scan(&e) => {
-                match BeyondScan::plan(&self.knn_request(&shape, params, nq))? {
-                    Some(b) => (None, Some(b)),
-                    None => return Err(e),
-                }
-            }
-            Err(e) => return Err(e),
-        };
-        if nq == 0 {
+        // search goes to the scan or the select there, or fails with the
+        // scan's error (and the router takes it to the CPU).
+        let kernels = self.kernels_for(&shape, queries, params)?;
+        if queries.rows() == 0 {
             // Nothing to launch: link and load what a search would, upload
             // nothing.
-            let linked = match (&scan, &beyond) {
-                (_, Some(b)) => {
-                    let [first, second] = b.kernels();
-                    self.load_kernels(&first, &[second])?
-                }
-                (Some(p), None) => self.load_kernels(&(p.planner(), SCAN_BLOCK), &[])?,
-                (None, None) => unreachable!("the match above returns without a plan"),
-            };
-            let (knn, select) = match beyond {
-                Some(BeyondScan::Knn(p)) => (Some(p), None),
-                Some(BeyondScan::Select(p)) => (None, Some(p)),
-                None => (None, None),
+            let all = kernels.kernels();
+            let linked = self.load_kernels(&all[0], &all[1..])?;
+            let (plan, knn, select) = match kernels {
+                SearchKernels::Scan(p) => (Some(p), None, None),
+                SearchKernels::TwoPass(BeyondScan::Knn(p)) => (None, Some(p), None),
+                SearchKernels::TwoPass(BeyondScan::Select(p)) => (None, None, Some(p)),
             };
             return Ok(GpuSearch {
                 neighbors: Neighbors {
@@ -248,7 +233,7 @@ impl GpuSearcher {
                     ids: Vec::new(),
                     distances: Vec::new(),
                 },
-                plan: scan,
+                plan,
                 linked,
                 knn,
                 select,
@@ -259,6 +244,48 @@ impl GpuSearcher {
         let mut found = index.search(queries, params)?;
         found.elapsed = started.elapsed();
         Ok(found)
+    }
+
+    /// The kernels a search of `queries` over rows of `shape` runs on this
+    /// device ([`SearchKernels::decide`]; `FRAGLINK_KNN_VARIANT` names the
+    /// candidate kernel); bad input is an error naming it.
+    pub fn kernels_for(
+        &self,
+        shape: &IndexShape,
+        queries: &Vectors,
+        params: &SearchParams,
+    ) -> Result<SearchKernels, GpuSearchError> {
+        let request = self.knn_request(shape, params, queries.rows());
+        SearchKernels::decide(
+            &request,
+            shape.plan(queries, params),
+            variant_by_env().as_deref(),
+        )
+    }
+
+    /// Whether every kernel of `kernels` is linked for this device already,
+    /// in memory or in the disk cache ([`LinkRuntime::is_available`]): a
+    /// search would not wait for a link. `false` when that cannot be told
+    /// (the link runtime does not load: the search will say why).
+    pub fn is_linked(&self, kernels: &SearchKernels) -> bool {
+        let arch = self.ctx.arch();
+        LinkRuntime::global().is_ok_and(|rt| {
+            kernels
+                .kernels()
+                .iter()
+                .all(|(p, _)| rt.is_available(p, arch).unwrap_or(false))
+        })
+    }
+
+    /// Links `kernels` for this device (at the same time,
+    /// [`LinkRuntime::link_all`]) and loads them, as a search's first call
+    /// would; returns how long that took. A no-op, in microseconds, when
+    /// they are loaded already.
+    pub fn prepare(&self, kernels: &SearchKernels) -> Result<Duration, GpuSearchError> {
+        let started = Instant::now();
+        let all = kernels.kernels();
+        self.load_kernels(&all[0], &all[1..])?;
+        Ok(started.elapsed())
     }
 
     /// The tensor-core planner's view of a search of `params` by `nq`

@@ -25,6 +25,7 @@ pub mod data;
 pub mod gpu;
 pub mod index;
 pub mod ivf;
+pub mod kernels;
 pub mod knn;
 mod ops;
 pub mod plan;

@@ -9,10 +9,24 @@
 //! search sent to the GPU uploads it once ([`GpuIndex`]), and every search
 //! and query batch after it uses the resident rows. The upload is timed
 //! apart ([`Routed::upload_seconds`]) and left out of [`Routed::seconds`].
+//!
+//! **A configuration's first search.** The kernels a search would run on the
+//! GPU ([`SearchKernels`]) may not be linked yet: a link costs a k-NN pair
+//! about half a second, far more than a small search. The router asks the
+//! link runtime (memory, then disk cache) and, where a link is due, adds its
+//! cost to the GPU's estimate ([`AdaptiveCostModel::choose_unlinked`]):
+//! - a search the GPU wins anyway links first, timed apart
+//!   ([`Routed::link_seconds`], learned by
+//!   [`AdaptiveCostModel::learn_link`]) and left out of what the model learns
+//!   of the search, so one link never makes the GPU look slow for a size;
+//! - a search only the link sends to the CPU runs there, and the kernels
+//!   link on a background thread meanwhile (once per configuration;
+//!   [`Searcher::with_background_links`]), so a later search finds them.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::cost::{
@@ -20,9 +34,11 @@ use crate::cost::{
     RecoverableError, Target,
 };
 use crate::gpu::GpuContext;
+use crate::link::{LinkRuntime, Planner};
 
 use super::gpu::{GpuSearchError, GpuSearcher};
-use super::index::GpuIndex;
+use super::index::{GpuIndex, IndexShape};
+use super::kernels::SearchKernels;
 use super::{cpu::search_cpu, validate, Neighbors, SearchError, SearchParams, Vectors};
 
 /// Where searches may run.
@@ -81,13 +97,19 @@ pub struct Routed {
     pub reason: String,
     pub fell_back: bool,
     /// Wall time of the search itself (queries up, kernels, results down on
-    /// the GPU); never the base's upload.
+    /// the GPU); never the base's upload, nor a link the router made first
+    /// ([`link_seconds`](Self::link_seconds)).
     pub seconds: f64,
     /// Wall time of the one-time upload of the base this search made (the
     /// first search of a [`SearchIndex`] sent to the GPU; counted even if
     /// the search then fell back to the CPU); 0 when the base was resident
     /// already or the model chose the CPU.
     pub upload_seconds: f64,
+    /// Wall time of linking and loading the GPU kernels before the search
+    /// (a configuration's first search on the GPU: the link, or a disk
+    /// cache read; microseconds once they are loaded), left out of
+    /// [`seconds`](Self::seconds); 0 when the model chose the CPU.
+    pub link_seconds: f64,
     /// The GPU kernel that served the search (its last batch): the
     /// tensor-core candidate kernel (`knn_tile_*`), the exact scan
     /// (`scan_*`) or the two-pass select's distance kernel (`knn_dist_*`);
@@ -106,6 +128,11 @@ pub struct Searcher {
     /// rest of the process, so later searches go to the CPU at once, saying
     /// why, instead of failing on the GPU each time first.
     lost: OnceLock<String>,
+    /// Link on a background thread the kernels of a search the link alone
+    /// sent to the CPU.
+    background_links: bool,
+    /// The configurations (their fragments) linking in the background now.
+    linking: Arc<Mutex<HashSet<Vec<&'static str>>>>,
 }
 
 impl Searcher {
@@ -142,7 +169,56 @@ impl Searcher {
             lost: OnceLock::new(),
             gpu,
             max_batch: usize::MAX,
+            background_links: true,
+            linking: Arc::default(),
         })
+    }
+
+    /// Whether a search that goes to the CPU only because its GPU kernels
+    /// are not linked yet starts their link on a background thread, so that
+    /// a later search of the configuration finds them (default: yes). Off,
+    /// such searches stay on the CPU until one the GPU wins even with the
+    /// link pays it.
+    pub fn with_background_links(mut self, yes: bool) -> Self {
+        self.background_links = yes;
+        self
+    }
+
+    /// The configurations linking in the background now, as their
+    /// fragments' names.
+    pub fn linking(&self) -> Vec<Vec<&'static str>> {
+        lock(&self.linking).iter().cloned().collect()
+    }
+
+    /// Links `kernels` for the GPU on a thread of its own (no module load:
+    /// that stays with the search thread's context), once per configuration
+    /// at a time; a failure is left for the search that next needs them,
+    /// which meets it and says why.
+    fn link_in_background(&self, kernels: SearchKernels) {
+        let Some(gpu) = &self.gpu else {
+            return;
+        };
+        let names = kernels.fragment_names();
+        if !lock(&self.linking).insert(names.clone()) {
+            return;
+        }
+        let arch = gpu.context().arch();
+        let linking = self.linking.clone();
+        let done = names.clone();
+        let spawned = std::thread::Builder::new()
+            .name("fraglink-link".into())
+            .spawn(move || {
+                if let Ok(rt) = LinkRuntime::global() {
+                    let plans: Vec<Planner> =
+                        kernels.kernels().into_iter().map(|(p, _)| p).collect();
+                    let plans: Vec<&Planner> = plans.iter().collect();
+                    let _ = rt.link_all(&plans, arch);
+                }
+                lock(&linking).remove(&done);
+            });
+        if spawned.is_err() {
+            lock(&self.linking).remove(&names);
+        }
     }
 
     /// At most `queries` queries per GPU batch (≥ 1; default: all of a
@@ -318,7 +394,43 @@ impl SearchIndex<'_> {
             base.dtype(),
             resident,
         );
-        let choice = s.model.choose(&op);
+        // The kernels the GPU would run, and whether they need a link (not
+        // asked where the CPU is forced or there is no GPU; bad input is
+        // the search's to report).
+        let kernels = match (&s.gpu, s.device) {
+            (Some(g), Device::Auto | Device::Gpu) => g
+                .kernels_for(&IndexShape::of(base), queries, params)
+                .ok()
+                .map(|k| {
+                    let cold = !g.is_linked(&k);
+                    (k, cold)
+                }),
+            _ => None,
+        };
+        let cold = kernels.as_ref().is_some_and(|(_, cold)| *cold);
+        let (choice, link_meanwhile) = if cold {
+            s.model.choose_unlinked(&op)
+        } else {
+            (s.model.choose(&op), false)
+        };
+        // Linked (and loaded) before the clock starts: a one-time cost,
+        // reported and learned apart. A failure is met again by the search,
+        // which falls back to the CPU saying why.
+        let mut link_seconds = 0.0;
+        match (choice.target, kernels) {
+            (Target::Gpu, Some((k, cold))) => {
+                if let Some(Ok(took)) = s.gpu.as_ref().map(|g| g.prepare(&k)) {
+                    if cold {
+                        s.model.learn_link(took);
+                    }
+                    link_seconds = took.as_secs_f64();
+                }
+            }
+            (Target::Cpu, Some((k, _))) if link_meanwhile && s.background_links => {
+                s.link_in_background(k)
+            }
+            _ => {}
+        }
         let (gpu, uploaded) = match choice.target {
             Target::Gpu => match self.gpu_index() {
                 Some((r, took)) => (Some(r), took),
@@ -370,12 +482,17 @@ impl SearchIndex<'_> {
             fell_back: result.fell_back,
             seconds,
             upload_seconds: upload.as_secs_f64(),
+            link_seconds,
             gpu_kernel: match result.target_used {
                 Target::Gpu => kernel.get(),
                 Target::Cpu => None,
             },
         })
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Vectors {

@@ -17,8 +17,10 @@ use fraglink::search::data::{
     synthetic_bytes, try_synthetic_of, DataError, MemoryLimit, Synthetic,
 };
 use fraglink::search::ivf::MetricSpec;
+use fraglink::search::kernels::SearchKernels;
+use fraglink::search::knn::gpu::variant_by_env;
 use fraglink::search::knn::{self, plan::SharedMemory};
-use fraglink::search::plan::{plan, PlanError};
+use fraglink::search::plan::plan;
 use fraglink::search::route::{Device, Searcher};
 use fraglink::search::{search_reference, Bitset, DType, Filter, Metric, SearchParams, Vectors};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -406,6 +408,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
             "search_ms": search_s * 1e3,
             "upload_ms": upload.map(|(_, s)| s * 1e3),
             "upload_bytes": upload.map(|(b, _)| b),
+            "prepare_ms": routed.link_seconds * 1e3,
             "recall": recall,
             "k": a.k,
             "n": base.rows(),
@@ -477,6 +480,12 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         ),
         None => println!("upload     none: the CPU path reads the base in host memory"),
     }
+    if routed.target == fraglink::cost::Target::Gpu {
+        println!(
+            "prepare    the GPU kernels linked and loaded before the first search in {:.2} ms: not in the search time or QPS",
+            routed.link_seconds * 1e3
+        );
+    }
     println!("search     {}, {:.0} QPS", timings.describe(), qps);
     println!(
         "recall@{}  {:.4} (exact ground truth in {:.1} ms)",
@@ -488,10 +497,12 @@ pub fn run(a: &SearchArgs) -> ExitCode {
 }
 
 /// The GPU plan of the search on `arch` with `shared` memory per block, as
-/// a planner (its first kernel: what the `kernel` line describes) and the
-/// names of every fragment it runs: the scan; beyond the scan's capacities
-/// the tensor-core path (rows or queries special for its bounds would send
-/// it to the select at run time) or the two-pass select; else why none.
+/// planners (the first kernel's first: what the `kernel` line describes)
+/// and the names of every fragment they link: the library's rule
+/// ([`SearchKernels::decide`], `FRAGLINK_KNN_VARIANT` honoured), so the plan
+/// line names what a search would run (rows or queries special for the
+/// tensor-core bounds can still send it to the scan or the select at run
+/// time: the report's `gpu_kernel` names what ran); else why none.
 fn gpu_plan(
     base: &Vectors,
     queries: &Vectors,
@@ -500,13 +511,6 @@ fn gpu_plan(
     shared: SharedMemory,
 ) -> Result<(Vec<Planner>, Vec<&'static str>), String> {
     let (dtype, metric, filter) = (base.dtype(), params.metric, params.filter.fragment_name());
-    let scan = plan(dtype, metric, filter, base.rows(), base.dim(), params.k);
-    // Bad input is the scan planner's to name.
-    if let Err(e) = &scan {
-        if !matches!(e, PlanError::KTooLarge { .. }) {
-            return Err(e.to_string());
-        }
-    }
     let r = knn::KnnRequest {
         device: arch,
         shared,
@@ -518,22 +522,9 @@ fn gpu_plan(
         nq: queries.rows(),
         k: params.k,
     };
-    // The index's order: the tensor-core path where it is enabled and a
-    // variant fits (a special row or query can still send a search to the
-    // scan or the select: the report's `gpu_kernel` names what ran), else
-    // the scan, else beyond the scan the select.
-    let two = |b: knn::BeyondScan| {
-        let planners = b.kernels().into_iter().map(|(p, _)| p).collect();
-        (planners, b.fragment_names())
-    };
-    if let Some(p) = knn::beyond::tensor_cores(&r).map_err(|e| e.to_string())? {
-        return Ok(two(knn::BeyondScan::Knn(p)));
-    }
-    match scan {
-        Ok(p) => Ok((vec![p.planner()], p.fragment_names())),
-        Err(e) => match knn::choose_select(&r) {
-            Some(p) => Ok(two(knn::BeyondScan::Select(p))),
-            None => Err(e.to_string()),
-        },
-    }
+    let scan = plan(dtype, metric, filter, base.rows(), base.dim(), params.k).map_err(Into::into);
+    let kernels =
+        SearchKernels::decide(&r, scan, variant_by_env().as_deref()).map_err(|e| e.to_string())?;
+    let planners = kernels.kernels().into_iter().map(|(p, _)| p).collect();
+    Ok((planners, kernels.fragment_names()))
 }
