@@ -5,7 +5,10 @@
 //! device-resident index across query batches, and the index's base crosses
 //! the bus once.
 
+use std::time::{Duration, Instant};
+
 use fraglink::build::Arch;
+use fraglink::cost::Target;
 use fraglink::gpu::GpuContext;
 use fraglink::link::metadata::check_cubin;
 use fraglink::search::cpu::search_cpu;
@@ -14,7 +17,8 @@ use fraglink::search::gpu::{GpuSearchError, GpuSearcher};
 use fraglink::search::plan::plan;
 use fraglink::search::route::{Device, RouteError, Searcher};
 use fraglink::search::{
-    Bitset, DType, Filter, Matrix, Metric, Neighbors, SearchError, SearchParams, Vectors,
+    Bitset, DType, Filter, IndexShape, Matrix, Metric, Neighbors, SearchError, SearchParams,
+    Vectors,
 };
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::I8, DType::U8];
@@ -208,6 +212,77 @@ fn routing_uses_the_gpu_when_forced_and_agrees() {
         .bitwise_eq(&search_cpu(&base, &queries, &params).unwrap()));
     // The one-shot form uploaded the base for this call, timed apart.
     assert!(r.upload_seconds > 0.0 && r.seconds > 0.0, "{r:?}");
+}
+
+/// A configuration's first search: where only its link would send a search
+/// to the CPU, the search runs there (saying so) while the kernels link in
+/// the background; else the router links them first, timed apart
+/// (`link_seconds`). Either way a later search finds them linked and runs on
+/// the GPU, and every result is the CPU path's. (The kernels may be on disk
+/// from an earlier run: then the first search is on the GPU already.)
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_configurations_first_search_pays_its_link_once_and_apart() {
+    // CPU ≈ 6.5 Gflop; the GPU wins linked (≈ 100 MB up, a few ms), not
+    // with half a second of link.
+    let (base, queries) = synthetic(400_000, 128, 64, DType::F16, 21);
+    let params = SearchParams::new(20, Metric::Cosine);
+    let want = search_cpu(&base, &queries, &params).unwrap();
+    let s = Searcher::new(Device::Auto).unwrap();
+    let gpu = s.gpu().expect("a GPU");
+    let kernels = gpu
+        .kernels_for(&IndexShape::of(&base), &queries, &params)
+        .unwrap();
+    let index = s.index(&base);
+    let first = index.search(&queries, &params).unwrap();
+    assert!(first.neighbors.bitwise_eq(&want), "{}", first.reason);
+    if first.target == Target::Cpu {
+        assert!(
+            first.reason.contains("until the GPU kernels are linked"),
+            "{}",
+            first.reason
+        );
+        assert_eq!(first.link_seconds, 0.0);
+        let started = Instant::now();
+        while !s.linking().is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "still linking: {:?}",
+                s.linking()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    } else {
+        assert!(first.link_seconds > 0.0, "{first:?}");
+    }
+    assert!(gpu.is_linked(&kernels), "{:?}", kernels.fragment_names());
+    let next = index.search(&queries, &params).unwrap();
+    assert_eq!(next.target, Target::Gpu, "{}", next.reason);
+    assert!(next.neighbors.bitwise_eq(&want));
+    assert!(s.linking().is_empty());
+
+    // Forced to the GPU: linked and loaded before the search, timed apart.
+    let (base, queries) = synthetic(3000, 40, 5, DType::I8, 22);
+    let params = SearchParams::new(300, Metric::L2);
+    let s = Searcher::new(Device::Gpu).unwrap();
+    let kernels = s
+        .gpu()
+        .unwrap()
+        .kernels_for(&IndexShape::of(&base), &queries, &params)
+        .unwrap();
+    let cold = !s.gpu().unwrap().is_linked(&kernels);
+    let r = s.search(&base, &queries, &params).unwrap();
+    assert_eq!(r.target, Target::Gpu, "{}", r.reason);
+    assert!(r.link_seconds > 0.0 && r.seconds > 0.0, "{r:?}");
+    assert!(r
+        .neighbors
+        .bitwise_eq(&search_cpu(&base, &queries, &params).unwrap()));
+    // A link it made is what the model now adds for the next cold one.
+    let (mean, links) = s.model().link_estimate().expect("a GPU");
+    assert_eq!(links, u64::from(cold));
+    if cold {
+        assert!((mean - r.link_seconds).abs() < 1e-9, "{mean} {r:?}");
+    }
 }
 
 /// Query batches of `nq` queries: all, then the first alone and two uneven
