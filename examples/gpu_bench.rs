@@ -46,6 +46,13 @@
 //!   `CUDA_CACHE_PATH` must find every kernel on disk. Process setup
 //!   (driver, context, nvJitLink load) is reported apart. A prelink that
 //!   reports a failed plan fails the section.
+//! * **A routed first search** on a new configuration, in fresh processes
+//!   (hidden subcommand `__routed-first`) over empty caches: the first
+//!   `SearchIndex::search` of 1000 f32 queries (200 000 × 128, k 10) with
+//!   `Searcher` on `auto` (the router adds the unlinked kernels' link to the
+//!   GPU's estimate, answers on the CPU and links in the background) against
+//!   the same search forced to the GPU (link, upload, search), interleaved;
+//!   then each one's next search, once the background link is done.
 //!
 //! nvJitLink keeps linked cubins in the CUDA driver's compute cache
 //! (`~/.nv/ComputeCache`, `CUDA_CACHE_PATH`) when a driver is present (seen
@@ -71,8 +78,11 @@ use fraglink::gpu::{
     PoolConfig, Transfer,
 };
 use fraglink::link::{prelink, LinkRuntime, Linked, Planner, RuntimeConfig, Source};
+use fraglink::search::cpu::search_cpu;
+use fraglink::search::data::synthetic;
 use fraglink::search::gpu::SCAN_BLOCK;
-use fraglink::search::DType;
+use fraglink::search::route::{Device, Routed, Searcher};
+use fraglink::search::{DType, Metric, SearchParams};
 use serde_json::{json, Value};
 
 const EXIT_FAILED: i32 = 1;
@@ -84,6 +94,9 @@ const CHILD_COMMAND: &str = "__first-call";
 /// Hidden subcommand: prelink configurations A and B ahead of time for the
 /// architecture given as its argument (see [`prelink_child`]).
 const PRELINK_COMMAND: &str = "__prelink";
+/// Hidden subcommand: one fresh-process routed first search on the device
+/// given as its argument, `auto` or `gpu` (see [`routed_first_child`]).
+const ROUTED_COMMAND: &str = "__routed-first";
 /// Prefix of a child's one result line on stdout.
 const CHILD_MARK: &str = "GPU_BENCH_FIRST_CALL ";
 
@@ -1457,6 +1470,161 @@ fn first_call_inner(probe_ms: f64) -> Result<Value, String> {
     }))
 }
 
+// ---------------------------------------------------------------------------
+// A routed first search in a fresh process
+// ---------------------------------------------------------------------------
+
+/// The routed first search's data: the GPU wins it once its kernels are
+/// linked (the base's upload included), and half a second of link is more
+/// than the CPU needs for it.
+const ROUTED_ROWS: usize = 200_000;
+const ROUTED_DIM: usize = 128;
+const ROUTED_QUERIES: usize = 1000;
+const ROUTED_K: usize = 10;
+
+/// The hidden subcommand: in this fresh process, a `Searcher` on `device`
+/// (`auto` or `gpu`) searches a new index twice: the first search timed as
+/// a caller sees it (link, upload, search, whatever the router chose), then,
+/// once no background link is running, the next. Both must equal the CPU
+/// path. Prints one `CHILD_MARK` JSON line.
+fn routed_first_child(device: Option<&str>) -> i32 {
+    if let Err(e) = GpuContext::available() {
+        println!("gpu_bench: no CUDA GPU: {}", reason(&e));
+        return EXIT_NO_GPU;
+    }
+    child_result(routed_first_inner(device))
+}
+
+fn routed_first_inner(device: Option<&str>) -> Result<Value, String> {
+    let device: Device = device
+        .ok_or_else(|| format!("{ROUTED_COMMAND} needs a device: auto or gpu"))?
+        .parse()?;
+    let (base, queries) = synthetic(ROUTED_ROWS, ROUTED_DIM, ROUTED_QUERIES, DType::F32, 31);
+    let params = SearchParams::new(ROUTED_K, Metric::L2);
+    let searcher = Searcher::new(device).map_err(err("Searcher::new"))?;
+    let index = searcher.index(&base);
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let first = index
+        .search(&queries, &params)
+        .map_err(err("first search"))?;
+    let first_ms = ms(t);
+    let t = Instant::now();
+    while !searcher.linking().is_empty() {
+        if t.elapsed() > Duration::from_secs(300) {
+            return Err("the background link still runs after 300 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let wait_ms = ms(t);
+    let t = Instant::now();
+    let second = index
+        .search(&queries, &params)
+        .map_err(err("second search"))?;
+    let second_ms = ms(t);
+    let want = search_cpu(&base, &queries, &params).map_err(err("CPU reference"))?;
+    let run = |r: &Routed, wall_ms: f64| {
+        json!({
+            "ms": wall_ms,
+            "target": r.target.to_string(),
+            "reason": r.reason,
+            "link_ms": r.link_seconds * 1e3,
+            "upload_ms": r.upload_seconds * 1e3,
+            "search_ms": r.seconds * 1e3,
+            "kernel": r.gpu_kernel,
+        })
+    };
+    Ok(json!({
+        "first": run(&first, first_ms),
+        "wait_ms": wait_ms,
+        "second": run(&second, second_ms),
+        "result_ok": first.neighbors.bitwise_eq(&want) && second.neighbors.bitwise_eq(&want),
+    }))
+}
+
+/// The routed first search on `auto` against `gpu`, each in fresh
+/// processes over empty caches, interleaved.
+fn routed_first(b: &Bench) -> Result<Vec<Figure>, String> {
+    let rounds = if b.reps.quick { 1 } else { 3 };
+    let devices = ["auto", "gpu"];
+    let mut runs: [Vec<Value>; 2] = Default::default();
+    for _ in 0..rounds {
+        for (i, device) in devices.into_iter().enumerate() {
+            let fraglink_cache = temp_dir("gpu_bench_fraglink_cache")?;
+            let cuda_cache = temp_dir("gpu_bench_cuda_cache")?;
+            runs[i].push(run_subcommand(
+                &ChildEnv {
+                    mode: device,
+                    fraglink_cache: fraglink_cache.path(),
+                    cuda_cache: cuda_cache.path(),
+                },
+                &[ROUTED_COMMAND, device],
+                "routed first search",
+            )?);
+        }
+    }
+    if !runs.iter().flatten().all(|r| r["result_ok"] == true) {
+        return Err("a routed search's results differ from the CPU path's".into());
+    }
+    let col = |runs: &[Value], search: &str, key: &str| -> Stats {
+        let v: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r[search][key].as_f64())
+            .map(|ms| ms / 1e3)
+            .collect();
+        Stats::of(&v)
+    };
+    // Distinct "target: reason" texts of one search over the rounds.
+    let routes = |runs: &[Value], search: &str| -> String {
+        let mut seen: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}: {}",
+                    r[search]["target"].as_str().unwrap_or("?"),
+                    r[search]["reason"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        seen.dedup();
+        seen.join(" | ")
+    };
+    let data = format!(
+        "{ROUTED_ROWS} × {ROUTED_DIM} f32 base, {ROUTED_QUERIES} queries, k {ROUTED_K}, l2, fresh process and empty caches each"
+    );
+    let mut figures = Vec::new();
+    let mut first = [0.0; 2];
+    for (i, device) in devices.into_iter().enumerate() {
+        let wall = col(&runs[i], "first", "ms");
+        first[i] = wall.ms();
+        figures.push(
+            Figure::new(format!("routed_first.{device}.first"), wall.ms(), "ms").note(format!(
+                "first SearchIndex::search on --device {device} as the caller waits for it: {}; {data}; of it: link {} ms, upload {} ms, search {} ms (medians); routes: {}",
+                wall.describe(),
+                fmt_ms(col(&runs[i], "first", "link_ms").ms()),
+                fmt_ms(col(&runs[i], "first", "upload_ms").ms()),
+                fmt_ms(col(&runs[i], "first", "search_ms").ms()),
+                routes(&runs[i], "first"),
+            )),
+        );
+        let next = col(&runs[i], "second", "ms");
+        figures.push(
+            Figure::new(format!("routed_first.{device}.second"), next.ms(), "ms").note(format!(
+                "the next search of the same index, after any background link finished (waited {} ms, median): {}; routes: {}",
+                fmt_ms(Stats::of(&runs[i].iter().filter_map(|r| r["wait_ms"].as_f64()).map(|m| m / 1e3).collect::<Vec<_>>()).ms()),
+                next.describe(),
+                routes(&runs[i], "second"),
+            )),
+        );
+    }
+    figures.push(
+        Figure::new("routed_first.auto_over_gpu", first[0] / first[1], "×")
+            .target_text("< 1: on auto, a cold configuration's first search returns sooner than forced to the GPU")
+            .note("routed_first.auto.first / routed_first.gpu.first (medians, interleaved rounds)"),
+    );
+    Ok(figures)
+}
+
 /// Environment of one child: the fraglink disk cache directory
 /// and the CUDA driver's compute cache directory (`CUDA_CACHE_PATH`), which
 /// nvJitLink also uses when a driver is present: a hit there skips the link
@@ -1891,6 +2059,7 @@ fn main() {
     match args.first().map(String::as_str) {
         Some(CHILD_COMMAND) => exit(first_call_child()),
         Some(PRELINK_COMMAND) => exit(prelink_child(args.get(1).map(String::as_str))),
+        Some(ROUTED_COMMAND) => exit(routed_first_child(args.get(1).map(String::as_str))),
         _ => {}
     }
     let opts = match parse_args(&args) {
@@ -1988,6 +2157,11 @@ fn run(opts: &Options) -> i32 {
     }
     if let Some(f) = section("first_call", &mut failed, &mut errors, || {
         first_call(&bench)
+    }) {
+        figures.extend(f);
+    }
+    if let Some(f) = section("routed_first", &mut failed, &mut errors, || {
+        routed_first(&bench)
     }) {
         figures.extend(f);
     }
