@@ -48,7 +48,7 @@
 //!   reports a failed plan fails the section.
 //! * **A routed first search** on a new configuration, in fresh processes
 //!   (hidden subcommand `__routed-first`) over empty caches: the first
-//!   `SearchIndex::search` of 1000 f32 queries (200 000 × 128, k 10) with
+//!   `SearchIndex::search` of 2000 f32 queries (200 000 × 128, k 10) with
 //!   `Searcher` on `auto` (the router adds the unlinked kernels' link to the
 //!   GPU's estimate, answers on the CPU and links in the background) against
 //!   the same search forced to the GPU (link, upload, search), interleaved;
@@ -1479,7 +1479,7 @@ fn first_call_inner(probe_ms: f64) -> Result<Value, String> {
 /// than the CPU needs for it.
 const ROUTED_ROWS: usize = 200_000;
 const ROUTED_DIM: usize = 128;
-const ROUTED_QUERIES: usize = 1000;
+const ROUTED_QUERIES: usize = 2000;
 const ROUTED_K: usize = 10;
 
 /// The hidden subcommand: in this fresh process, a `Searcher` on `device`

@@ -593,7 +593,7 @@ impl AdaptiveCostModel {
     pub fn reset(&self) {
         self.stats.clear();
         let _held = self.links.update.lock().unwrap_or_else(|p| p.into_inner());
-        self.links.n.store(0, Ordering::Relaxed);
+        self.links.n.store(0, Ordering::Release);
         self.links.mean_bits.store(0, Ordering::Relaxed);
     }
 

@@ -223,9 +223,10 @@ fn routing_uses_the_gpu_when_forced_and_agrees() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_configurations_first_search_pays_its_link_once_and_apart() {
-    // CPU ≈ 6.5 Gflop; the GPU wins linked (≈ 100 MB up, a few ms), not
-    // with half a second of link.
-    let (base, queries) = synthetic(400_000, 128, 64, DType::F16, 21);
+    // 102 Gflop: the model's GPU wins it linked (100 MB up, 2 Tflop/s)
+    // wherever the CPU calibrates below about 1.7 Tflop/s, and not with
+    // half a second of link.
+    let (base, queries) = synthetic(400_000, 128, 1000, DType::F16, 21);
     let params = SearchParams::new(20, Metric::Cosine);
     let want = search_cpu(&base, &queries, &params).unwrap();
     let s = Searcher::new(Device::Auto).unwrap();
@@ -236,7 +237,11 @@ fn a_configurations_first_search_pays_its_link_once_and_apart() {
     let index = s.index(&base);
     let first = index.search(&queries, &params).unwrap();
     assert!(first.neighbors.bitwise_eq(&want), "{}", first.reason);
-    if first.target == Target::Cpu {
+    if first.reason.starts_with("CPU estimated faster:") {
+        // This host's CPU wins the search linked or not: nothing to link.
+        assert!(s.linking().is_empty());
+        eprintln!("the CPU wins this search here: {}", first.reason);
+    } else if first.target == Target::Cpu {
         assert!(
             first.reason.contains("until the GPU kernels are linked"),
             "{}",
@@ -255,11 +260,13 @@ fn a_configurations_first_search_pays_its_link_once_and_apart() {
     } else {
         assert!(first.link_seconds > 0.0, "{first:?}");
     }
-    assert!(gpu.is_linked(&kernels), "{:?}", kernels.fragment_names());
-    let next = index.search(&queries, &params).unwrap();
-    assert_eq!(next.target, Target::Gpu, "{}", next.reason);
-    assert!(next.neighbors.bitwise_eq(&want));
-    assert!(s.linking().is_empty());
+    if !first.reason.starts_with("CPU estimated faster:") {
+        assert!(gpu.is_linked(&kernels), "{:?}", kernels.fragment_names());
+        let next = index.search(&queries, &params).unwrap();
+        assert_eq!(next.target, Target::Gpu, "{}", next.reason);
+        assert!(next.neighbors.bitwise_eq(&want));
+        assert!(s.linking().is_empty());
+    }
 
     // Forced to the GPU: linked and loaded before the search, timed apart.
     let (base, queries) = synthetic(3000, 40, 5, DType::I8, 22);

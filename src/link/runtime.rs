@@ -717,6 +717,13 @@ impl LinkRuntime {
     /// estimate for a caller deciding whether a link is due (a router
     /// adding its cost): a disk entry may still fail its checks when read.
     pub fn is_available(&self, plan: &Planner, arch: Arch) -> Result<bool, LinkError> {
+        // A plan linked before: its remembered key, looked at without
+        // counting a hit (`prepare` would).
+        if let Some(key) = plan.memo().get(self.id, arch.real()) {
+            if self.memory.peek(&key).is_some() {
+                return Ok(true);
+            }
+        }
         Ok(match self.prepare(plan, arch)? {
             Prepared::Remembered(_) => true,
             Prepared::Keyed(r) => {

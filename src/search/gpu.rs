@@ -255,7 +255,19 @@ impl GpuSearcher {
         queries: &Vectors,
         params: &SearchParams,
     ) -> Result<SearchKernels, GpuSearchError> {
-        let request = self.knn_request(shape, params, queries.rows());
+        self.kernels_for_rows(shape, queries, params, queries.rows())
+    }
+
+    /// [`kernels_for`](Self::kernels_for) a batch of `nq` of `queries`
+    /// (the router's batches).
+    pub(super) fn kernels_for_rows(
+        &self,
+        shape: &IndexShape,
+        queries: &Vectors,
+        params: &SearchParams,
+        nq: usize,
+    ) -> Result<SearchKernels, GpuSearchError> {
+        let request = self.knn_request(shape, params, nq);
         SearchKernels::decide(
             &request,
             shape.plan(queries, params),

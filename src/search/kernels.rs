@@ -19,6 +19,7 @@ use crate::link::Planner;
 
 use super::gpu::{beyond_scan, GpuSearchError, SCAN_BLOCK};
 use super::knn::gpu::enabled_by_env;
+use super::knn::plan::takes_rows;
 use super::knn::{choose_named, choose_select, BeyondScan, KnnRequest};
 use super::plan::ScanPlan;
 
@@ -47,7 +48,12 @@ impl SearchKernels {
             Err(e) if !beyond_scan(&e) => return Err(e),
             other => other,
         };
-        if (r.nq > 0 || scan.is_err()) && enabled_by_env()? {
+        // As the index: only rows the tensor-core path takes at all make
+        // the two variables count (a bad value is an error only there).
+        if (r.nq > 0 || scan.is_err())
+            && takes_rows(r.device, r.dtype, r.n_rows, r.dim)
+            && enabled_by_env()?
+        {
             let named = choose_named(r, variant).map_err(|reason| GpuSearchError::KnnVariant {
                 value: variant.unwrap_or_default().to_owned(),
                 reason,

@@ -133,6 +133,10 @@ pub struct Searcher {
     background_links: bool,
     /// The configurations (their fragments) linking in the background now.
     linking: Arc<Mutex<HashSet<Vec<&'static str>>>>,
+    /// Configurations whose background link failed: no longer counted as
+    /// unlinked, so a search the GPU wins meets the error and says why
+    /// instead of a link being tried again in the background each time.
+    failed: Arc<Mutex<HashSet<Vec<&'static str>>>>,
 }
 
 impl Searcher {
@@ -171,6 +175,7 @@ impl Searcher {
             max_batch: usize::MAX,
             background_links: true,
             linking: Arc::default(),
+            failed: Arc::default(),
         })
     }
 
@@ -190,10 +195,52 @@ impl Searcher {
         lock(&self.linking).iter().cloned().collect()
     }
 
+    /// The kernels of this search's GPU batches, distinct (the first
+    /// batch's and, where the last is shorter, its own: the tensor-core
+    /// tile depends on a batch's query count), and whether any still needs
+    /// a link. None where they cannot be told (bad input: the search says
+    /// why); a configuration whose background link failed counts as linked.
+    fn cold_kernels(
+        &self,
+        gpu: &GpuSearcher,
+        base: &Vectors,
+        queries: &Vectors,
+        params: &SearchParams,
+    ) -> (Vec<SearchKernels>, bool) {
+        let nq = queries.rows();
+        let batch = nq.min(self.max_batch).max(1);
+        let shape = IndexShape::of(base);
+        let mut kernels: Vec<SearchKernels> = Vec::new();
+        // No queries: the search links what one without queries would.
+        let sizes = if nq == 0 { [0, 0] } else { [batch, nq % batch] };
+        for (i, rows) in sizes.into_iter().enumerate() {
+            if i > 0 && rows == 0 {
+                continue;
+            }
+            match gpu.kernels_for_rows(&shape, queries, params, rows) {
+                Ok(k) => {
+                    if kernels
+                        .iter()
+                        .all(|x| x.fragment_names() != k.fragment_names())
+                    {
+                        kernels.push(k);
+                    }
+                }
+                Err(_) => return (Vec::new(), false),
+            }
+        }
+        let failed = lock(&self.failed);
+        let cold = kernels
+            .iter()
+            .any(|k| !failed.contains(&k.fragment_names()) && !gpu.is_linked(k));
+        (kernels, cold)
+    }
+
     /// Links `kernels` for the GPU on a thread of its own (no module load:
     /// that stays with the search thread's context), once per configuration
-    /// at a time; a failure is left for the search that next needs them,
-    /// which meets it and says why.
+    /// at a time. Not learned as a link: it shares the CPU with the search.
+    /// A failure marks the configuration (see `failed`); the next search the
+    /// GPU wins meets it and says why.
     fn link_in_background(&self, kernels: SearchKernels) {
         let Some(gpu) = &self.gpu else {
             return;
@@ -203,22 +250,24 @@ impl Searcher {
             return;
         }
         let arch = gpu.context().arch();
-        let linking = self.linking.clone();
-        let done = names.clone();
-        let spawned = std::thread::Builder::new()
+        // Leaves `linking` however the thread ends (a panic included).
+        let entry = Linking {
+            set: self.linking.clone(),
+            names,
+        };
+        let failed = self.failed.clone();
+        let _ = std::thread::Builder::new()
             .name("fraglink-link".into())
             .spawn(move || {
-                if let Ok(rt) = LinkRuntime::global() {
-                    let plans: Vec<Planner> =
-                        kernels.kernels().into_iter().map(|(p, _)| p).collect();
-                    let plans: Vec<&Planner> = plans.iter().collect();
-                    let _ = rt.link_all(&plans, arch);
+                let plans: Vec<Planner> = kernels.kernels().into_iter().map(|(p, _)| p).collect();
+                let plans: Vec<&Planner> = plans.iter().collect();
+                let ok = LinkRuntime::global().is_ok_and(|rt| rt.link_all(&plans, arch).is_ok());
+                if !ok {
+                    lock(&failed).insert(entry.names.clone());
                 }
-                lock(&linking).remove(&done);
+                drop(entry);
             });
-        if spawned.is_err() {
-            lock(&self.linking).remove(&names);
-        }
+        // Not spawned: the closure, and the entry with it, is dropped.
     }
 
     /// At most `queries` queries per GPU batch (≥ 1; default: all of a
@@ -394,40 +443,34 @@ impl SearchIndex<'_> {
             base.dtype(),
             resident,
         );
-        // The kernels the GPU would run, and whether they need a link (not
-        // asked where the CPU is forced or there is no GPU; bad input is
-        // the search's to report).
-        let kernels = match (&s.gpu, s.device) {
-            (Some(g), Device::Auto | Device::Gpu) => g
-                .kernels_for(&IndexShape::of(base), queries, params)
-                .ok()
-                .map(|k| {
-                    let cold = !g.is_linked(&k);
-                    (k, cold)
-                }),
-            _ => None,
+        // Where the GPU wins with its kernels linked (or is forced): are
+        // they? Nothing more is asked for a search the CPU takes anyway.
+        let linked_choice = s.model.choose(&op);
+        let (kernels, cold) = match (&s.gpu, linked_choice.target) {
+            (Some(g), Target::Gpu) => s.cold_kernels(g, base, queries, params),
+            _ => (Vec::new(), false),
         };
-        let cold = kernels.as_ref().is_some_and(|(_, cold)| *cold);
         let (choice, link_meanwhile) = if cold {
             s.model.choose_unlinked(&op)
         } else {
-            (s.model.choose(&op), false)
+            (linked_choice, false)
         };
         // Linked (and loaded) before the clock starts: a one-time cost,
         // reported and learned apart. A failure is met again by the search,
         // which falls back to the CPU saying why.
         let mut link_seconds = 0.0;
-        match (choice.target, kernels) {
-            (Target::Gpu, Some((k, cold))) => {
-                if let Some(Ok(took)) = s.gpu.as_ref().map(|g| g.prepare(&k)) {
-                    if cold {
-                        s.model.learn_link(took);
-                    }
-                    link_seconds = took.as_secs_f64();
+        match (choice.target, &s.gpu) {
+            (Target::Gpu, Some(g)) => {
+                let took: Duration = kernels.iter().filter_map(|k| g.prepare(k).ok()).sum();
+                if cold {
+                    s.model.learn_link(took);
                 }
+                link_seconds = took.as_secs_f64();
             }
-            (Target::Cpu, Some((k, _))) if link_meanwhile && s.background_links => {
-                s.link_in_background(k)
+            (Target::Cpu, Some(_)) if link_meanwhile && s.background_links => {
+                for k in kernels {
+                    s.link_in_background(k);
+                }
             }
             _ => {}
         }
@@ -488,6 +531,19 @@ impl SearchIndex<'_> {
                 Target::Cpu => None,
             },
         })
+    }
+}
+
+/// A configuration's place in [`Searcher`]'s background-link set, given up
+/// when dropped.
+struct Linking {
+    set: Arc<Mutex<HashSet<Vec<&'static str>>>>,
+    names: Vec<&'static str>,
+}
+
+impl Drop for Linking {
+    fn drop(&mut self) {
+        lock(&self.set).remove(&self.names);
     }
 }
 

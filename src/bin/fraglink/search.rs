@@ -482,7 +482,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     }
     if routed.target == fraglink::cost::Target::Gpu {
         println!(
-            "prepare    the GPU kernels linked and loaded before the first search in {:.2} ms: not in the search time or QPS",
+            "prepare    the GPU kernels loaded (linked too, where the plan above did not link them) before the first search in {:.2} ms: not in the search time or QPS",
             routed.link_seconds * 1e3
         );
     }

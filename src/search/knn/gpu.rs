@@ -13,7 +13,7 @@ use crate::search::gpu::{append_batch, push_output, DeviceVectors, GpuSearchErro
 use crate::search::{Metric, Neighbors, Vectors};
 
 use super::norms::Norms;
-use super::plan::{KnnPlan, KNN_BLOCK, MAX_DIM};
+use super::plan::{KnnPlan, KNN_BLOCK};
 
 /// Queries per launch pair: bounds the candidate buffers
 /// (`batch × chunks × capacity × 12` bytes, about 19 MB at 4096 × 3 × 128).
@@ -52,11 +52,7 @@ impl KnnRows {
         base: &Vectors,
         device: crate::build::Arch,
     ) -> Result<Option<Self>, GpuError> {
-        let (n, dim) = (base.rows(), base.dim());
-        if n == 0 || n >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
-            return Ok(None);
-        }
-        if !super::plan::available(device, base.dtype()) {
+        if !super::plan::takes_rows(device, base.dtype(), base.rows(), base.dim()) {
             return Ok(None);
         }
         let norms = Norms::of(base);

@@ -311,6 +311,19 @@ pub fn available(device: Arch, dtype: DType) -> bool {
         .is_some()
 }
 
+/// Whether the tensor-core path can take rows of this shape at all: an
+/// index keeps their norms ([`KnnRows`](super::gpu::KnnRows)) only then,
+/// and only then do `FRAGLINK_GPU_KNN` and `FRAGLINK_KNN_VARIANT` count.
+/// Ids within u32, `dim` within the bounds' range, a variant for the
+/// device.
+pub fn takes_rows(device: Arch, dtype: DType, n_rows: usize, dim: usize) -> bool {
+    n_rows > 0
+        && n_rows < u32::MAX as usize
+        && dim > 0
+        && dim <= MAX_DIM
+        && available(device, dtype)
+}
+
 /// The device's shared memory, as the planner weighs variants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SharedMemory {
