@@ -2,6 +2,12 @@
 //! present), with and without a GPU, plus `learn`. The HeliosDB contract asks
 //! for < 1 µs per decision.
 //!
+//! `route/linked_check`: what the router adds for a search the GPU wins
+//! (`search::route`): the kernels the search runs
+//! (`SearchKernels::decide`) and whether each is linked
+//! (`LinkRuntime::is_available`, in memory here: the k-NN pair, linked once
+//! for sm_90 before timing).
+//!
 //! ```text
 //! cargo bench --bench cost
 //! ```
@@ -9,8 +15,13 @@
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use fraglink::build::Arch;
 use fraglink::cost::{AdaptiveCostModel, CostParams, GpuCostModel, GpuParams, OpDesc, Target};
-use fraglink::search::DType;
+use fraglink::link::{LinkRuntime, RuntimeConfig};
+use fraglink::search::kernels::SearchKernels;
+use fraglink::search::knn::{plan::SharedMemory, KnnRequest};
+use fraglink::search::plan::plan;
+use fraglink::search::{DType, Metric};
 
 fn bench(c: &mut Criterion) {
     let gpu = AdaptiveCostModel::new(
@@ -54,6 +65,47 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("choose+reason_to_string", |b| {
         b.iter(|| black_box(gpu.choose(black_box(&op)).reason.to_string()))
+    });
+    g.finish();
+    linked_check(c);
+}
+
+fn linked_check(c: &mut Criterion) {
+    let rt = LinkRuntime::new(RuntimeConfig {
+        memory_capacity: 64,
+        disk: None,
+    })
+    .expect("nvJitLink loads");
+    let arch = Arch::sm(90);
+    let r = KnnRequest {
+        device: arch,
+        shared: SharedMemory::H100,
+        dtype: DType::F32,
+        metric: Metric::L2,
+        filter: "none",
+        n_rows: 1_000_000,
+        dim: 128,
+        nq: 100,
+        k: 10,
+    };
+    let decide = || {
+        let scan = plan(r.dtype, r.metric, r.filter, r.n_rows, r.dim, r.k).map_err(Into::into);
+        SearchKernels::decide(&r, scan, None).expect("a plan")
+    };
+    let kernels = decide();
+    for (p, _) in kernels.kernels() {
+        rt.link(&p, arch).expect("links");
+    }
+    let mut g = c.benchmark_group("route");
+    g.bench_function("linked_check", |b| {
+        b.iter(|| {
+            let k = decide();
+            black_box(
+                k.kernels()
+                    .iter()
+                    .all(|(p, _)| rt.is_available(p, arch).unwrap_or(false)),
+            )
+        })
     });
     g.finish();
 }

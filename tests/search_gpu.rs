@@ -266,6 +266,9 @@ fn a_configurations_first_search_pays_its_link_once_and_apart() {
         assert_eq!(next.target, Target::Gpu, "{}", next.reason);
         assert!(next.neighbors.bitwise_eq(&want));
         assert!(s.linking().is_empty());
+        // Made ready by a search before: nothing asked, nothing prepared.
+        let again = index.search(&queries, &params).unwrap();
+        assert_eq!((again.target, again.link_seconds), (Target::Gpu, 0.0));
     }
 
     // Forced to the GPU: linked and loaded before the search, timed apart.

@@ -39,7 +39,7 @@ use crate::link::{LinkRuntime, Planner};
 use super::gpu::{GpuSearchError, GpuSearcher};
 use super::index::{GpuIndex, IndexShape};
 use super::kernels::SearchKernels;
-use super::{cpu::search_cpu, validate, Neighbors, SearchError, SearchParams, Vectors};
+use super::{cpu::search_cpu, validate, Metric, Neighbors, SearchError, SearchParams, Vectors};
 
 /// Where searches may run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,8 +107,9 @@ pub struct Routed {
     pub upload_seconds: f64,
     /// Wall time of linking and loading the GPU kernels before the search
     /// (a configuration's first search on the GPU: the link, or a disk
-    /// cache read; microseconds once they are loaded), left out of
-    /// [`seconds`](Self::seconds); 0 when the model chose the CPU.
+    /// cache read, and the module load), left out of
+    /// [`seconds`](Self::seconds); 0 when the model chose the CPU, and for
+    /// a search whose kernels this searcher made ready before.
     pub link_seconds: f64,
     /// The GPU kernel that served the search (its last batch): the
     /// tensor-core candidate kernel (`knn_tile_*`), the exact scan
@@ -137,7 +138,40 @@ pub struct Searcher {
     /// unlinked, so a search the GPU wins meets the error and says why
     /// instead of a link being tried again in the background each time.
     failed: Arc<Mutex<HashSet<Vec<&'static str>>>>,
+    /// Searches whose kernels this searcher has linked and loaded: later
+    /// ones skip the question (about 14 µs: `cargo bench --bench cost`,
+    /// `route/linked_check`) for one lookup.
+    ready: Mutex<HashSet<ReadyKey>>,
 }
+
+/// What decides a search's kernels, but the environment (read for a
+/// configuration's first search): the base's shape, the query batches'
+/// sizes, `k`, metric and filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ReadyKey {
+    shape: IndexShape,
+    batches: [usize; 2],
+    k: usize,
+    metric: Metric,
+    filter: &'static str,
+}
+
+impl ReadyKey {
+    fn of(base: &Vectors, nq: usize, max_batch: usize, params: &SearchParams) -> Self {
+        let batch = nq.min(max_batch).max(1);
+        ReadyKey {
+            shape: IndexShape::of(base),
+            batches: if nq == 0 { [0, 0] } else { [batch, nq % batch] },
+            k: params.k,
+            metric: params.metric,
+            filter: params.filter.fragment_name(),
+        }
+    }
+}
+
+/// Ready searches remembered at most (then forgotten all at once: each
+/// costs one question again).
+const READY_ENTRIES: usize = 4096;
 
 impl Searcher {
     /// Probes the GPU (never panics without a driver). Asking for
@@ -176,6 +210,7 @@ impl Searcher {
             background_links: true,
             linking: Arc::default(),
             failed: Arc::default(),
+            ready: Mutex::default(),
         })
     }
 
@@ -207,13 +242,11 @@ impl Searcher {
         queries: &Vectors,
         params: &SearchParams,
     ) -> (Vec<SearchKernels>, bool) {
-        let nq = queries.rows();
-        let batch = nq.min(self.max_batch).max(1);
-        let shape = IndexShape::of(base);
+        let key = ReadyKey::of(base, queries.rows(), self.max_batch, params);
+        let shape = key.shape;
         let mut kernels: Vec<SearchKernels> = Vec::new();
         // No queries: the search links what one without queries would.
-        let sizes = if nq == 0 { [0, 0] } else { [batch, nq % batch] };
-        for (i, rows) in sizes.into_iter().enumerate() {
+        for (i, rows) in key.batches.into_iter().enumerate() {
             if i > 0 && rows == 0 {
                 continue;
             }
@@ -446,8 +479,11 @@ impl SearchIndex<'_> {
         // Where the GPU wins with its kernels linked (or is forced): are
         // they? Nothing more is asked for a search the CPU takes anyway.
         let linked_choice = s.model.choose(&op);
+        let key = ReadyKey::of(base, queries.rows(), s.max_batch, params);
         let (kernels, cold) = match (&s.gpu, linked_choice.target) {
-            (Some(g), Target::Gpu) => s.cold_kernels(g, base, queries, params),
+            (Some(g), Target::Gpu) if !lock(&s.ready).contains(&key) => {
+                s.cold_kernels(g, base, queries, params)
+            }
             _ => (Vec::new(), false),
         };
         let (choice, link_meanwhile) = if cold {
@@ -460,12 +496,21 @@ impl SearchIndex<'_> {
         // which falls back to the CPU saying why.
         let mut link_seconds = 0.0;
         match (choice.target, &s.gpu) {
-            (Target::Gpu, Some(g)) => {
-                let took: Duration = kernels.iter().filter_map(|k| g.prepare(k).ok()).sum();
-                if cold {
-                    s.model.learn_link(took);
+            (Target::Gpu, Some(g)) if !kernels.is_empty() => {
+                let prepared: Result<Vec<Duration>, _> =
+                    kernels.iter().map(|k| g.prepare(k)).collect();
+                if let Ok(each) = prepared {
+                    let took: Duration = each.into_iter().sum();
+                    if cold {
+                        s.model.learn_link(took);
+                    }
+                    link_seconds = took.as_secs_f64();
+                    let mut ready = lock(&s.ready);
+                    if ready.len() >= READY_ENTRIES {
+                        ready.clear();
+                    }
+                    ready.insert(key);
                 }
-                link_seconds = took.as_secs_f64();
             }
             (Target::Cpu, Some(_)) if link_meanwhile && s.background_links => {
                 for k in kernels {
