@@ -184,14 +184,14 @@ fi
 if want small; then
 log "5. small costs: cost-model decision (benches/cost.rs)"
 load cost
-rm -rf target/criterion/cost
+rm -rf target/criterion/cost target/criterion/route
 cargo_retry bench --bench cost
 fi
 if want link || want small; then
 run "$PY" benches/scripts/criterion_stats.py --criterion target/criterion --out "$RES/criterion.json" \
   link_cold/raw_nvjitlink link_cold/planner link_cached/memory_hit link_cached/disk_hit \
   link_cached/warm_planner_lookup cost/choose/gpu/warm cost/choose/no_gpu cost/choose/gpu/unseen_op \
-  cost/learn
+  cost/learn route/linked_check
 fi
 
 if want search; then

@@ -553,6 +553,8 @@ def section_small(res, lines, headline):
         ("cost-model learn (`cost/learn`)", "cost/learn"),
         ("warm planner lookup: build the plan + memory-cache hit (`link_cached/warm_planner_lookup`)",
          "link_cached/warm_planner_lookup"),
+        ("router's linked check, once per configuration and batch size: the k-NN pair planned and looked up in memory (`route/linked_check`)",
+         "route/linked_check"),
     ]
     for name, key in rows:
         e = c.get(key, {})
@@ -576,7 +578,7 @@ SECTIONS = {"build": "1", "size": "2", "link": "3", "search": "4", "small": "5",
 # Summary rows by the section that makes them (first words of the figure).
 ROW_PREFIXES = [("Fragment build", "build"), ("Rebuild", "build"), ("Binary size", "size"),
                 ("Cold link", "link"), ("Cache hits", "link"), ("Contention", "link"),
-                ("First call", "link"), ("IVF-Flat", "ivf"),
+                ("First call", "link"), ("k-NN kernel pair", "link"), ("IVF-Flat", "ivf"),
                 ("CPU search", "search"), ("Cost-model", "small"), ("Warm planner", "small")]
 
 
