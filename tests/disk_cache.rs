@@ -127,6 +127,29 @@ fn miss() {
     assert_eq!((s.misses, s.hits, s.corrupt), (2, 0, 0));
 }
 
+/// `reject` removes the entry the caller refused, and only that one: an
+/// entry another process wrote meanwhile (other content under the same
+/// key) stays and is served.
+#[test]
+fn reject_removes_only_the_payload_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = open(tmp.path());
+    let (a, b) = (payload(300, 1), payload(300, 2));
+    cache.put(KEY, &a).unwrap();
+    assert_eq!(cache.get(KEY), DiskLookup::Hit(a.clone()));
+    // Replaced by another process before the refusal of `a`.
+    open(tmp.path()).put(KEY, &b).unwrap();
+    cache.reject(KEY, "a stale check", &a);
+    assert_eq!(cache.get(KEY), DiskLookup::Hit(b.clone()));
+    // The refused payload itself goes.
+    cache.reject(KEY, "a failing check", &b);
+    assert_eq!(cache.get(KEY), DiskLookup::Miss);
+    assert_eq!(cache.stats().rejected, 2);
+    // Nothing there: nothing to remove, still counted.
+    cache.reject(KEY, "again", &b);
+    assert_eq!(cache.stats().rejected, 3);
+}
+
 /// `holds` says whether a lookup would find an entry, without counting or
 /// touching anything; a disabled cache, a missing entry and one `get`
 /// would refuse hold nothing.

@@ -814,10 +814,13 @@ impl DiskCache {
             .is_ok_and(|st| entry_problem(&st).is_none())
     }
 
-    /// Records that the caller refused the payload [`get`](Self::get)
-    /// returned for `key` (it passed the checksum but not the caller's own
-    /// checks), counts it in [`DiskStats::rejected`] and removes the entry.
-    pub fn reject(&self, key: &str, why: &str) {
+    /// Records that the caller refused `refused`, the payload
+    /// [`get`](Self::get) returned for `key` (it passed the checksum but not
+    /// the caller's own checks), counts it in [`DiskStats::rejected`] and
+    /// removes the entry if it still holds that payload: another process may
+    /// have replaced it meanwhile (a fresh link of the same key), and that
+    /// entry is left alone.
+    pub fn reject(&self, key: &str, why: &str, refused: &[u8]) {
         if !self.enabled {
             return;
         }
@@ -827,8 +830,22 @@ impl DiskCache {
             "disk cache entry {} refused ({why}); linking afresh",
             self.dir.join(&name).display()
         ));
-        if let Ok(dir) = self.checked_dir() {
-            let _ = dir.remove(&name);
+        let Ok(dir) = self.checked_dir() else {
+            return;
+        };
+        // Read as `get` reads (an entry it would refuse unread is left to it).
+        let Ok((file, st)) = dir.open_entry(&name) else {
+            return;
+        };
+        if entry_problem(&st).is_some() {
+            return;
+        }
+        let mut bytes = Vec::with_capacity(st.size as usize);
+        if (&file).take(st.size + 1).read_to_end(&mut bytes).is_err() {
+            return;
+        }
+        if decode_entry(key, &bytes).is_ok_and(|payload| payload == refused) {
+            remove_if_same(&dir, &name, &st);
         }
     }
 

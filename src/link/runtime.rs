@@ -860,7 +860,7 @@ impl LinkRuntime {
                         }
                         // Refused: counted, removed, and replaced by the
                         // fresh link below.
-                        Err(why) => disk.reject(&hex, &why),
+                        Err(why) => disk.reject(&hex, &why, &bytes),
                     }
                 }
             }
