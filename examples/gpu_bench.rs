@@ -1146,7 +1146,7 @@ fn routing(b: &Bench) -> Result<Vec<Figure>, String> {
     Ok(vec![Figure::new("route.decision", s.ms(), "ms")
         .target(TARGET_ROUTE, s.ms() < T_ROUTE_MS)
         .note(format!(
-            "OpDesc::knn(100000 x 128, 100 queries, k 10, f32) + AdaptiveCostModel::choose (GPU available, learned statistics present), as search::route::Searcher::search does per call; loops of {iters}, {}; chose {:?}; calibrated CPU throughput {:.1} Gflop/s; the GPU probe and reason formatting are not part of it",
+            "OpDesc::knn(100000 x 128, 100 queries, k 10, f32) + AdaptiveCostModel::choose (GPU available, learned statistics present), as search::route::Searcher::search does per call; loops of {iters}, {}; chose {:?}; calibrated CPU throughput {:.1} Gflop/s; the GPU probe and reason formatting are not part of it, nor what the router adds for a search the GPU wins: one lookup of the configuration in the searcher's ready set, and once per configuration and batch size the linked check (route/linked_check in BENCHMARKS.md, about 14 us on a 2-core VM)",
             s.describe(),
             last,
             cpu / 1e9
