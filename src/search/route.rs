@@ -612,3 +612,55 @@ impl Vectors {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::data::synthetic;
+    use crate::search::DType;
+
+    /// The batch sizes a search's kernels are decided for: all queries in
+    /// one batch, or full batches plus a shorter last one; no queries, the
+    /// search without queries.
+    #[test]
+    fn ready_keys_name_the_batches_a_search_runs() {
+        let (base, _) = synthetic(100, 8, 1, DType::F32, 1);
+        let p = SearchParams::new(5, Metric::L2);
+        let key = |nq, max| ReadyKey::of(&base, nq, max, &p).batches;
+        assert_eq!(key(40, usize::MAX), [40, 0]);
+        assert_eq!(key(40, 16), [16, 8]);
+        assert_eq!(key(48, 16), [16, 0]);
+        assert_eq!(key(0, 16), [0, 0]);
+        let a = ReadyKey::of(&base, 40, 16, &p);
+        assert_ne!(
+            a,
+            ReadyKey::of(&base, 40, 16, &SearchParams::new(6, Metric::L2))
+        );
+        assert_ne!(
+            a,
+            ReadyKey::of(&base, 40, 16, &SearchParams::new(5, Metric::Cosine))
+        );
+        assert_eq!(a, ReadyKey::of(&base, 40, 16, &p));
+    }
+
+    /// A background link's place in the in-flight set goes however its
+    /// thread ends, a panic included.
+    #[test]
+    fn the_in_flight_entry_leaves_even_on_a_panic() {
+        let set: Arc<Mutex<HashSet<Vec<&'static str>>>> = Arc::default();
+        for panics in [false, true] {
+            lock(&set).insert(vec!["knn_tile_x"]);
+            let entry = Linking {
+                set: set.clone(),
+                names: vec!["knn_tile_x"],
+            };
+            let joined = std::thread::spawn(move || {
+                let _entry = entry;
+                assert!(!panics, "a link that panics");
+            })
+            .join();
+            assert_eq!(joined.is_err(), panics);
+            assert!(lock(&set).is_empty());
+        }
+    }
+}
