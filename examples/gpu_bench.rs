@@ -1576,18 +1576,32 @@ fn routed_first(b: &Bench) -> Result<Vec<Figure>, String> {
     };
     // Distinct "target: reason" texts of one search over the rounds.
     let routes = |runs: &[Value], search: &str| -> String {
+        // The estimates in a reason differ per process: its kind (the text
+        // before the first `:`) and the target, counted.
         let mut seen: Vec<String> = runs
             .iter()
             .map(|r| {
+                let reason = r[search]["reason"].as_str().unwrap_or("?");
                 format!(
                     "{}: {}",
                     r[search]["target"].as_str().unwrap_or("?"),
-                    r[search]["reason"].as_str().unwrap_or("?")
+                    reason.split(':').next().unwrap_or(reason)
                 )
             })
             .collect();
-        seen.dedup();
-        seen.join(" | ")
+        seen.sort();
+        let mut counted: Vec<(String, usize)> = Vec::new();
+        for s in seen {
+            match counted.last_mut() {
+                Some((last, n)) if *last == s => *n += 1,
+                _ => counted.push((s, 1)),
+            }
+        }
+        counted
+            .iter()
+            .map(|(s, n)| format!("{n}× {s}"))
+            .collect::<Vec<_>>()
+            .join(" | ")
     };
     let data = format!(
         "{ROUTED_ROWS} × {ROUTED_DIM} f32 base, {ROUTED_QUERIES} queries, k {ROUTED_K}, l2, fresh process and empty caches each"
@@ -1618,7 +1632,7 @@ fn routed_first(b: &Bench) -> Result<Vec<Figure>, String> {
         );
     }
     figures.push(
-        Figure::new("routed_first.auto_over_gpu", first[0] / first[1], "×")
+        Figure::new("routed_first.auto_over_gpu", first[0] / first[1], "x")
             .target_text("< 1: on auto, a cold configuration's first search returns sooner than forced to the GPU")
             .note("routed_first.auto.first / routed_first.gpu.first (medians, interleaved rounds)"),
     );

@@ -833,7 +833,14 @@ impl DiskCache {
         let Ok(dir) = self.checked_dir() else {
             return;
         };
-        // Read as `get` reads (an entry it would refuse unread is left to it).
+        // Read as `get` reads: look before opening (a device or FIFO is
+        // never opened), and leave an entry it would refuse unread to it.
+        if !dir
+            .stat_at(&name)
+            .is_ok_and(|st| entry_problem(&st).is_none())
+        {
+            return;
+        }
         let Ok((file, st)) = dir.open_entry(&name) else {
             return;
         };

@@ -1,7 +1,10 @@
 //! Which kernels a search runs on a device, decided from the base's shape
 //! and the search's parameters before a row or query is looked at. One rule
 //! for the router (is this configuration linked yet? [`Searcher`]), the
-//! CLI's plan line and [`GpuSearcher::search`] without queries.
+//! CLI's plan line and [`GpuSearcher::search`] (its checks before the
+//! upload, and what it loads for a search without queries). There a bad
+//! `FRAGLINK_GPU_KNN` or `FRAGLINK_KNN_VARIANT` is an error even where a
+//! special row would have sent the index to the scan.
 //!
 //! The order is the index's ([`GpuIndex::search`]): the tensor-core path
 //! where `FRAGLINK_GPU_KNN` allows it and a variant serves the search

@@ -109,7 +109,12 @@ pub struct Routed {
     /// (a configuration's first search on the GPU: the link, or a disk
     /// cache read, and the module load), left out of
     /// [`seconds`](Self::seconds); 0 when the model chose the CPU, and for
-    /// a search whose kernels this searcher made ready before.
+    /// a search whose kernels this searcher made ready before. A link can
+    /// still happen inside the search, and count in `seconds`: a kernel
+    /// evicted from the memory cache since, a batch halved after running out
+    /// of memory (another tile), a special row or query that sends the
+    /// index to the scan or the select, `FRAGLINK_GPU_KNN` or
+    /// `FRAGLINK_KNN_VARIANT` changed while the process runs.
     pub link_seconds: f64,
     /// The GPU kernel that served the search (its last batch): the
     /// tensor-core candidate kernel (`knn_tile_*`), the exact scan
@@ -233,8 +238,9 @@ impl Searcher {
     /// The kernels of this search's GPU batches, distinct (the first
     /// batch's and, where the last is shorter, its own: the tensor-core
     /// tile depends on a batch's query count), and whether any still needs
-    /// a link. None where they cannot be told (bad input: the search says
-    /// why); a configuration whose background link failed counts as linked.
+    /// a link. No kernels where they cannot be told (bad input: the search
+    /// says why); a configuration whose background link failed counts as
+    /// linked (a search the GPU wins then meets the error).
     fn cold_kernels(
         &self,
         gpu: &GpuSearcher,
@@ -262,10 +268,17 @@ impl Searcher {
                 Err(_) => return (Vec::new(), false),
             }
         }
-        let failed = lock(&self.failed);
+        let failed: Vec<bool> = {
+            let failed = lock(&self.failed);
+            kernels
+                .iter()
+                .map(|k| failed.contains(&k.fragment_names()))
+                .collect()
+        };
         let cold = kernels
             .iter()
-            .any(|k| !failed.contains(&k.fragment_names()) && !gpu.is_linked(k));
+            .zip(failed)
+            .any(|(k, failed)| !failed && !gpu.is_linked(k));
         (kernels, cold)
     }
 
@@ -492,24 +505,28 @@ impl SearchIndex<'_> {
             (linked_choice, false)
         };
         // Linked (and loaded) before the clock starts: a one-time cost,
-        // reported and learned apart. A failure is met again by the search,
-        // which falls back to the CPU saying why.
+        // reported and learned apart. A failure is the GPU try's error (the
+        // search falls back to the CPU saying why, without a second link).
         let mut link_seconds = 0.0;
+        let mut prepare_failed = None;
         match (choice.target, &s.gpu) {
             (Target::Gpu, Some(g)) if !kernels.is_empty() => {
                 let prepared: Result<Vec<Duration>, _> =
                     kernels.iter().map(|k| g.prepare(k)).collect();
-                if let Ok(each) = prepared {
-                    let took: Duration = each.into_iter().sum();
-                    if cold {
-                        s.model.learn_link(took);
+                match prepared {
+                    Ok(each) => {
+                        let took: Duration = each.into_iter().sum();
+                        if cold {
+                            s.model.learn_link(took);
+                        }
+                        link_seconds = took.as_secs_f64();
+                        let mut ready = lock(&s.ready);
+                        if ready.len() >= READY_ENTRIES {
+                            ready.clear();
+                        }
+                        ready.insert(key);
                     }
-                    link_seconds = took.as_secs_f64();
-                    let mut ready = lock(&s.ready);
-                    if ready.len() >= READY_ENTRIES {
-                        ready.clear();
-                    }
-                    ready.insert(key);
+                    Err(e) => prepare_failed = Some(e),
                 }
             }
             (Target::Cpu, Some(_)) if link_meanwhile && s.background_links => {
@@ -536,6 +553,12 @@ impl SearchIndex<'_> {
             |batch| {
                 if let Some(why) = s.lost.get() {
                     return Err(GpuTry::Lost(why));
+                }
+                if let Some(e) = prepare_failed.take() {
+                    if e.is_context_lost() {
+                        let _ = s.lost.set(e.to_string());
+                    }
+                    return Err(GpuTry::Search(e));
                 }
                 match gpu {
                     Some(Ok(index)) => {
