@@ -219,8 +219,7 @@ impl GpuSearcher {
         if queries.rows() == 0 {
             // Nothing to launch: link and load what a search would, upload
             // nothing.
-            let all = kernels.kernels();
-            let linked = self.load_kernels(&all[0], &all[1..])?;
+            let linked = self.load_search_kernels(&kernels)?;
             let (plan, knn, select) = match kernels {
                 SearchKernels::Scan(p) => (Some(p), None, None),
                 SearchKernels::TwoPass(BeyondScan::Knn(p)) => (None, Some(p), None),
@@ -295,9 +294,15 @@ impl GpuSearcher {
     /// they are loaded already.
     pub fn prepare(&self, kernels: &SearchKernels) -> Result<Duration, GpuSearchError> {
         let started = Instant::now();
-        let all = kernels.kernels();
-        self.load_kernels(&all[0], &all[1..])?;
+        self.load_search_kernels(kernels)?;
         Ok(started.elapsed())
+    }
+
+    /// [`load_kernels`](Self::load_kernels) of every kernel of `kernels`;
+    /// the first one's link.
+    fn load_search_kernels(&self, kernels: &SearchKernels) -> Result<Linked, GpuSearchError> {
+        let all = kernels.kernels();
+        self.load_kernels(&all[0], &all[1..])
     }
 
     /// The tensor-core planner's view of a search of `params` by `nq`

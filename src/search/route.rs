@@ -244,11 +244,10 @@ impl Searcher {
     fn cold_kernels(
         &self,
         gpu: &GpuSearcher,
-        base: &Vectors,
+        key: &ReadyKey,
         queries: &Vectors,
         params: &SearchParams,
     ) -> (Vec<SearchKernels>, bool) {
-        let key = ReadyKey::of(base, queries.rows(), self.max_batch, params);
         let shape = key.shape;
         let mut kernels: Vec<SearchKernels> = Vec::new();
         // No queries: the search links what one without queries would.
@@ -495,7 +494,7 @@ impl SearchIndex<'_> {
         let key = ReadyKey::of(base, queries.rows(), s.max_batch, params);
         let (kernels, cold) = match (&s.gpu, linked_choice.target) {
             (Some(g), Target::Gpu) if !lock(&s.ready).contains(&key) => {
-                s.cold_kernels(g, base, queries, params)
+                s.cold_kernels(g, &key, queries, params)
             }
             _ => (Vec::new(), false),
         };
