@@ -20,22 +20,28 @@
 //   of its matrix row, read with 16-byte loads, several in flight per thread. Keys
 //   are 32-bit order keys of the distances (scan::order_key: -0 and +0 one key;
 //   excluded rows all ones, after +inf), so (key, id) orders as scan::key_less.
-//   Pass 1: a radix select on the keys, one byte per round from the top (4 passes
-//   over the row, a 256-bin histogram per warp), finds T, the kk-th smallest key
-//   (kk = min(k, n_rows)), `below`, the number of keys < T, and `ties`, the number
-//   equal to T. Pass 2 collects the kk smallest (key, id): where below + ties keys
-//   fit the sort, every key <= T (the sort puts the smallest ids of the ties first);
-//   else the `below` keys < T and the first kk - below ties in id order (a
-//   block-wide prefix over each tile of rows). A bitonic sort in dynamic shared
-//   memory (sort_slots = the next power of two >= kk entries of 8 bytes) gives the
-//   result: each winner's
-//   distance read back from the matrix (so -0 stays -0), excluded rows and positions
-//   beyond n_rows as the scan pads, (+inf, 0xFFFFFFFF). Results equal the scan
-//   kernel's and the CPU path's bit for bit.
+//   The kk = min(k, n_rows) winners come in slices of at most sort_slots ranks (one
+//   slice where kk fits the sort), each slice [a, b) in three steps:
+//   1. a radix select on the keys, one byte per round from the top (4 passes over
+//      the row, a 256-bin histogram per warp), finds T, the key of rank b - 1,
+//      `below`, the number of keys < T, and `ties`, the number equal to T;
+//   2. one more pass collects the keys after the previous slice's last (key, id) up
+//      to the cut: every key <= T where the ties beyond the slice fit the sort too
+//      (the sort puts the smallest ids of the ties first); else (many equal
+//      distances, or excluded rows making up the cut) up to the (b - below)-th tie in
+//      id order, which a radix select on the ties' ids finds first (4 more passes);
+//   3. a bitonic sort in dynamic shared memory (the next power of two >= the
+//      collected keys, 8 bytes each, at most sort_slots) orders them by (key, id),
+//      and the slice's b - a winners are written, each winner's distance read back
+//      from the matrix (so -0 stays -0), excluded rows as the scan pads,
+//      (+inf, 0xFFFFFFFF).
+//   Positions beyond n_rows are padded the same way. Results equal the scan kernel's
+//   and the CPU path's bit for bit.
 //
 // Limits (the host plans around them, src/search/knn/select.rs): ids are u32
 // (n_rows < 2^32 - 1); sort_slots * 8 bytes of dynamic shared memory must fit the
-// device, which bounds k (16384 on an A100 or H100).
+// device (16384 slots on an A100 or H100). A k beyond the sort costs five passes over
+// the row per slice.
 #pragma once
 
 #include "scan.cuh"
@@ -201,17 +207,80 @@ __device__ FRAGLINK_INLINE void bitonic_sort_u64(uint64_t* keys, uint32_t n) {
   scan::bitonic_network<BLOCK>(n, KeyCompareSwap{keys});
 }
 
+// The values a radix select ranks: the order keys of every entry (pass 1), or the ids
+// of the entries whose key equals a given one (in id order among ties). Structs, as
+// KeyCompareSwap, so no capture lands in a stack frame.
+struct KeyOf {
+  __device__ FRAGLINK_INLINE bool operator()(uint64_t, float d, uint32_t& v) const {
+    v = entry_key(d);
+    return true;
+  }
+};
+struct TieIdOf {
+  uint32_t key;
+  __device__ FRAGLINK_INLINE bool operator()(uint64_t i, float d, uint32_t& v) const {
+    v = static_cast<uint32_t>(i);
+    return entry_key(d) == key;
+  }
+};
+
+// The rank-th smallest (from 0) of the 32-bit values `value` gives the entries it
+// accepts, one byte per round from the top (4 passes over the row, a 256-bin histogram
+// per warp); `below`: how many accepted values are smaller, `equal`: how many equal it.
+// rank must be below the number of accepted entries. Called by all threads of the
+// block; `pick` is written again only after the next call's histogram barriers.
+template <int BLOCK, typename Value>
+__device__ FRAGLINK_INLINE uint32_t radix_select(const float* __restrict__ row, uint32_t n_rows, uint32_t ld,
+                                                 uint32_t rank, Value value, uint32_t (*hist)[256], uint32_t* pick,
+                                                 uint32_t& below, uint32_t& equal) {
+  constexpr int WARPS = BLOCK / 32;
+  const uint32_t tid = threadIdx.x;
+  const uint32_t warp = tid / 32;
+  uint32_t prefix = 0, mask = 0;
+  below = 0;
+  equal = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (uint32_t b = tid; b < static_cast<uint32_t>(WARPS) * 256; b += BLOCK) hist[b / 256][b % 256] = 0;
+    __syncthreads();
+    visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t i, float d) {
+      uint32_t v;
+      if (value(i, d, v) && (v & mask) == prefix) atomicAdd(&hist[warp][(v >> shift) & 0xFFu], 1u);
+    });
+    __syncthreads();
+    for (uint32_t b = tid; b < 256; b += BLOCK) {
+      uint32_t sum = 0;
+      for (int w = 0; w < WARPS; ++w) sum += hist[w][b];
+      hist[0][b] = sum;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      // The bin holding rank `rank` among the values that share the bytes so far.
+      uint32_t b = 0, acc = 0;
+      for (; b < 255 && acc + hist[0][b] <= rank; ++b) acc += hist[0][b];
+      pick[0] = b;
+      pick[1] = acc;
+      pick[2] = hist[0][b];
+    }
+    __syncthreads();
+    prefix |= pick[0] << shift;
+    mask |= 0xFFu << shift;
+    rank -= pick[1];
+    below += pick[1];
+    equal = pick[2];
+  }
+  return prefix;
+}
+
 // The select's contract (as scan.cuh's launch_ok): block shape, 1 <= k, at least one
 // row, a row stride ld >= n_rows that is a multiple of SELECT_VEC, a 16-byte aligned
-// matrix, sort_slots a power of two >= min(k, n_rows) within the launch's dynamic
-// shared memory, 4-byte aligned outputs. The same for every thread.
+// matrix, sort_slots a power of two within the launch's dynamic shared memory, 4-byte
+// aligned outputs. The same for every thread.
 __device__ FRAGLINK_INLINE bool select_launch_ok(const float* dists, uint32_t n_rows, uint32_t ld, uint32_t k,
                                                  uint32_t sort_slots, const uint32_t* out_ids,
                                                  const float* out_dists) {
-  const uint32_t kk = k < n_rows ? k : n_rows;
   const uint64_t bad = scan::misaligned_bits<16>(dists) | scan::misaligned_bits<4>(out_ids) |
                        scan::misaligned_bits<4>(out_dists) | (ld % SELECT_VEC);
-  return bad == 0 && k != 0 && n_rows != 0 && ld >= n_rows && sort_slots >= kk &&
+  return bad == 0 && k != 0 && n_rows != 0 && ld >= n_rows && sort_slots != 0 &&
          (sort_slots & (sort_slots - 1)) == 0 && static_cast<uint64_t>(sort_slots) * 8 <= scan::dynamic_shared_bytes() &&
          blockDim.x == FRAGLINK_SELECT_BLOCK && blockDim.y == 1 && blockDim.z == 1;
 }
@@ -225,112 +294,77 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
   // one order of magnitude share their top byte), and warps adding to one shared
   // histogram would serialise on them.
   __shared__ uint32_t s_hist[WARPS][256];
-  __shared__ uint32_t s_warp[WARPS];
   __shared__ uint32_t s_pick[3];
   __shared__ uint32_t s_count;
   uint64_t* const s_keys = reinterpret_cast<uint64_t*>(scan::dynamic_shared());
 
   if (!select_launch_ok(dists, n_rows, ld, k, sort_slots, out_ids, out_dists)) return;
   const uint32_t tid = threadIdx.x;
-  const uint32_t lane = tid % 32;
-  const uint32_t warp = tid / 32;
-  const uint32_t kk = k < n_rows ? k : n_rows;
+  const uint64_t kk = k < n_rows ? k : n_rows;
 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
     const float* __restrict__ row = dists + q * ld;
-    // Pass 1: T, the kk-th smallest key (rank kk - 1 from 0), one byte per round;
-    // `ties`, how many keys equal T.
-    uint32_t prefix = 0, mask = 0, rank = kk - 1, below = 0, ties = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (uint32_t b = tid; b < static_cast<uint32_t>(WARPS) * 256; b += BLOCK) s_hist[b / 256][b % 256] = 0;
-      __syncthreads();
-      visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t, float d) {
-        const uint32_t key = entry_key(d);
-        if ((key & mask) == prefix) atomicAdd(&s_hist[warp][(key >> shift) & 0xFFu], 1u);
-      });
-      __syncthreads();
-      for (uint32_t b = tid; b < 256; b += BLOCK) {
-        uint32_t sum = 0;
-        for (int w = 0; w < WARPS; ++w) sum += s_hist[w][b];
-        s_hist[0][b] = sum;
-      }
-      __syncthreads();
-      if (tid == 0) {
-        // The bin holding rank `rank` among the keys that share the bytes so far.
-        uint32_t b = 0, acc = 0;
-        for (; b < 255 && acc + s_hist[0][b] <= rank; ++b) acc += s_hist[0][b];
-        s_pick[0] = b;
-        s_pick[1] = acc;
-        s_pick[2] = s_hist[0][b];
-      }
-      __syncthreads();
-      // s_pick is written again only after the next round's histogram barriers.
-      prefix |= s_pick[0] << shift;
-      mask |= 0xFFu << shift;
-      rank -= s_pick[1];
-      below += s_pick[1];
-      ties = s_pick[2];
-    }
-    const uint32_t t_key = prefix;
-    const uint32_t need = kk - below;  // keys equal to T that make the cut, 1..ties
-
-    // Pass 2: the keys < T, in [0, below), and the first `need` keys equal to T in
-    // id order after them. When every tie fits the sort, all of them are kept
-    // unordered and the sort puts the smallest ids first; otherwise (many equal
-    // distances, or excluded rows making up the cut) the ties go through a
-    // block-wide prefix over each tile of rows in id order.
-    const bool all_ties_fit = static_cast<uint64_t>(below) + ties <= sort_slots;
-    if (tid == 0) s_count = 0;
-    __syncthreads();
-    if (all_ties_fit) {
-      visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t i, float d) {
-        const uint32_t key = entry_key(d);
-        if (key <= t_key) {
-          s_keys[atomicAdd(&s_count, 1u)] = (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(i);
-        }
-      });
-    } else {
-      uint32_t seen = 0;  // ties in earlier tiles (the same in every thread)
-      for (uint64_t base = 0; base < n_rows; base += BLOCK) {
-        const uint64_t i = base + tid;
-        const uint32_t key = i < n_rows ? entry_key(row[i]) : 0u;
-        const uint64_t packed = (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(i);
-        if (i < n_rows && key < t_key) s_keys[atomicAdd(&s_count, 1u)] = packed;
-        const bool tie = i < n_rows && key == t_key;
-        const unsigned ballot = __ballot_sync(0xffffffffu, tie);
-        if (lane == 0) s_warp[warp] = static_cast<uint32_t>(__popc(ballot));
-        __syncthreads();
-        uint32_t pos = seen + static_cast<uint32_t>(__popc(ballot & ((1u << lane) - 1u)));
-        uint32_t total = 0;
-        for (uint32_t w = 0; w < static_cast<uint32_t>(WARPS); ++w) {
-          if (w < warp) pos += s_warp[w];
-          total += s_warp[w];
-        }
-        if (tie && pos < need) s_keys[below + pos] = packed;
-        seen += total;
-        __syncthreads();  // s_warp is rewritten by the next tile
-      }
-    }
-    __syncthreads();
-
-    // The winners sorted by (key, id); the slots beyond the kept keys sort last.
-    const uint32_t kept = all_ties_fit ? below + ties : kk;
-    for (uint32_t j = kept + tid; j < sort_slots; j += BLOCK) s_keys[j] = ~0ull;
-    __syncthreads();
-    bitonic_sort_u64<BLOCK>(s_keys, sort_slots);
-
     const uint64_t out = q * k;
-    for (uint32_t j = tid; j < k; j += BLOCK) {
-      uint32_t id = 0xFFFFFFFFu;
-      float d = scan::pos_inf();
-      if (j < kk && (s_keys[j] >> 32) != 0xFFFFFFFFu) {
-        id = static_cast<uint32_t>(s_keys[j]);
-        d = row[id];
+    // The kk winners in slices of ranks [a, b), at most sort_slots each (one slice
+    // where kk fits the sort). The 64-bit key (order key, id) orders as
+    // scan::key_less and is distinct per entry; `prev` is the last key of the slice
+    // before.
+    uint64_t prev = 0;
+    for (uint64_t a = 0; a < kk; a += sort_slots) {
+      const uint64_t b = kk - a < sort_slots ? kk : a + sort_slots;
+      // T, the key of rank b - 1; `below` keys are smaller, `ties` equal it, and the
+      // first need = b - below ties in id order make the cut.
+      uint32_t below, ties;
+      const uint32_t t_key =
+          radix_select<BLOCK>(row, n_rows, ld, static_cast<uint32_t>(b - 1), KeyOf{}, s_hist, s_pick, below, ties);
+      const uint32_t need = static_cast<uint32_t>(b - below);
+      // Collect the keys after `prev` up to the cut: every key <= T where the ties
+      // beyond the slice fit the sort too (the sort puts the smallest ids first);
+      // else (many equal distances, or excluded rows making up the cut) up to the
+      // need-th tie in id order, found by a radix select on the ids of the ties.
+      uint64_t cut = (static_cast<uint64_t>(t_key) << 32) | 0xFFFFFFFFu;
+      if ((b - a) + (ties - need) > sort_slots) {
+        uint32_t id_below, id_equal;
+        const uint32_t id =
+            radix_select<BLOCK>(row, n_rows, ld, need - 1, TieIdOf{t_key}, s_hist, s_pick, id_below, id_equal);
+        cut = (static_cast<uint64_t>(t_key) << 32) | id;
       }
-      out_ids[out + j] = id;
-      out_dists[out + j] = d;
+      if (tid == 0) s_count = 0;
+      __syncthreads();
+      visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t i, float d) {
+        const uint64_t key = (static_cast<uint64_t>(entry_key(d)) << 32) | static_cast<uint32_t>(i);
+        if (key <= cut && (a == 0 || key > prev)) {
+          const uint32_t at = atomicAdd(&s_count, 1u);
+          if (at < sort_slots) s_keys[at] = key;  // always: the count is at most sort_slots
+        }
+      });
+      __syncthreads();
+      // The slice sorted by (key, id); the slots beyond the kept keys sort last.
+      const uint32_t kept = s_count < sort_slots ? s_count : sort_slots;
+      uint32_t n_sort = 1;
+      while (n_sort < kept) n_sort <<= 1;
+      for (uint32_t j = kept + tid; j < n_sort; j += BLOCK) s_keys[j] = ~0ull;
+      __syncthreads();
+      bitonic_sort_u64<BLOCK>(s_keys, n_sort);
+
+      for (uint64_t j = tid; j < b - a; j += BLOCK) {
+        uint32_t id = 0xFFFFFFFFu;
+        float d = scan::pos_inf();
+        if ((s_keys[j] >> 32) != 0xFFFFFFFFu) {
+          id = static_cast<uint32_t>(s_keys[j]);
+          d = row[id];
+        }
+        out_ids[out + a + j] = id;
+        out_dists[out + a + j] = d;
+      }
+      prev = s_keys[b - a - 1];
+      __syncthreads();  // the next slice rewrites the keys and s_count
     }
-    __syncthreads();  // the next query rewrites the keys and s_count
+    // Beyond the rows, padding as the scan pads.
+    for (uint64_t j = kk + tid; j < k; j += BLOCK) {
+      out_ids[out + j] = 0xFFFFFFFFu;
+      out_dists[out + j] = scan::pos_inf();
+    }
   }
 }
 

@@ -81,8 +81,9 @@ fn check(
         Ok(found) => found,
         Err(e) => {
             // Beyond the scan's capacities (256) a device that can neither
-            // take the tensor-core path nor sort k keys in the select sends
-            // the search to the CPU with this error.
+            // take the tensor-core path nor serve the shape with the select
+            // (it links for none of its archs, say) sends the search to the
+            // CPU with this error.
             let (dtype, metric) = (base.dtype(), params.metric);
             assert!(
                 want_select && !expects_select(gpu, dtype, metric, base.rows(), params.k),
@@ -234,7 +235,7 @@ fn special_rows_stay_on_the_exact_scan() {
 #[ignore = "needs a CUDA GPU"]
 fn the_two_pass_select_equals_cpu_beyond_the_candidate_capacities() {
     // k beyond 1024 (every dtype and metric, filters, k beyond the rows),
-    // and a base of 1.1M rows whose 300 queries take three batches of the
+    // k beyond the sort (slices), and a base of 1.1M rows whose 300 queries take three batches of the
     // distance matrix (SelectPlan::batch: 121 queries).
     let gpu = searcher();
     for dtype in DTYPES {
@@ -272,6 +273,19 @@ fn the_two_pass_select_equals_cpu_beyond_the_candidate_capacities() {
             false,
             &format!("{dtype} k beyond the rows"),
         );
+    }
+    // k beyond what the select sorts at once (16384 keys on an A100 or
+    // H100): the winners in slices, with and without a filter.
+    let (base, queries) = synthetic(60_000, 24, 12, DType::F32, 21);
+    for (what, params) in [
+        ("slices", SearchParams::new(40_000, Metric::L2)),
+        (
+            "slices over a 50% filter",
+            SearchParams::new(35_000, Metric::InnerProduct)
+                .with_filter(Filter::Bitset(Bitset::random(60_000, 0.5, 5))),
+        ),
+    ] {
+        check(&gpu, &base, &queries, &params, false, what);
     }
     let n = 1_100_000;
     assert_eq!(knn::SelectPlan::batch(n, 2000), 121);

@@ -12,13 +12,17 @@
 //! equal distances (the ties at the threshold go by id: kept whole where
 //! they fit the sort, else through the ordered prefix), NaN and infinite
 //! rows, a zero query (inner product's -0), a grid smaller than the batch
-//! (grid-stride).
+//! (grid-stride), and a sort smaller than k (the winners in slices: an H100
+//! sorts 16384 keys at a time, here 64 or 256, so that a few thousand rows
+//! make many slices), ties and excluded rows across slice boundaries
+//! included.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 
 use fraglink::search::data::synthetic;
+use fraglink::search::knn::plan::SharedMemory;
 use fraglink::search::knn::select::{sort_slots, SELECT_BLOCK};
 use fraglink::search::{Bitset, DType, Metric, Vectors};
 use half::f16;
@@ -55,7 +59,8 @@ fn of_dtype(values: &[f32], dim: usize, dtype: DType) -> Vectors {
     .unwrap()
 }
 
-/// One search through the emulated kernels, compared with the CPU path.
+/// One search through the emulated kernels, compared with the CPU path:
+/// the select sorts `slots` keys at a time, or as on an H100 (`None`).
 #[allow(clippy::too_many_arguments)]
 fn check(
     exe: &Path,
@@ -66,18 +71,19 @@ fn check(
     k: usize,
     filter: Option<Bitset>,
     select_grid: u32,
+    slots: Option<u32>,
 ) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let params = emulated::write_search(d, base, queries, k, metric, filter);
     let (n, dim, nq) = (base.rows(), base.dim(), queries.rows());
-    let slots = sort_slots(k, n).unwrap();
+    let slots = slots.unwrap_or_else(|| sort_slots(k, n, SharedMemory::H100).unwrap());
     let args: Vec<String> = [n, dim, nq, k, slots as usize, select_grid as usize, 7]
         .iter()
         .map(|v| v.to_string())
         .chain([d.display().to_string()])
         .collect();
-    let what = format!("{} {metric:?} {what} k {k}", base.dtype());
+    let what = format!("{} {metric:?} {what} k {k} slots {slots}", base.dtype());
     emulated::run(exe, &args, &what);
     let found = emulated::read_results(d, nq, k, false);
     emulated::assert_equals_cpu(&found, base, queries, &params, &what);
@@ -110,7 +116,10 @@ fn the_two_pass_select_matches_the_cpu_path_under_emulation() {
         // staging step of 32 and 5; 9 queries of a 32-query tile.
         let (base, queries) = synthetic(3000, 37, 9, dtype, 5);
         let run = |what: &str, b: &Vectors, q: &Vectors, k, f, grid| {
-            check(&exe, what, metric, b, q, k, f, grid)
+            check(&exe, what, metric, b, q, k, f, grid, None)
+        };
+        let sliced = |what: &str, b: &Vectors, q: &Vectors, k, f, grid, slots| {
+            check(&exe, what, metric, b, q, k, f, grid, Some(slots))
         };
         run("k 1100", &base, &queries, 1100, None, 4);
         run("k beyond the rows", &base, &queries, 5000, None, 9);
@@ -135,6 +144,38 @@ fn the_two_pass_select_matches_the_cpu_path_under_emulation() {
         // 1000 ties at the cut, more than the sort's 512 slots: the ties go
         // through the ordered prefix, over several tiles of rows.
         run("ties beyond the sort", &dup, &q16, 300, None, 5);
+        // A sort smaller than k: 18 slices of 64 ranks (the last of 12), and
+        // k beyond the rows in 12 slices of 256 (the last partial).
+        sliced("slices", &base, &queries, 1100, None, 4, 64);
+        sliced(
+            "slices beyond the rows",
+            &base,
+            &queries,
+            5000,
+            None,
+            9,
+            256,
+        );
+        // Excluded rows make up the cut of the last slices: 300 allowed rows,
+        // k 1100.
+        let sparse = Some(Bitset::random(3000, 0.1, 3));
+        sliced(
+            "slices over a 10% filter",
+            &base,
+            &queries,
+            1100,
+            sparse,
+            2,
+            64,
+        );
+        // Ties across slice boundaries: 1000 copies of each of 3 rows in
+        // slices of 64 (every cut inside a group: the ties' ids decide), and
+        // k 2100 in slices of 1024: the last slice, ranks 2048..2100, starts
+        // inside the third group and its 900 ties beyond it fit the sort.
+        sliced("ties in slices", &dup, &q16, 1500, None, 5, 64);
+        sliced("ties in slices of 1024", &dup, &q16, 2100, None, 3, 1024);
+        // One key per slice.
+        sliced("slices of one", &base, &queries, 40, None, 9, 1);
         // A one-row, one-element base.
         let (tiny, tq) = synthetic(1, 1, 3, dtype, 4);
         run("one row", &tiny, &tq, 2000, None, 3);
@@ -152,6 +193,15 @@ fn the_two_pass_select_matches_the_cpu_path_under_emulation() {
             let special = of_dtype(&values, 8, dtype);
             let (_, q8) = synthetic(10, 8, 4, dtype, 9);
             run("NaN and inf rows", &special, &q8, 1999, None, 4);
+            sliced(
+                "NaN and inf rows in slices",
+                &special,
+                &q8,
+                1999,
+                None,
+                4,
+                128,
+            );
             // A zero query: every inner product is -0, every cosine 1.
             let zero = of_dtype(&[0.0; 16], 8, dtype);
             run("zero query", &special, &zero, 1200, None, 1);

@@ -15,8 +15,8 @@
 //! capacity the device's shared memory holds (1024 on an H100), no
 //! "special" row or query, `FRAGLINK_GPU_KNN` not off) and the exact scan
 //! otherwise (k ≤ 256; beyond it the two-pass select of
-//! [`crate::search::knn::select`] where the device can sort k keys, else an
-//! error that sends the search to the CPU path); all give the same results. A bitset filter is a search parameter: it is
+//! [`crate::search::knn::select`], any k that fits a u32, else an error
+//! that sends the search to the CPU path); all give the same results. A bitset filter is a search parameter: it is
 //! uploaded when it first appears and kept while the following searches pass
 //! the same bits (query batches of one search do), replaced when they differ.
 //!
@@ -303,8 +303,8 @@ impl GpuIndex {
             }
         }
         // Beyond the scan with the tensor-core path unable: the two-pass
-        // select, where the device can sort k keys (else the error, and the
-        // router takes the search to the CPU).
+        // select, where it serves the shape (else the error, and the router
+        // takes the search to the CPU).
         if scan.is_err() {
             if let Some(found) = self.search_select(queries, params)? {
                 return Ok(GpuSearch {

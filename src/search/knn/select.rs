@@ -11,9 +11,11 @@
 //! Rules ([`choose_select`], `None` sends the search to the CPU):
 //! - ids are u32 and so is the matrix's row stride (`n_rows ≤ 2³² − 4`),
 //!   and `k` fits a u32;
-//! - the select sorts `min(k, n_rows)` keys of 8 bytes, rounded up to a
-//!   power of two, in shared memory: k ≤ 16384 on an A100 or H100, 8192 on
-//!   sm_86/sm_89 (99 KiB), 4096 on sm_75 (64 KiB);
+//! - the select sorts the winners in slices of at most `sort_slots` keys of
+//!   8 bytes, a power of two, in shared memory: up to 16384 on an A100 or
+//!   H100, 8192 on sm_86/sm_89 (99 KiB), 4096 on sm_75 (64 KiB). A larger
+//!   `min(k, n_rows)` takes several slices, each five passes over the
+//!   query's matrix row ([`slices`]);
 //! - both fragments, the metric and the filter link for the device.
 //!
 //! The matrix and results of one batch are at most [`MATRIX_BYTES`]; a
@@ -38,7 +40,7 @@ pub const DIST_TILE: (u32, u32) = (32, 64);
 /// Threads per block of `knn_select` (FRAGLINK_SELECT_BLOCK).
 pub const SELECT_BLOCK: u32 = 256;
 /// An upper bound of `knn_select`'s static shared memory (a 256-bin
-/// histogram per warp, per-warp counts and four words: 8 240 bytes).
+/// histogram per warp and four words: 8 208 bytes).
 pub const SELECT_STATIC_BYTES: u32 = 8448;
 /// Device memory of one batch, its distance matrix and its results: 512 MiB
 /// (133 queries of 1M rows at k = 2000).
@@ -54,7 +56,8 @@ pub struct SelectPlan {
     pub metric: &'static FragmentInfo,
     pub filter: &'static FragmentInfo,
     pub dtype: DType,
-    /// Keys the select sorts: `min(k, n_rows)` rounded up to a power of two.
+    /// Keys the select sorts per slice: `min(k, n_rows)` rounded up to a
+    /// power of two, at most what the device's shared memory holds.
     pub sort_slots: u32,
 }
 
@@ -110,14 +113,24 @@ pub fn row_stride(n_rows: usize) -> usize {
     n_rows.next_multiple_of(4)
 }
 
-/// `min(k, n_rows)` rounded up to a power of two (`None` past u32).
-pub fn sort_slots(k: usize, n_rows: usize) -> Option<u32> {
-    u32::try_from(k.min(n_rows).max(1).next_power_of_two()).ok()
+/// Keys the select sorts per slice for `k` over `n_rows` rows on a device
+/// with `shared`: `min(k, n_rows)` rounded up to a power of two, at most the
+/// largest power of two whose keys fit a block beside the static shared
+/// memory ([`SELECT_STATIC_BYTES`]). `None` where not even one key fits.
+pub fn sort_slots(k: usize, n_rows: usize, shared: SharedMemory) -> Option<u32> {
+    let room = u64::from(shared.per_block).checked_sub(u64::from(SELECT_STATIC_BYTES))? / 8;
+    if room == 0 {
+        return None;
+    }
+    let most = 1u64 << room.ilog2();
+    let want = (k.min(n_rows).max(1) as u64).next_power_of_two();
+    u32::try_from(want.min(most)).ok()
 }
 
-/// Whether the select's sort of `slots` keys fits a block of `shared`.
-fn fits(slots: u32, shared: SharedMemory) -> bool {
-    u64::from(slots) * 8 + u64::from(SELECT_STATIC_BYTES) <= u64::from(shared.per_block)
+/// Slices of the select for `k` over `n_rows` rows with `sort_slots` keys
+/// each (knn_select.cuh: five passes over a query's matrix row per slice).
+pub fn slices(k: usize, n_rows: usize, sort_slots: u32) -> usize {
+    k.min(n_rows).div_ceil(sort_slots.max(1) as usize)
 }
 
 /// The two-pass plan for `r`, or `None` where it cannot serve it (module
@@ -133,10 +146,7 @@ pub fn choose_select(r: &KnnRequest<'_>) -> Option<SelectPlan> {
     if r.dim == 0 || u32::try_from(r.dim).is_err() {
         return None;
     }
-    let sort_slots = sort_slots(r.k, r.n_rows)?;
-    if !fits(sort_slots, r.shared) {
-        return None;
-    }
+    let sort_slots = sort_slots(r.k, r.n_rows, r.shared)?;
     let plan = assemble(r.dtype, r.metric, r.filter, sort_slots)?;
     let links = [plan.dist, plan.select, plan.metric, plan.filter]
         .iter()
@@ -268,9 +278,8 @@ impl SelectSearch<'_> {
                 push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
                 // SAFETY: knn_select's contract: the matrix knn_dist filled on
                 // the same stream (16-byte aligned, rows ld apart, ld a
-                // multiple of 4), sort_slots a power of two ≥ min(k, n_rows)
-                // with 8 bytes each of dynamic shared memory, outputs of
-                // nb × k.
+                // multiple of 4), sort_slots a power of two with 8 bytes each
+                // of dynamic shared memory, outputs of nb × k.
                 unsafe { select.launch(&cfg, &mut a)? };
             }
             append_batch(t, &o_ids, &o_dists, &mut out)?;
@@ -312,24 +321,47 @@ mod tests {
     };
 
     #[test]
-    fn k_reaches_what_the_sort_fits_in_shared_memory() {
+    fn the_sort_takes_what_fits_in_shared_memory_and_larger_k_takes_slices() {
         let n = 1_000_000;
-        for (device, shared, max_k) in [
-            (Arch::sm(90), SharedMemory::H100, 16384),
+        for (device, shared, max_slots) in [
+            (Arch::sm(90), SharedMemory::H100, 16384u32),
             (Arch::sm(80), A100, 16384),
             (Arch::sm(86), SM86, 8192),
             (Arch::sm(75), SM75, 4096),
         ] {
-            let p = choose_select(&req(device, shared, max_k, n)).unwrap();
-            assert_eq!(p.sort_slots as usize, max_k);
+            let p = choose_select(&req(device, shared, max_slots as usize, n)).unwrap();
+            assert_eq!(p.sort_slots, max_slots);
             assert!(p.dynamic_shared_bytes() + SELECT_STATIC_BYTES <= shared.per_block);
-            assert!(choose_select(&req(device, shared, max_k + 1, n)).is_none());
+            assert_eq!(slices(max_slots as usize, n, p.sort_slots), 1);
+            // Beyond the sort: the same slots, several slices.
+            for k in [max_slots as usize + 1, 100_000, n, 1 << 31] {
+                let p = choose_select(&req(device, shared, k, n)).unwrap();
+                assert_eq!(p.sort_slots, max_slots, "{k}");
+                assert_eq!(
+                    slices(k, n, p.sort_slots),
+                    k.min(n).div_ceil(max_slots as usize)
+                );
+            }
         }
+        assert_eq!(slices(16385, 1 << 20, 16384), 2);
         // Beyond n_rows only n_rows keys are sorted: any k serves a small base.
         let p = choose_select(&req(Arch::sm(75), SM75, 1 << 30, 3000)).unwrap();
         assert_eq!(p.sort_slots, 4096);
-        assert_eq!(sort_slots(1, 1), Some(1));
-        assert_eq!(sort_slots(1025, 5000), Some(2048));
+        assert_eq!(slices(1 << 30, 3000, p.sort_slots), 1);
+        assert_eq!(sort_slots(1, 1, SM75), Some(1));
+        assert_eq!(sort_slots(1025, 5000, SM75), Some(2048));
+        // A block without room for one key beside the static shared memory.
+        let tiny = SharedMemory {
+            per_block: SELECT_STATIC_BYTES + 7,
+            per_sm: 64 * 1024,
+        };
+        assert_eq!(sort_slots(10, 10, tiny), None);
+        assert!(choose_select(&req(Arch::sm(75), tiny, 10, 100)).is_none());
+        let one = SharedMemory {
+            per_block: SELECT_STATIC_BYTES + 8,
+            ..tiny
+        };
+        assert_eq!(sort_slots(10, 10, one), Some(1));
     }
 
     #[test]
