@@ -26,10 +26,12 @@
 //      the row, a 256-bin histogram per warp), finds T, the key of rank b - 1,
 //      `below`, the number of keys < T, and `ties`, the number equal to T;
 //   2. one more pass collects the keys after the previous slice's last (key, id) up
-//      to the cut: every key <= T where the ties beyond the slice fit the sort too
-//      (the sort puts the smallest ids of the ties first); else (many equal
-//      distances, or excluded rows making up the cut) up to the (b - below)-th tie in
-//      id order, which a radix select on the ties' ids finds first (4 more passes);
+//      to the cut: where T is the excluded rows' key, every allowed key (the ranks
+//      after them are padding whatever the ids: the query's last slice); every key
+//      <= T where the ties beyond the slice fit the sort too (the sort puts the
+//      smallest ids of the ties first); else (many equal distances) up to the
+//      (b - below)-th tie in id order, which a radix select on the ties' ids finds
+//      first (up to 4 more passes: from the top byte of n_rows - 1);
 //   3. a bitonic sort in dynamic shared memory (the next power of two >= the
 //      collected keys, 8 bytes each, at most sort_slots) orders them by (key, id),
 //      and the slice's b - a winners are written, each winner's distance read back
@@ -41,7 +43,8 @@
 // Limits (the host plans around them, src/search/knn/select.rs): ids are u32
 // (n_rows < 2^32 - 1); sort_slots * 8 bytes of dynamic shared memory must fit the
 // device (16384 slots on an A100 or H100). A k beyond the sort costs five passes over
-// the row per slice.
+// the row per slice (nine with many ties at its cut); the host allows at most
+// knn::select::MAX_SLICES slices.
 #pragma once
 
 #include "scan.cuh"
@@ -225,21 +228,22 @@ struct TieIdOf {
 };
 
 // The rank-th smallest (from 0) of the 32-bit values `value` gives the entries it
-// accepts, one byte per round from the top (4 passes over the row, a 256-bin histogram
-// per warp); `below`: how many accepted values are smaller, `equal`: how many equal it.
-// rank must be below the number of accepted entries. Called by all threads of the
-// block; `pick` is written again only after the next call's histogram barriers.
+// accepts, one byte per round from bit `top` down (top 24: 4 passes over the row; a
+// 256-bin histogram per warp); every value must be below 2^(top + 8). `below`: how
+// many accepted values are smaller, `equal`: how many equal it. rank must be below the
+// number of accepted entries. Called by all threads of the block; `pick` is written
+// again only after the next call's histogram barriers.
 template <int BLOCK, typename Value>
 __device__ FRAGLINK_INLINE uint32_t radix_select(const float* __restrict__ row, uint32_t n_rows, uint32_t ld,
-                                                 uint32_t rank, Value value, uint32_t (*hist)[256], uint32_t* pick,
-                                                 uint32_t& below, uint32_t& equal) {
+                                                 uint32_t rank, Value value, int top, uint32_t (*hist)[256],
+                                                 uint32_t* pick, uint32_t& below, uint32_t& equal) {
   constexpr int WARPS = BLOCK / 32;
   const uint32_t tid = threadIdx.x;
   const uint32_t warp = tid / 32;
   uint32_t prefix = 0, mask = 0;
   below = 0;
   equal = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  for (int shift = top; shift >= 0; shift -= 8) {
     for (uint32_t b = tid; b < static_cast<uint32_t>(WARPS) * 256; b += BLOCK) hist[b / 256][b % 256] = 0;
     __syncthreads();
     visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t i, float d) {
@@ -301,6 +305,9 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
   if (!select_launch_ok(dists, n_rows, ld, k, sort_slots, out_ids, out_dists)) return;
   const uint32_t tid = threadIdx.x;
   const uint64_t kk = k < n_rows ? k : n_rows;
+  // The ids' top byte: a select over ids starts there (the bytes above are zero).
+  int id_top = 24;
+  while (id_top > 0 && ((n_rows - 1u) >> id_top) == 0u) id_top -= 8;
 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
     const float* __restrict__ row = dists + q * ld;
@@ -308,25 +315,32 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
     // The kk winners in slices of ranks [a, b), at most sort_slots each (one slice
     // where kk fits the sort). The 64-bit key (order key, id) orders as
     // scan::key_less and is distinct per entry; `prev` is the last key of the slice
-    // before.
-    uint64_t prev = 0;
+    // before, `filled` how many output positions are written.
+    uint64_t prev = 0, filled = 0;
     for (uint64_t a = 0; a < kk; a += sort_slots) {
       const uint64_t b = kk - a < sort_slots ? kk : a + sort_slots;
       // T, the key of rank b - 1; `below` keys are smaller, `ties` equal it, and the
       // first need = b - below ties in id order make the cut.
       uint32_t below, ties;
-      const uint32_t t_key =
-          radix_select<BLOCK>(row, n_rows, ld, static_cast<uint32_t>(b - 1), KeyOf{}, s_hist, s_pick, below, ties);
+      const uint32_t t_key = radix_select<BLOCK>(row, n_rows, ld, static_cast<uint32_t>(b - 1), KeyOf{}, 24,
+                                                 s_hist, s_pick, below, ties);
       const uint32_t need = static_cast<uint32_t>(b - below);
-      // Collect the keys after `prev` up to the cut: every key <= T where the ties
-      // beyond the slice fit the sort too (the sort puts the smallest ids first);
-      // else (many equal distances, or excluded rows making up the cut) up to the
-      // need-th tie in id order, found by a radix select on the ids of the ties.
+      // Collect the keys after `prev` up to the cut:
+      // - T the excluded rows' key: every allowed key (`below` - a of them after
+      //   `prev`); the ranks after them are padding whatever the excluded rows' ids,
+      //   so this is the last slice;
+      // - every key <= T where the ties beyond the slice fit the sort too (the sort
+      //   puts the smallest ids first);
+      // - else (many equal distances) up to the need-th tie in id order, found by a
+      //   radix select on the ids of the ties.
+      const bool rest_excluded = t_key == 0xFFFFFFFFu;
       uint64_t cut = (static_cast<uint64_t>(t_key) << 32) | 0xFFFFFFFFu;
-      if ((b - a) + (ties - need) > sort_slots) {
+      if (rest_excluded) {
+        cut = (0xFFFFFFFFull << 32) - 1u;
+      } else if ((b - a) + (ties - need) > sort_slots) {
         uint32_t id_below, id_equal;
-        const uint32_t id =
-            radix_select<BLOCK>(row, n_rows, ld, need - 1, TieIdOf{t_key}, s_hist, s_pick, id_below, id_equal);
+        const uint32_t id = radix_select<BLOCK>(row, n_rows, ld, need - 1, TieIdOf{t_key}, id_top, s_hist, s_pick,
+                                                id_below, id_equal);
         cut = (static_cast<uint64_t>(t_key) << 32) | id;
       }
       if (tid == 0) s_count = 0;
@@ -347,21 +361,19 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
       __syncthreads();
       bitonic_sort_u64<BLOCK>(s_keys, n_sort);
 
-      for (uint64_t j = tid; j < b - a; j += BLOCK) {
-        uint32_t id = 0xFFFFFFFFu;
-        float d = scan::pos_inf();
-        if ((s_keys[j] >> 32) != 0xFFFFFFFFu) {
-          id = static_cast<uint32_t>(s_keys[j]);
-          d = row[id];
-        }
+      const uint64_t n_out = rest_excluded ? kept : b - a;
+      for (uint64_t j = tid; j < n_out; j += BLOCK) {
+        const uint32_t id = static_cast<uint32_t>(s_keys[j]);
         out_ids[out + a + j] = id;
-        out_dists[out + a + j] = d;
+        out_dists[out + a + j] = row[id];
       }
-      prev = s_keys[b - a - 1];
+      filled = a + n_out;
+      if (!rest_excluded) prev = s_keys[b - a - 1];
       __syncthreads();  // the next slice rewrites the keys and s_count
+      if (rest_excluded) break;
     }
-    // Beyond the rows, padding as the scan pads.
-    for (uint64_t j = kk + tid; j < k; j += BLOCK) {
+    // Excluded rows and positions beyond the rows: padding as the scan pads.
+    for (uint64_t j = filled + tid; j < k; j += BLOCK) {
       out_ids[out + j] = 0xFFFFFFFFu;
       out_dists[out + j] = scan::pos_inf();
     }

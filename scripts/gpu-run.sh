@@ -226,8 +226,10 @@ search_step() {
 # a staging-0 variant and its 4-byte copies; the others take `_a16` variants),
 # u8 at nq 1 where a query's
 # rows span blocks and the re-rank merges, i8 inner product at k 300), the
-# scan, the two-pass select (k 3000 in one sort, k 17000 in two slices on an
-# H100), and IVF-Flat. memcheck on each; racecheck and
+# scan, the two-pass select (k 3000 in one sort; k 17000 in two slices on an
+# H100: i8 of dim 4, whose many equal distances take the select over the ties'
+# ids, and half the rows filtered out, whose excluded rows end the query), and
+# IVF-Flat. memcheck on each; racecheck and
 # synccheck where blocks exchange through shared memory; initcheck on two.
 sanitize_cases="\
 tile-f32 memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 70 --k 10
@@ -236,7 +238,8 @@ tile-u8-nq1 memcheck FRAGLINK_GPU_KNN=1 --dtype u8 --filter bitset:0.5 --n 30000
 tile-i8-k300 memcheck FRAGLINK_GPU_KNN=1 --dtype i8 --metric ip --n 6000 --nq 5 --k 300
 scan-f16 memcheck,racecheck FRAGLINK_GPU_KNN=0 --dtype f16 --n 6000 --nq 5 --k 10
 select memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 5 --k 3000
-select-slices memcheck,racecheck FRAGLINK_GPU_KNN=1 --n 20000 --dim 16 --nq 2 --k 17000
+select-slices memcheck,racecheck,synccheck FRAGLINK_GPU_KNN=1 --dtype i8 --dim 4 --n 20000 --nq 2 --k 17000
+select-slices-filter memcheck FRAGLINK_GPU_KNN=1 --filter bitset:0.5 --n 20000 --dim 16 --nq 2 --k 17000
 ivf-i8 memcheck,racecheck FRAGLINK_GPU_KNN=1 --ivf-flat --nlist 32 --nprobe 8 --dtype i8 --filter bitset:0.5 --n 6000 --nq 20 --k 10"
 
 sanitize_step() {

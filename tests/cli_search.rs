@@ -586,7 +586,7 @@ fn rayon_num_threads_is_clamped_and_checked() {
 fn beyond_the_scan_the_plan_names_the_large_k_path() {
     // k past the scan's 256: the tensor-core kernels where their capacity
     // holds k (1024 at most, H100 shared memory when no GPU is asked), the
-    // two-pass select beyond, for any k.
+    // two-pass select beyond (in slices past 16384 keys).
     let cache = tempfile::tempdir().unwrap();
     let plan_of = |k: &str| {
         let v = search_json(

@@ -10,7 +10,7 @@
 //! tiles (two of queries) and a dim that is not a whole number of staging
 //! steps, k beyond the rows, a filter leaving fewer rows than k, many
 //! equal distances (the ties at the threshold go by id: kept whole where
-//! they fit the sort, else through the ordered prefix), NaN and infinite
+//! they fit the sort, else cut by a radix select over their ids), NaN and infinite
 //! rows, a zero query (inner product's -0), a grid smaller than the batch
 //! (grid-stride), and a sort smaller than k (the winners in slices: an H100
 //! sorts 16384 keys at a time, here 64 or 256, so that a few thousand rows
@@ -141,8 +141,8 @@ fn the_two_pass_select_matches_the_cpu_path_under_emulation() {
             None,
             5,
         );
-        // 1000 ties at the cut, more than the sort's 512 slots: the ties go
-        // through the ordered prefix, over several tiles of rows.
+        // 1000 ties at the cut, more than the sort's 512 slots: the cut goes
+        // by a radix select over the ties' ids.
         run("ties beyond the sort", &dup, &q16, 300, None, 5);
         // A sort smaller than k: 18 slices of 64 ranks (the last of 12), and
         // k beyond the rows in 12 slices of 256 (the last partial).
@@ -156,8 +156,10 @@ fn the_two_pass_select_matches_the_cpu_path_under_emulation() {
             9,
             256,
         );
-        // Excluded rows make up the cut of the last slices: 300 allowed rows,
-        // k 1100.
+        // Excluded rows make up the cut of a slice: 300 allowed rows, k
+        // 1100, slices of 64: the fifth slice takes the allowed rows left and
+        // ends the query, the rest is padding. Also no allowed row at all,
+        // and ties over a filter in slices of one.
         let sparse = Some(Bitset::random(3000, 0.1, 3));
         sliced(
             "slices over a 10% filter",
@@ -167,6 +169,18 @@ fn the_two_pass_select_matches_the_cpu_path_under_emulation() {
             sparse,
             2,
             64,
+        );
+        let none = Some(Bitset::none(3000));
+        sliced("slices, no allowed row", &base, &queries, 200, none, 3, 64);
+        let every_third = Some(Bitset::from_fn(3000, |i| i % 3 == 0));
+        sliced(
+            "ties over a filter in slices of one",
+            &dup,
+            &q16,
+            40,
+            every_third,
+            5,
+            1,
         );
         // Ties across slice boundaries: 1000 copies of each of 3 rows in
         // slices of 64 (every cut inside a group: the ties' ids decide), and

@@ -15,7 +15,7 @@
 //! capacity the device's shared memory holds (1024 on an H100), no
 //! "special" row or query, `FRAGLINK_GPU_KNN` not off) and the exact scan
 //! otherwise (k ≤ 256; beyond it the two-pass select of
-//! [`crate::search::knn::select`], any k that fits a u32, else an error
+//! [`crate::search::knn::select`] up to its `MAX_SLICES` slices, else an error
 //! that sends the search to the CPU path); all give the same results. A bitset filter is a search parameter: it is
 //! uploaded when it first appears and kept while the following searches pass
 //! the same bits (query batches of one search do), replaced when they differ.

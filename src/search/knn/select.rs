@@ -14,8 +14,9 @@
 //! - the select sorts the winners in slices of at most `sort_slots` keys of
 //!   8 bytes, a power of two, in shared memory: up to 16384 on an A100 or
 //!   H100, 8192 on sm_86/sm_89 (99 KiB), 4096 on sm_75 (64 KiB). A larger
-//!   `min(k, n_rows)` takes several slices, each five passes over the
-//!   query's matrix row ([`slices`]);
+//!   `min(k, n_rows)` takes several slices ([`slices`]), each five passes
+//!   over the query's matrix row (nine where many equal distances make the
+//!   cut), so at most [`MAX_SLICES`]: k up to 1 048 576 on an H100;
 //! - both fragments, the metric and the filter link for the device.
 //!
 //! The matrix and results of one batch are at most [`MATRIX_BYTES`]; a
@@ -45,6 +46,11 @@ pub const SELECT_STATIC_BYTES: u32 = 8448;
 /// Device memory of one batch, its distance matrix and its results: 512 MiB
 /// (133 queries of 1M rows at k = 2000).
 pub const MATRIX_BYTES: usize = 512 << 20;
+/// The most slices a search may take. Each reads the query's matrix row
+/// five times (nine with many ties at its cut), so the work grows with
+/// `k · n_rows`: 64 slices of 16384 keys read a 1M-row row 320 times
+/// (1.3 GB per query), where the CPU path sorts once.
+pub const MAX_SLICES: usize = 64;
 /// Queries per `knn_dist` launch: grid.y holds 65535 query tiles.
 const MAX_BATCH: usize = 65_535 * DIST_TILE.0 as usize;
 
@@ -128,7 +134,9 @@ pub fn sort_slots(k: usize, n_rows: usize, shared: SharedMemory) -> Option<u32> 
 }
 
 /// Slices of the select for `k` over `n_rows` rows with `sort_slots` keys
-/// each (knn_select.cuh: five passes over a query's matrix row per slice).
+/// each (knn_select.cuh: five passes over a query's matrix row per slice,
+/// nine with many ties at its cut; a slice past the filter's allowed rows
+/// ends the query).
 pub fn slices(k: usize, n_rows: usize, sort_slots: u32) -> usize {
     k.min(n_rows).div_ceil(sort_slots.max(1) as usize)
 }
@@ -147,6 +155,9 @@ pub fn choose_select(r: &KnnRequest<'_>) -> Option<SelectPlan> {
         return None;
     }
     let sort_slots = sort_slots(r.k, r.n_rows, r.shared)?;
+    if slices(r.k, r.n_rows, sort_slots) > MAX_SLICES {
+        return None;
+    }
     let plan = assemble(r.dtype, r.metric, r.filter, sort_slots)?;
     let links = [plan.dist, plan.select, plan.metric, plan.filter]
         .iter()
@@ -334,7 +345,11 @@ mod tests {
             assert!(p.dynamic_shared_bytes() + SELECT_STATIC_BYTES <= shared.per_block);
             assert_eq!(slices(max_slots as usize, n, p.sort_slots), 1);
             // Beyond the sort: the same slots, several slices.
-            for k in [max_slots as usize + 1, 100_000, n, 1 << 31] {
+            for k in [
+                max_slots as usize + 1,
+                100_000,
+                MAX_SLICES * max_slots as usize,
+            ] {
                 let p = choose_select(&req(device, shared, k, n)).unwrap();
                 assert_eq!(p.sort_slots, max_slots, "{k}");
                 assert_eq!(
@@ -342,6 +357,10 @@ mod tests {
                     k.min(n).div_ceil(max_slots as usize)
                 );
             }
+            // Beyond MAX_SLICES slices: the CPU path.
+            let over = MAX_SLICES * max_slots as usize + 1;
+            assert!(choose_select(&req(device, shared, over, 1 << 28)).is_none());
+            assert!(choose_select(&req(device, shared, 1 << 31, 1 << 28)).is_none());
         }
         assert_eq!(slices(16385, 1 << 20, 16384), 2);
         // Beyond n_rows only n_rows keys are sorted: any k serves a small base.
