@@ -291,16 +291,20 @@ peers_step() {
 }
 
 # Kernel profiles for whoever tunes the kernels next: Nsight Compute on the
-# second (warm) search of n 1M x 128 f32, k 10: the tensor-core kernels at
-# nq 1 and 1000, the scan at nq 1.
+# second (warm) search of n 1M x 128 f32, k 10 (the first for knn-nq1000, below):
+# the tensor-core kernels at nq 1 and 1000, the scan at nq 1.
 ncu_step() {
   local t0=$SECONDS status=done spec rc failed=0
   echo "== kernel profiles (ncu, $(left) s left)"
   # name, nq, FRAGLINK_GPU_KNN, launches of the first search (skipped), launches profiled.
   # At nq 1 a search's rows span hundreds of chunks, so the re-rank has its merge
   # level: knn_tile, knn_rerank (merge), knn_rerank (final). At nq 1000 (16 query
-  # tiles of 64) the chunks fit one re-rank level on an H100 or H200: two launches.
-  for spec in "knn-nq1 1 1 3 3" "knn-nq1000 1000 1 2 2" "scan-nq1 1 0 1 1"; do
+  # tiles of 64) the chunks fit one re-rank level on an H100 or H200 where the tile
+  # kernel fits 2 blocks per SM (16 chunks at most: two launches), but with 3 a
+  # merge level is added; so that case profiles the first search's launches, two
+  # or three (a third of the next search's is a repeat), not the second search's:
+  # ncu flushes the caches before each profiled kernel either way.
+  for spec in "knn-nq1 1 1 3 3" "knn-nq1000 1000 1 0 3" "scan-nq1 1 0 1 1"; do
     if [ "$(left)" -le 30 ]; then status=stopped; break; fi
     set -- $spec
     # Clocks as the application sees them (ncu's default locks them at base).
