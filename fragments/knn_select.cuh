@@ -34,11 +34,11 @@
 //      first (up to 4 more passes: from the top byte of n_rows - 1);
 //   3. a bitonic sort in dynamic shared memory (the next power of two >= the
 //      collected keys, 8 bytes each, at most sort_slots) orders them by (key, id),
-//      and the slice's b - a winners are written, each winner's distance read back
-//      from the matrix (so -0 stays -0), excluded rows as the scan pads,
-//      (+inf, 0xFFFFFFFF).
-//   Positions beyond n_rows are padded the same way. Results equal the scan kernel's
-//   and the CPU path's bit for bit.
+//      and the slice's winners are written, each one's distance read back from the
+//      matrix (so -0 stays -0).
+//   Excluded rows in the cut and positions beyond n_rows are padded as the scan pads,
+//   (+inf, 0xFFFFFFFF). Results equal the scan kernel's and the CPU path's bit for
+//   bit.
 //
 // Limits (the host plans around them, src/search/knn/select.rs): ids are u32
 // (n_rows < 2^32 - 1); sort_slots * 8 bytes of dynamic shared memory must fit the
@@ -355,8 +355,7 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
       __syncthreads();
       // The slice sorted by (key, id); the slots beyond the kept keys sort last.
       const uint32_t kept = s_count < sort_slots ? s_count : sort_slots;
-      uint32_t n_sort = 1;
-      while (n_sort < kept) n_sort <<= 1;
+      const uint32_t n_sort = static_cast<uint32_t>(scan::next_pow2(static_cast<int>(kept)));
       for (uint32_t j = kept + tid; j < n_sort; j += BLOCK) s_keys[j] = ~0ull;
       __syncthreads();
       bitonic_sort_u64<BLOCK>(s_keys, n_sort);
