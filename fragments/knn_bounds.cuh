@@ -38,6 +38,17 @@
 // most 3 * 2^-20 (1 + 2^-9) relative per product; eps_in = 2^-17 (8x that). The
 // three MMAs accumulate 3n products: m = 3n. f16 and integers: eps_in = 0, m = n.
 // So |dot_tc - dot| <= delta |q||x| + abs_tc with delta = eps_in + gamma_tc(m).
+// f16copy (f32 rows and queries, the MMA reads their f16 copies, rounded to nearest
+// on the host; every element finite and |v| <= 65504, else the host picks another
+// precision): rounding v to f16 errs by at most 2^-11 |v| + 2^-25 (the absolute part
+// for f16's subnormal range), so with q~ = q + a, x~ = x + b one product errs by
+// |q b + a x + a b| <= (2^-10 + 2^-22)|q_j x_j| + (2^-25 + 2^-36)(|q_j| + |x_j|) + 2^-50;
+// the f16 products themselves are exact in f32 (m = n). Summed, with
+// sum |q_j| <= sqrt(n) |q|: eps_in = 2^-9 (2x), and an absolute part
+// A1 (|q| + |x|) + A0, A1 = (2^-25 + 2^-36) r (r the least power of two >= sqrt(n)),
+// A0 = n 2^-50. abs_in = 4 (A1 + A0) joins A below (l2 doubles the dot's error, and
+// a factor 2 to spare), and cosine, which divides the dot by |q||x|, adds
+// abs_in ((1/|q| + 1/|x|) + 1/(|q||x|)) per pair.
 //
 // Bounds used (each about twice what the derivation needs, which also covers the
 // f32 rounding of the norms and of e itself, as in cpu.rs):
@@ -47,9 +58,10 @@
 //          own roundings and the f32 norms.
 //  inner_product: g = -dot;  e = (2 gamma(n) + 2 delta + 4 u)|q||x| + A (1 + |q| + |x|).
 //  cosine: g = 1 - (dot * (1/|q|)) * (1/|x|);  e = 4 gamma(n+6) + 2 delta + 24 u + A_cos.
-//  A = (2m + n + 8) 2^-126 (flushes and underflow, A3, times the operand magnitude
+//  A = (2m + n + 8) 2^-126 + abs_in (flushes and underflow, A3, times the operand magnitude
 //  for the input flushes: hence the (1 + |q| + |x|) factor); for cosine, with
-//  |q|, |x| >= 2^-30 (smaller are "special"), A_cos = (2m + n + 8) 2^-64.
+//  |q|, |x| >= 2^-30 (smaller are "special"), A_cos = (2m + n + 8) 2^-64; f16copy adds
+//  abs_in ((q0 + x0) + q0 x0) (q0 = 1/|q|, x0 = 1/|x|, at most 2^30 each: finite).
 // Rows and queries with a non-finite element, a squared norm above 2^100 or (cosine)
 // below 2^-60 are "special" (as in cpu.rs): the host routes any search that meets
 // one to the exact scan kernel, so every intermediate here is finite.
@@ -68,7 +80,14 @@ namespace fraglink {
 namespace knn {
 
 // Precision of the candidate dot products (the `precision` matrix key).
-enum precision_kind { precision_f16 = 0, precision_tf32 = 1, precision_tf32x3 = 2, precision_int = 3 };
+// f16copy: f32 rows whose f16 copies the MMAs read (the exact fold reads the f32 rows).
+enum precision_kind {
+  precision_f16 = 0,
+  precision_tf32 = 1,
+  precision_tf32x3 = 2,
+  precision_int = 3,
+  precision_f16copy = 4
+};
 // Metric of the linked metric fragment, as knn_tile.cuh recognises it.
 enum metric_kind { metric_l2 = 0, metric_inner_product = 1, metric_cosine = 2, metric_unknown = 3 };
 
@@ -78,6 +97,7 @@ struct bound_consts {
   float c_ip;   // times |q||x|
   float c_cos;  // cosine's e, absolute terms included
   float abs;    // A, times (1 + |q| + |x|)
+  float abs_in; // f16copy's input rounding (0 otherwise): cosine's per-pair term
 };
 
 // Whether `dim` is small enough for the bounds (gamma_tc(3 dim) < 1/2); larger dims
@@ -93,6 +113,7 @@ FRAGLINK_HD FRAGLINK_INLINE bound_consts make_bound_consts(uint32_t dim, int pre
   const double m = precision == precision_tf32x3 ? 3.0 * n : n;
   const double eps_in = precision == precision_tf32     ? 0.00390625               // 2^-8
                         : precision == precision_tf32x3 ? 7.62939453125e-06        // 2^-17
+                        : precision == precision_f16copy ? 0.001953125             // 2^-9
                                                         : 0.0;
   const double gamma_tc = m * u_tc / (1.0 - m * u_tc);
   const double delta = eps_in + gamma_tc;
@@ -101,11 +122,19 @@ FRAGLINK_HD FRAGLINK_INLINE bound_consts make_bound_consts(uint32_t dim, int pre
   const double g_n6 = (n + 6.0) * u / (1.0 - (n + 6.0) * u);
   const double abs_terms = 2.0 * m + n + 8.0;
   const double up = 1.0 + 1e-6;  // the f32 conversion below rounds; stay above
+  double abs_in = 0.0;
+  if (precision == precision_f16copy) {
+    double r = 1.0;  // the least power of two >= sqrt(n), without a square root
+    while (r * r < n) r *= 2.0;
+    abs_in = 4.0 * ((2.98023223876953125e-08 + 1.4551915228366852e-11) * r  // (2^-25 + 2^-36) r
+                    + n * 8.8817841970012523e-16);                          // n 2^-50
+  }
   bound_consts c;
   c.c_l2 = static_cast<float>((2.0 * g_n2 + delta + 12.0 * u) * up);
   c.c_ip = static_cast<float>((2.0 * g_n + 2.0 * delta + 4.0 * u) * up);
   c.c_cos = static_cast<float>((4.0 * g_n6 + 2.0 * delta + 24.0 * u + abs_terms * tiny_cos) * up);
-  c.abs = static_cast<float>(abs_terms * tiny * up);
+  c.abs = static_cast<float>((abs_terms * tiny + abs_in) * up);
+  c.abs_in = static_cast<float>(abs_in * up);
   return c;
 }
 
@@ -126,6 +155,7 @@ FRAGLINK_HD FRAGLINK_INLINE void float_bounds(int metric, const bound_consts& c,
   } else {
     g = sub_rn(1.0f, mul_rn(mul_rn(dot, q0), x0));
     e = c.c_cos;
+    if (c.abs_in > 0.0f) e = add_rn(e, mul_rn(c.abs_in, add_rn(add_rn(q0, x0), mul_rn(q0, x0))));
   }
   *lo = sub_rn(g, e);
   *hi = add_rn(g, e);

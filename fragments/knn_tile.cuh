@@ -10,7 +10,9 @@
 //   "small batch split"). Four warps; per row iteration the block covers QT queries
 //   x RT rows, each warp FQ x FR tiles of 16 x 16 dot products from the tensor
 //   cores (tile_shape: WMMA f16 -> f32 accumulation, TF32 or 3xTF32 for f32, s8/u8
-//   -> s32), loading each operand fragment once for FQ or FR MMAs. K is consumed in
+//   -> s32; f16copy: f32 rows whose f16 copies, made once by the host, the f16 MMA
+//   reads: half the bytes of the f32 rows, the exact fold still on the f32 rows),
+//   loading each operand fragment once for FQ or FR MMAs. K is consumed in
 //   chunks of 64 bytes staged in shared memory (zero padded, so any dim), laid out
 //   in slabs of one MMA K step, rows padded so fragment loads are free of bank
 //   conflicts and 32-byte aligned. Chunks come through a pipeline of STAGES
@@ -103,6 +105,10 @@ template <>
 struct mma<int8_t, precision_int> : mma_k16<signed char, int> {};
 template <>
 struct mma<uint8_t, precision_int> : mma_k16<unsigned char, int> {};
+// f32 rows through their f16 copies (`staged` differs from the row type: run_tile
+// stages the copies and the exact fold reads the f32 rows).
+template <>
+struct mma<float, precision_f16copy> : mma_k16<__half, float> {};
 
 // On the host only under tests/support/simt (the kernel emulator).
 #if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(FRAGLINK_HOST_SIMT)
@@ -543,23 +549,32 @@ struct tile_shape {
 // 1 <= k <= CAP, a recognised metric, a supported dim, chunks that cover every row
 // (chunk_rows * gridDim.y >= n_rows: a row left out would be a silently wrong
 // answer), aligned pointers, the dynamic shared memory of the candidate buffers,
-// and copies the variant holds (`unit`: copy_unit). The same for every thread: a
-// violating launch writes nothing.
+// copies the variant holds (`unit`: copy_unit), and an f16copy variant's copies
+// (non-null). The same for every thread: a violating launch writes nothing.
 template <typename T, int CAP, int STAGING>
 __device__ FRAGLINK_INLINE bool tile_launch_ok(int metric, uint32_t n_rows, uint32_t dim, uint32_t k,
                                                uint32_t chunk_rows, uint32_t dynamic_bytes, const void* const* ptrs4,
-                                               int n4, int unit) {
+                                               int n4, int unit, bool staged_given) {
   uint64_t bad = 0;
   for (int i = 0; i < n4; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
   return bad == 0 && metric != metric_unknown && dim_supported(dim) && k != 0 && k <= static_cast<uint32_t>(CAP) &&
          static_cast<uint64_t>(chunk_rows) * gridDim.y >= n_rows && blockDim.x == FRAGLINK_KNN_BLOCK &&
          blockDim.y == 1 && blockDim.z == 1 && dynamic_shared_bytes() >= dynamic_bytes &&
-         (STAGING != staging_a16 || unit == 16);
+         (STAGING != staging_a16 || unit == 16) && staged_given;
+}
+
+// What the MMAs read: the rows (queries) themselves, or where the variant stages
+// another type (f16copy) their copies, passed beside them.
+template <typename S, typename T>
+__device__ FRAGLINK_INLINE const S* staged_source(const T* own, const void* copy) {
+  return same<S, T>::value ? reinterpret_cast<const S*>(own) : static_cast<const S*>(copy);
 }
 
 // ----- the candidate kernel ------------------------------------------------------
 template <typename T, int PREC, int QT, int RT, int CAP, int STAGING>
 __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T* __restrict__ queries,
+                                         const void* __restrict__ stage_dataset,
+                                         const void* __restrict__ stage_queries,
                                          const uint32_t* __restrict__ filter_bits, const float* __restrict__ row_aux0,
                                          const float* __restrict__ row_aux1, const float* __restrict__ query_aux0,
                                          const float* __restrict__ query_aux1, uint32_t n_rows, uint32_t dim,
@@ -569,14 +584,16 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   typedef tile_shape<T, PREC, QT, RT, CAP> Shape;
   typedef typename Shape::M M;
   typedef typename Shape::S S;
-  static_assert(sizeof(S) == sizeof(T), "rows are staged as they are");
+  // The MMAs' operands: the rows as they are, or (f16copy) their copies.
+  const S* const xs = staged_source<S>(dataset, stage_dataset);
+  const S* const qs = staged_source<S>(queries, stage_queries);
   constexpr int K = Shape::K, KC = Shape::KC, LD = Shape::LD, BUF = Shape::BUF;
   constexpr int WARPS = Shape::WARPS, WQ = Shape::WQ, FQ = Shape::FQ, FR = Shape::FR;
 
   constexpr int STAGES = Shape::STAGES, Q_STAGE = Shape::Q_STAGE, X_STAGE = Shape::X_STAGE;
 
-  __shared__ __align__(128) T s_q[STAGES * Q_STAGE];
-  __shared__ __align__(128) T s_x[STAGES * X_STAGE];
+  __shared__ __align__(128) S s_q[STAGES * Q_STAGE];
+  __shared__ __align__(128) S s_x[STAGES * X_STAGE];
   // Each warp's 16 x 16 products on their way to the select, and its 256-bin
   // histogram when it compacts a buffer (after the select's barrier).
   __shared__ __align__(32) typename M::acc_t s_acc[WARPS][256];
@@ -604,8 +621,9 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const uint64_t row_end_u = row_begin + chunk_rows;
   const uint64_t row_end = row_end_u < n_rows ? row_end_u : n_rows;
   const bound_consts bc = make_bound_consts(dim, PREC);
-  const int unit = copy_unit<T>(dim, dataset, queries);
-  if (!tile_launch_ok<T, CAP, STAGING>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes, ptrs4, 9, unit)) {
+  const int unit = copy_unit<S>(dim, xs, qs);
+  if (!tile_launch_ok<T, CAP, STAGING>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes, ptrs4, 9, unit,
+                                       xs != nullptr && qs != nullptr)) {
     return;
   }
 
@@ -627,8 +645,8 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
     int in_stage = 0;
     auto issue = [&]() {
       if (next_row < row_end) {
-        copy_chunk<QT, KC, K, LD, true, STAGING>(s_q + in_stage * Q_STAGE, queries, n_queries, q0, dim, next_k, unit);
-        copy_chunk<RT, KC, K, LD, false, STAGING>(s_x + in_stage * X_STAGE, dataset, row_end, next_row, dim, next_k, unit);
+        copy_chunk<QT, KC, K, LD, true, STAGING>(s_q + in_stage * Q_STAGE, qs, n_queries, q0, dim, next_k, unit);
+        copy_chunk<RT, KC, K, LD, false, STAGING>(s_x + in_stage * X_STAGE, xs, row_end, next_row, dim, next_k, unit);
         next_k += KC;
         if (next_k >= dim) {
           next_k = 0;
@@ -655,8 +673,8 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
         copy_wait<STAGES - 2>();
         __syncthreads();
         issue();
-        const T* const sq = s_q + stage * Q_STAGE;
-        const T* const sx = s_x + stage * X_STAGE;
+        const S* const sq = s_q + stage * Q_STAGE;
+        const S* const sx = s_x + stage * X_STAGE;
         stage = stage + 1 == STAGES ? 0 : stage + 1;
 #pragma unroll
         for (int s = 0; s < KC / K; ++s) {

@@ -225,7 +225,8 @@ search_step() {
 # partial query tile, f16 cosine with a bitset over rows of dim 100 (200 bytes:
 # a staging-0 variant and its 4-byte copies; the others take `_a16` variants),
 # u8 at nq 1 where a query's
-# rows span blocks and the re-rank merges, i8 inner product at k 300), the
+# rows span blocks and the re-rank merges, i8 inner product at k 300, f32 through
+# an f16copy variant, which stages the rows' f16 copies), the
 # scan, the two-pass select (k 3000 in one sort; k 17000 in two slices on an
 # H100: i8 of dim 4, whose many equal distances take the select over the ties'
 # ids, and half the rows filtered out, whose excluded rows end the query), and
@@ -235,6 +236,7 @@ sanitize_cases="\
 tile-f32 memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 70 --k 10
 tile-f16 memcheck,racecheck FRAGLINK_GPU_KNN=1 --dtype f16 --dim 100 --metric cosine --filter bitset:0.5 --n 6000 --nq 40 --k 100
 tile-u8-nq1 memcheck FRAGLINK_GPU_KNN=1 --dtype u8 --filter bitset:0.5 --n 30000 --nq 1 --k 10
+tile-f16copy memcheck,racecheck FRAGLINK_KNN_VARIANT=knn_tile_f32_f16copy_q32_r64_k32_a16 --n 6000 --nq 70 --k 10
 tile-i8-k300 memcheck FRAGLINK_GPU_KNN=1 --dtype i8 --metric ip --n 6000 --nq 5 --k 300
 scan-f16 memcheck,racecheck FRAGLINK_GPU_KNN=0 --dtype f16 --n 6000 --nq 5 --k 10
 select memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 5 --k 3000

@@ -228,14 +228,14 @@ int main() {
 #endif
 #ifndef FRAGLINK_VIA_ABI
     } else if (k == "knn_consts") {
-      // knn_bounds.cuh: the four bound constants of (dim, precision).
+      // knn_bounds.cuh: the five bound constants of (dim, precision).
       unsigned long dim = 0;
       int prec = 0;
       if (std::scanf("%lu %d", &dim, &prec) != 2) return 7;
       const fraglink::knn::bound_consts c = fraglink::knn::make_bound_consts(static_cast<uint32_t>(dim), prec);
-      std::printf("%lu %lu %lu %lu\n", static_cast<unsigned long>(bits_of(c.c_l2)),
+      std::printf("%lu %lu %lu %lu %lu\n", static_cast<unsigned long>(bits_of(c.c_l2)),
                   static_cast<unsigned long>(bits_of(c.c_ip)), static_cast<unsigned long>(bits_of(c.c_cos)),
-                  static_cast<unsigned long>(bits_of(c.abs)));
+                  static_cast<unsigned long>(bits_of(c.abs)), static_cast<unsigned long>(bits_of(c.abs_in)));
     } else if (k == "knn_float") {
       // metric, dim, precision, then dot q0 q1 x0 x1 as bits: lo hi bits.
       int metric = 0, prec = 0;
@@ -535,11 +535,12 @@ fn knn_bounds_match_their_rust_twin() {
             writeln!(input, "knn_consts {dim} {}", p.code()).unwrap();
             let c = bound_consts(dim, p);
             want.push(format!(
-                "{} {} {} {}",
+                "{} {} {} {} {}",
                 c.c_l2.to_bits(),
                 c.c_ip.to_bits(),
                 c.c_cos.to_bits(),
-                c.abs.to_bits()
+                c.abs.to_bits(),
+                c.abs_in.to_bits()
             ));
             for m in Metric::ALL {
                 for _ in 0..20 {

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use fraglink::build::Arch;
 use fraglink::search::data::{synthetic, Rng};
+use fraglink::search::knn::f16copy;
 use fraglink::search::knn::norms::Norms;
 use fraglink::search::knn::plan::{merge_groups, SharedMemory};
 use fraglink::search::knn::{choose, choose_variant, KnnPlan, KnnRequest, Precision, Staging};
@@ -30,9 +31,10 @@ use half::f16;
 use support::emulated;
 
 /// (dtype, precision) pairs with a candidate kernel.
-const KINDS: [(DType, Precision); 5] = [
+const KINDS: [(DType, Precision); 6] = [
     (DType::F32, Precision::Tf32x3),
     (DType::F32, Precision::Tf32),
+    (DType::F32, Precision::F16Copy),
     (DType::F16, Precision::F16),
     (DType::I8, Precision::Int),
     (DType::U8, Precision::Int),
@@ -171,6 +173,20 @@ fn prepare(
     let write = |name: &str, bytes: &[u8]| emulated::write(&d.join(name), bytes);
     write("dataset.bin", c.base.as_bytes());
     write("queries.bin", c.queries.as_bytes());
+    if precision == Precision::F16Copy {
+        // The f16 copies the index makes (KnnRows::f16_copy) and the search
+        // uploads with the queries.
+        let copy = |v: &Vectors| {
+            let Vectors::F32(m) = v else {
+                panic!("{}: f16copy takes f32 rows", c.what)
+            };
+            let bits =
+                f16copy::to_f16_bits(m.data()).unwrap_or_else(|| panic!("{}: no f16 copy", c.what));
+            emulated::bytes_of(&bits, u16::to_le_bytes)
+        };
+        write("stage_dataset.bin", &copy(c.base));
+        write("stage_queries.bin", &copy(&c.queries));
+    }
     let (ra0, ra1) = rows.aux(metric);
     let (qa0, qa1) = queries.aux(metric);
     write("row_aux0.bin", &f32_bytes(&ra0));
@@ -329,8 +345,9 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     let n = 900;
     let (base, queries) = synthetic(n, dim, 140, dtype, 11);
     let (odd_base, odd_queries) = synthetic(n, odd, 20, dtype, 16);
-    // Rows of whole 4-byte groups but not 16-byte ones: 4-byte copies.
-    let dim4 = match dtype.size() {
+    // Rows of whole 4-byte groups but not 16-byte ones: 4-byte copies (of
+    // what the MMAs read: f16copy stages f16).
+    let dim4 = match precision.staged(dtype).size() {
         1 => 36,
         2 => 46,
         _ => 45,

@@ -355,3 +355,71 @@ fn every_candidate_variant_by_name_equals_cpu() {
     }
     assert!(ran > 0);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn f16copy_makes_its_copies_once_and_refuses_what_f16_cannot_hold() {
+    // The f16copy variants read f16 copies of f32 rows: the first search that
+    // names one makes the rows' copies (the index grows by half the rows'
+    // bytes, once); rows or queries with an element beyond f16's range are
+    // an error naming the variant, and the other precisions still serve them.
+    let gpu = searcher();
+    let arch = gpu.context().arch();
+    let Some(name) = fraglink::fragments::catalog()
+        .iter()
+        .find(|f| {
+            f.family == "knn_tile"
+                && f.param("precision") == Some("f16copy")
+                && f.param("capacity") == Some("32")
+                && f.param("staging") == Some("16")
+                && f.links_for(arch)
+        })
+        .map(|f| f.name)
+    else {
+        panic!("no f16copy variant links for {arch}");
+    };
+    let (base, queries) = synthetic(20_000, 64, 40, DType::F32, 41);
+    let index = gpu.upload(&base).unwrap();
+    let before = index.device_bytes();
+    let params = SearchParams::new(10, Metric::L2);
+    let want = search_cpu(&base, &queries, &params).unwrap();
+    for round in 0..2 {
+        let found = index
+            .search_with_variant(&queries, &params, Some(name))
+            .unwrap();
+        assert!(found.neighbors.bitwise_eq(&want), "round {round}");
+        assert_eq!(
+            index.device_bytes(),
+            before + 20_000 * 64 * 2,
+            "round {round}: the copies are made once"
+        );
+    }
+    // A query element beyond 65504.
+    let Vectors::F32(m) = &queries else {
+        unreachable!()
+    };
+    let mut far = m.data().to_vec();
+    far[5] = 1e6;
+    let far = Vectors::f32(far, 64).unwrap();
+    let e = index
+        .search_with_variant(&far, &params, Some(name))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(name) && e.contains("queries"), "{e}");
+    // Rows beyond it: refused for f16copy, served by the default precision.
+    let Vectors::F32(b) = &base else {
+        unreachable!()
+    };
+    let mut rows = b.data().to_vec();
+    rows[77] = -1e5;
+    let rows = Vectors::f32(rows, 64).unwrap();
+    let index = gpu.upload(&rows).unwrap();
+    let e = index
+        .search_with_variant(&queries, &params, Some(name))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(name) && e.contains("rows"), "{e}");
+    let found = index.search(&queries, &params).unwrap();
+    let want = search_cpu(&rows, &queries, &params).unwrap();
+    assert!(found.neighbors.bitwise_eq(&want));
+}

@@ -1,6 +1,6 @@
 //! Every tensor-core k-NN variant (fragments/knn_tile.cuh) links through its
-//! planner for each arch it declares (`min_arch`: f16 and integer MMA from
-//! sm_75, TF32 from sm_80; sm_90 for all), with zero spills, no stack, a
+//! planner for each arch it declares (`min_arch`: f16 MMA (f16 rows and
+//! f16copy) and integer MMA from sm_75, TF32 from sm_80; sm_90 for all), with zero spills, no stack, a
 //! register count that fits the 128-thread launch and the static shared
 //! memory the layout in knn_tile.cuh implies. Real nvJitLink, no GPU needed.
 //! The two-pass select's kernels (fragments/knn_select.cuh) link the same
@@ -67,10 +67,10 @@ fn rerank_plans() -> Vec<Planner> {
 #[test]
 fn every_knn_tile_variant_links_spill_free_for_its_archs() {
     let rt = runtime();
-    // 80 variants (40 shapes × 2 stagings) × 3 metrics × 2 filters; the
-    // f32 ones (32) need sm_80.
-    assert_eq!(tile_plans(Arch::sm(90)).len(), 80 * 6);
-    assert_eq!(tile_plans(Arch::sm(75)).len(), 48 * 6);
+    // 96 variants (48 shapes × 2 stagings) × 3 metrics × 2 filters; the
+    // TF32 ones (32) need sm_80 (f16copy's 16 run from sm_75).
+    assert_eq!(tile_plans(Arch::sm(90)).len(), 96 * 6);
+    assert_eq!(tile_plans(Arch::sm(75)).len(), 64 * 6);
     for arch in [Arch::sm(75), Arch::sm(80), Arch::sm(90)] {
         let plans = tile_plans(arch);
         let regs = link_each_checked(&rt, &plans, arch, 255, tile_shared);

@@ -7,13 +7,15 @@
 //! Emulated tensor-core arithmetic (the assumptions of knn_bounds.cuh):
 //! - inputs: f16 and integers as they are; f32 rounded to TF32 to nearest
 //!   (cvt.rna) or truncated (raw f32 fed to the MMA), subnormals optionally
-//!   flushed; 3xTF32 split as the kernel splits;
+//!   flushed; 3xTF32 split as the kernel splits; f16copy: f32 rounded to f16
+//!   to nearest (the host's copies), then as f16;
 //! - products exact;
 //! - accumulation in one of several orders: in order with round to nearest,
 //!   in reverse, pairwise, and the MMA's K-step blocks summed exactly and
 //!   added to the accumulator with truncation toward zero.
 
 use fraglink::search::knn::bounds::{bound_consts, float_bounds, int_distance};
+use fraglink::search::knn::f16copy;
 use fraglink::search::knn::norms::Norms;
 use fraglink::search::knn::Precision;
 use fraglink::search::{data::Rng, distance, search_reference, Metric, SearchParams, Vectors};
@@ -122,6 +124,12 @@ fn tc_dot(q: &[f32], x: &[f32], p: Precision, acc: Acc, nearest: bool, flush: bo
             }
             accumulate(&prods, acc, 8)
         }
+        Precision::F16Copy => {
+            // The host's copies: f32 rounded to the nearest f16, then the f16 MMA.
+            let h = |v: f32| f16::from_f32(v).to_f32() as f64;
+            let prods: Vec<f64> = q.iter().zip(x).map(|(&a, &b)| h(a) * h(b)).collect();
+            accumulate(&prods, acc, 16)
+        }
         Precision::Int => unreachable!("integers are exact"),
     }
 }
@@ -139,6 +147,10 @@ fn float_pair(
 ) -> Option<(f32, f32)> {
     let (nq, nx) = (Norms::of(q), Norms::of(x));
     if nq.any_special(metric) || nx.any_special(metric) {
+        return None;
+    }
+    // f16copy serves only vectors with f16 copies (else another precision).
+    if p == Precision::F16Copy && !(f16copy::fits(qw) && f16copy::fits(xw)) {
         return None;
     }
     let (qa0, qa1) = nq.aux(metric);
@@ -217,7 +229,7 @@ fn float_bounds_hold_for_every_emulated_accumulation() {
                     Vectors::f32(xv.clone(), dim).unwrap(),
                 );
                 let d = distance(metric, &qv, &xv);
-                for p in [Precision::Tf32, Precision::Tf32x3] {
+                for p in [Precision::Tf32, Precision::Tf32x3, Precision::F16Copy] {
                     for m in models() {
                         if let Some((lo, hi)) = float_pair(metric, p, &q, &x, &qv, &xv, m) {
                             assert!(
@@ -279,6 +291,9 @@ fn tf32x3_margins_are_tight_and_tf32_ones_loose() {
     };
     let (t, t3) = (w(Precision::Tf32), w(Precision::Tf32x3));
     assert!(t3 * 5.0 < t, "tf32x3 {t3} vs tf32 {t}");
+    // f16copy (2^-9 for two roundings to f16) sits between them.
+    let h = w(Precision::F16Copy);
+    assert!(t3 < h && h < t, "tf32x3 {t3}, f16copy {h}, tf32 {t}");
     assert!(t < 0.05 * distance(Metric::L2, &q, &x), "{t}");
 }
 
@@ -537,7 +552,7 @@ fn the_emulated_kernels_return_the_reference_top_k() {
     let all = |_: usize| true;
     let some = |r: usize| r % 3 != 1;
     for metric in Metric::ALL {
-        for p in [Precision::Tf32, Precision::Tf32x3] {
+        for p in [Precision::Tf32, Precision::Tf32x3, Precision::F16Copy] {
             for &(k, cap) in &[(1, 32), (10, 32), (32, 32), (100, 128)] {
                 for &(rt, chunk_rows) in &[(64, 64 * 3), (32, 700), (64, 128)] {
                     let model = (Acc::BlockTruncate, p == Precision::Tf32, false);
@@ -578,7 +593,7 @@ fn duplicates_and_ties_go_through_the_exact_reduction() {
     let all = |_: usize| true;
     for metric in Metric::ALL {
         for &(k, cap) in &[(10, 32), (32, 32), (100, 128)] {
-            for p in [Precision::Tf32, Precision::Tf32x3] {
+            for p in [Precision::Tf32, Precision::Tf32x3, Precision::F16Copy] {
                 check_select(
                     &base,
                     &queries,

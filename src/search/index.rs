@@ -4,7 +4,11 @@
 //! (device → host).
 //!
 //! The rows stay in their own dtype (f32, f16 as its 16 bits, i8, u8): the
-//! kernels read them as they are, so nothing is converted per search.
+//! kernels read them as they are, so nothing is converted per search. The
+//! one addition: the first search through an f16copy candidate kernel
+//! (named: `FRAGLINK_KNN_VARIANT` or [`GpuIndex::search_with_variant`])
+//! makes f16 copies of f32 rows, kept beside them (half their bytes), which
+//! that kernel reads instead ([`crate::search::knn::f16copy`]).
 //! Beside the rows the index holds their norms ([`KnnRows`]: squared norm,
 //! norm and inverse norm per row, 12 bytes; the exact squared norm for
 //! integers, 4 bytes), computed once on the host at upload, for the
@@ -49,10 +53,10 @@ use super::gpu::{
     beyond_scan, upload_vectors, DeviceVectors, GpuSearch, GpuSearchError, GpuSearcher,
     MAX_QUERIES_PER_LAUNCH,
 };
-use super::knn::choose_select;
-use super::knn::gpu::{enabled_by_env, variant_by_env, KnnRows, KnnSearch};
+use super::knn::gpu::{enabled_by_env, f16copy_refused, variant_by_env, KnnRows, KnnSearch};
 use super::knn::norms::Norms;
 use super::knn::select::SelectSearch;
+use super::knn::{choose_select, f16copy, KnnPlan, Precision};
 use super::plan::{plan, ScanPlan};
 use super::{DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
 
@@ -235,7 +239,8 @@ impl GpuIndex {
         self.shape.dim
     }
 
-    /// Bytes of the resident rows and their norms (what the upload moved).
+    /// Bytes of the resident rows and their norms (what the upload moved),
+    /// and of the rows' f16 copies once an f16copy search made them.
     pub fn device_bytes(&self) -> u64 {
         self.shape.size_bytes() + self.knn.as_ref().map_or(0, KnnRows::device_bytes)
     }
@@ -426,11 +431,17 @@ impl GpuIndex {
         if qnorms.any_special(params.metric) {
             return Ok(None);
         }
+        let staged = if kp.precision == Precision::F16Copy {
+            Some(self.f16_copy(rows, queries, &kp)?)
+        } else {
+            None
+        };
         let bits = self.resident_bits(&params.filter)?;
         let search = KnnSearch {
             gpu: &self.gpu,
             plan: &kp,
             data: &self.data,
+            staged: staged.as_deref(),
             rows: aux,
             n_rows: self.shape.rows,
             dim: self.shape.dim,
@@ -446,6 +457,23 @@ impl GpuIndex {
             select: None,
             elapsed: Duration::ZERO,
         }))
+    }
+
+    /// The rows' f16 copies for an f16copy plan (made by the first search
+    /// that asks: [`KnnRows::f16_copy`]), after checking that the queries
+    /// have theirs: an error naming the variant where rows or queries hold
+    /// an element without a finite f16 (|v| > 65504, NaN or infinite).
+    fn f16_copy(
+        &self,
+        rows: &KnnRows,
+        queries: &Vectors,
+        kp: &KnnPlan,
+    ) -> Result<Arc<DeviceVectors>, GpuSearchError> {
+        if !matches!(queries, Vectors::F32(m) if f16copy::fits(m.data())) {
+            return Err(f16copy_refused(kp, "the queries"));
+        }
+        rows.f16_copy(self.gpu.transfer(), self.gpu.pool(), &self.data)?
+            .ok_or_else(|| f16copy_refused(kp, "the rows"))
     }
 
     /// The device copy of `filter`'s bits (`None` without a bitset): the

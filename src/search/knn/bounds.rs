@@ -14,6 +14,8 @@ pub struct BoundConsts {
     pub c_ip: f32,
     pub c_cos: f32,
     pub abs: f32,
+    /// f16copy's input rounding (0 otherwise): cosine's per-pair term.
+    pub abs_in: f32,
 }
 
 /// knn_bounds.cuh's `dim_supported`.
@@ -36,6 +38,7 @@ pub fn bound_consts(dim: u32, precision: Precision) -> BoundConsts {
     let eps_in = match precision {
         Precision::Tf32 => f64::powi(2.0, -8),
         Precision::Tf32x3 => f64::powi(2.0, -17),
+        Precision::F16Copy => f64::powi(2.0, -9),
         Precision::F16 | Precision::Int => 0.0,
     };
     let gamma_tc = m * u_tc / (1.0 - m * u_tc);
@@ -45,11 +48,22 @@ pub fn bound_consts(dim: u32, precision: Precision) -> BoundConsts {
     let g_n6 = (n + 6.0) * u / (1.0 - (n + 6.0) * u);
     let abs_terms = 2.0 * m + n + 8.0;
     let up = 1.0 + 1e-6;
+    let abs_in = if precision == Precision::F16Copy {
+        // The least power of two ≥ √n, without a square root.
+        let mut r = 1.0;
+        while r * r < n {
+            r *= 2.0;
+        }
+        4.0 * ((f64::powi(2.0, -25) + f64::powi(2.0, -36)) * r + n * f64::powi(2.0, -50))
+    } else {
+        0.0
+    };
     BoundConsts {
         c_l2: ((2.0 * g_n2 + delta + 12.0 * u) * up) as f32,
         c_ip: ((2.0 * g_n + 2.0 * delta + 4.0 * u) * up) as f32,
         c_cos: ((4.0 * g_n6 + 2.0 * delta + 24.0 * u + abs_terms * tiny_cos) * up) as f32,
-        abs: (abs_terms * tiny * up) as f32,
+        abs: ((abs_terms * tiny + abs_in) * up) as f32,
+        abs_in: (abs_in * up) as f32,
     }
 }
 
@@ -69,7 +83,13 @@ pub fn float_bounds(
             (g, c.c_l2 * (s * s) + c.abs * (1.0 + s))
         }
         Metric::InnerProduct => (-dot, c.c_ip * (q.0 * x.0) + c.abs * (1.0 + (q.0 + x.0))),
-        Metric::Cosine => (1.0 - (dot * q.0) * x.0, c.c_cos),
+        Metric::Cosine => {
+            let mut e = c.c_cos;
+            if c.abs_in > 0.0 {
+                e += c.abs_in * ((q.0 + x.0) + q.0 * x.0);
+            }
+            (1.0 - (dot * q.0) * x.0, e)
+        }
     };
     (g - e, g + e)
 }

@@ -6,14 +6,17 @@
 //! path's bit for bit; searches the bounds do not cover never get here
 //! ([`KnnRows::aux`], [`super::choose`]).
 
+use std::sync::{Arc, Mutex};
+
 use crate::gpu::launch::ScanContract;
 use crate::gpu::{GpuBuffer, GpuError, KernelArgs, LaunchConfig, MemoryPool, Transfer};
 use crate::link::{Linked, Planner};
 use crate::search::gpu::{append_batch, push_output, DeviceVectors, GpuSearchError, GpuSearcher};
 use crate::search::{Metric, Neighbors, Vectors};
 
+use super::f16copy;
 use super::norms::Norms;
-use super::plan::{KnnPlan, KNN_BLOCK};
+use super::plan::{KnnPlan, Precision, KNN_BLOCK};
 
 /// Queries per launch pair: bounds the candidate buffers
 /// (`batch × chunks × capacity × 12` bytes, about 19 MB at 4096 × 3 × 128).
@@ -30,7 +33,15 @@ pub struct KnnRows {
     /// Some row is special for every metric / for cosine (knn_bounds.cuh).
     special: bool,
     special_cosine: bool,
+    /// The rows' f16 copies for [`Precision::F16Copy`], made by the first
+    /// search that asks ([`Self::f16_copy`]): `Some(None)` when some element
+    /// has no finite f16 (the precision cannot serve these rows).
+    f16: Mutex<Option<Option<Arc<DeviceVectors>>>>,
 }
+
+/// f32 elements converted per step when an index makes its f16 copy: bounds
+/// the host memory it takes (64 MiB down, 32 MiB up).
+const F16_COPY_STEP: usize = 1 << 24;
 
 impl std::fmt::Debug for KnnRows {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,13 +82,56 @@ impl KnnRows {
             inv,
             special: norms.any_special(Metric::L2),
             special_cosine: norms.any_special(Metric::Cosine),
+            f16: Mutex::new(None),
         }))
     }
 
-    /// Device bytes held.
+    /// Device bytes held (the f16 copies included, once made).
     pub fn device_bytes(&self) -> u64 {
         let n = self.sq.len() as u64 * 4;
-        n * (1 + u64::from(self.norm.is_some()) + u64::from(self.inv.is_some()))
+        let copy = match &*self.f16.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(Some(v)) => match &**v {
+                DeviceVectors::F16(b) => b.len() as u64 * 2,
+                _ => 0,
+            },
+            _ => 0,
+        };
+        n * (1 + u64::from(self.norm.is_some()) + u64::from(self.inv.is_some())) + copy
+    }
+
+    /// The f16 copies of the f32 `rows` ([`f16copy`]) for
+    /// [`Precision::F16Copy`]: made on the first call (the rows come back
+    /// from the device in steps of [`F16_COPY_STEP`] elements, are rounded
+    /// on the host and go up again; half the rows' bytes stay resident
+    /// beside them), then kept. `None` when some element has no finite
+    /// f16, or the rows are not f32.
+    pub(crate) fn f16_copy(
+        &self,
+        t: &Transfer,
+        pool: &MemoryPool,
+        rows: &DeviceVectors,
+    ) -> Result<Option<Arc<DeviceVectors>>, GpuError> {
+        let mut kept = self.f16.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(made) = kept.as_ref() {
+            return Ok(made.clone());
+        }
+        let DeviceVectors::F32(src) = rows else {
+            return Ok(None);
+        };
+        let mut copy = pool.alloc::<u16>(src.len())?;
+        let mut fits = true;
+        for at in (0..src.len()).step_by(F16_COPY_STEP) {
+            let n = F16_COPY_STEP.min(src.len() - at);
+            let values = t.download_vec(src.subview(at, n)?)?;
+            let Some(bits) = f16copy::to_f16_bits(&values) else {
+                fits = false;
+                break;
+            };
+            t.upload(&bits, copy.subview_mut(at, n)?)?;
+        }
+        let made = fits.then(|| Arc::new(DeviceVectors::F16(copy)));
+        *kept = Some(made.clone());
+        Ok(made)
     }
 
     /// The `(row_aux0, row_aux1)` buffers for `metric`, `None` when some row
@@ -131,6 +185,8 @@ pub(crate) struct KnnSearch<'a> {
     pub(crate) gpu: &'a GpuSearcher,
     pub(crate) plan: &'a KnnPlan,
     pub(crate) data: &'a DeviceVectors,
+    /// The rows' f16 copies ([`KnnRows::f16_copy`]) for an f16copy plan.
+    pub(crate) staged: Option<&'a DeviceVectors>,
     pub(crate) rows: (&'a GpuBuffer<f32>, &'a GpuBuffer<f32>),
     pub(crate) n_rows: usize,
     pub(crate) dim: usize,
@@ -183,14 +239,32 @@ impl KnnSearch<'_> {
         let (t, pool) = (self.gpu.transfer(), self.gpu.pool());
         let nq = queries.rows();
         let (qa0, qa1) = qnorms.aux(metric);
-        // An `A16` variant copies rows in 16-byte groups: the launcher
-        // checks dataset and queries for that alignment (the kernel refuses
-        // otherwise, and would leave the candidates empty).
-        let contract = ScanContract {
-            elem_bytes: self.plan.dtype.size() as u32,
-            veclen: self.plan.staging.veclen(self.plan.dtype),
+        // An `A16` variant copies what its MMAs read in 16-byte groups: the
+        // launcher checks those pointers for that alignment (the kernel
+        // refuses otherwise, and would leave the candidates empty). An
+        // f16copy variant reads the copies (`stage`); its f32 rows and
+        // queries feed only the exact fold.
+        let copies = self.plan.precision == Precision::F16Copy;
+        let stage = ScanContract {
+            elem_bytes: self.plan.staged_dtype().size() as u32,
+            veclen: self.plan.staging.veclen(self.plan.staged_dtype()),
             id_bytes: 4,
             capacity: self.plan.capacity,
+        };
+        let contract = ScanContract {
+            elem_bytes: self.plan.dtype.size() as u32,
+            veclen: if copies { 1 } else { stage.veclen },
+            ..stage
+        };
+        let staged_rows = match (copies, self.staged) {
+            (false, _) => None,
+            (true, Some(s)) => Some(s),
+            (true, None) => {
+                return Err(GpuSearchError::KnnVariant {
+                    value: self.plan.tile.name.to_owned(),
+                    reason: "the rows' f16 copies are missing".into(),
+                })
+            }
         };
         // One wave of candidate blocks (KnnPlan::chunks).
         let dynamic = self.plan.dynamic_shared_bytes();
@@ -208,6 +282,10 @@ impl KnnSearch<'_> {
             let nb = b1 - b0;
             let part = queries.slice_rows(b0, b1);
             let d_q = crate::search::gpu::upload_vectors(t, pool, &part)?;
+            let d_q16 = match staged_rows {
+                Some(_) => Some(upload_f16_copy(t, pool, &part, self.plan)?),
+                None => None,
+            };
             // Both query norms in one upload (each upload waits for its copy).
             let d_qaux = t.upload_new(pool, &[&qa0[b0..b1], &qa1[b0..b1]].concat())?;
             let (d_qa0, d_qa1) = d_qaux.view().split_at(nb)?;
@@ -227,6 +305,15 @@ impl KnnSearch<'_> {
                 self.data
                     .push_rows(&mut a, &contract, "dataset", 0..self.n_rows * dim)?;
                 d_q.push_rows(&mut a, &contract, "queries", 0..nb * dim)?;
+                match (staged_rows, &d_q16) {
+                    (Some(rows16), Some(q16)) => {
+                        rows16.push_rows(&mut a, &stage, "stage_dataset", 0..self.n_rows * dim)?;
+                        q16.push_rows(&mut a, &stage, "stage_queries", 0..nb * dim)?;
+                    }
+                    _ => {
+                        a.null_ptr().null_ptr();
+                    }
+                }
                 match self.bits {
                     Some(b) => a.input(b)?.require_alignment(4, "filter_bits"),
                     None => a.null_ptr(),
@@ -286,6 +373,34 @@ impl KnnSearch<'_> {
             append_batch(t, &o_ids, &o_dists, &mut out)?;
         }
         Ok((out, tile_link))
+    }
+}
+
+/// The f16 copies of a batch of f32 queries, uploaded, for an f16copy
+/// plan: an error naming the variant where some element has no finite f16.
+fn upload_f16_copy(
+    t: &Transfer,
+    pool: &MemoryPool,
+    queries: &Vectors,
+    plan: &KnnPlan,
+) -> Result<DeviceVectors, GpuSearchError> {
+    let refused = || f16copy_refused(plan, "the queries");
+    let Vectors::F32(m) = queries else {
+        return Err(refused());
+    };
+    let bits = f16copy::to_f16_bits(m.data()).ok_or_else(refused)?;
+    Ok(DeviceVectors::F16(t.upload_new(pool, &bits)?))
+}
+
+/// The error of an f16copy `plan` over `what` (rows or queries) with an
+/// element that has no finite f16.
+pub(crate) fn f16copy_refused(plan: &KnnPlan, what: &str) -> GpuSearchError {
+    GpuSearchError::KnnVariant {
+        value: plan.tile.name.to_owned(),
+        reason: format!(
+            "an f16copy variant needs every element of {what} finite with |v| <= {}",
+            f16copy::F16_COPY_MAX
+        ),
     }
 }
 

@@ -16,9 +16,12 @@
 //!
 //! Precision for f32: 3xTF32 by default (its margin, dominated by the
 //! accumulation allowance 3·dim·2⁻²⁰, is about 10× narrower than TF32's 2⁻⁸
-//! at dim 128, so fewer candidates reach the exact re-rank); plain TF32 only
-//! when asked ([`choose_named`], e.g. by a benchmark) — which one is
-//! faster is for the GPU benchmark to say.
+//! at dim 128, so fewer candidates reach the exact re-rank); plain TF32 and
+//! f16copy (f16 copies of the rows and queries, from sm_75: half the bytes
+//! a search reads, where small batches are bound by memory, and twice
+//! TF32's MMA rate, for a margin of 2⁻⁹) only when asked ([`choose_named`],
+//! e.g. by a benchmark) — which one is faster is for the GPU benchmark to
+//! say.
 //!
 //! Block shape (`qtile` queries × `rtile` rows per iteration, 4 warps): the
 //! smallest capacity ≥ k among the variants whose shared memory fits the
@@ -47,14 +50,20 @@ pub enum Precision {
     Tf32,
     Tf32x3,
     Int,
+    /// f32 rows whose f16 copies (made once, [`KnnRows`](super::gpu::KnnRows))
+    /// the f16 MMA reads: half the bytes of the rows per search, with a
+    /// margin about half TF32's; the exact fold still reads the f32 rows.
+    /// Needs every element of rows and queries finite with |v| ≤ 65504.
+    F16Copy,
 }
 
 impl Precision {
-    pub const ALL: [Precision; 4] = [
+    pub const ALL: [Precision; 5] = [
         Precision::F16,
         Precision::Tf32,
         Precision::Tf32x3,
         Precision::Int,
+        Precision::F16Copy,
     ];
 
     /// The matrix value (`tf32x3`).
@@ -64,6 +73,7 @@ impl Precision {
             Precision::Tf32 => "tf32",
             Precision::Tf32x3 => "tf32x3",
             Precision::Int => "int",
+            Precision::F16Copy => "f16copy",
         }
     }
 
@@ -74,6 +84,16 @@ impl Precision {
             Precision::Tf32 => 1,
             Precision::Tf32x3 => 2,
             Precision::Int => 3,
+            Precision::F16Copy => 4,
+        }
+    }
+
+    /// The element type the MMAs read for rows of `dtype`: f16 for
+    /// [`F16Copy`](Self::F16Copy) (the copies), else the rows' own.
+    pub fn staged(self, dtype: DType) -> DType {
+        match self {
+            Precision::F16Copy => DType::F16,
+            _ => dtype,
         }
     }
 
@@ -172,6 +192,11 @@ impl KnnPlan {
             self.rtile,
             self.capacity,
         ) + self.dynamic_shared_bytes()
+    }
+
+    /// The element type the candidate kernel stages ([`Precision::staged`]).
+    pub fn staged_dtype(&self) -> DType {
+        self.precision.staged(self.dtype)
     }
 
     /// The candidate kernel: tile + metric + filter.
@@ -436,7 +461,7 @@ fn candidates(r: &KnnRequest<'_>, precision: Option<Precision>) -> Option<Vec<Kn
         .filter(|p| {
             p.capacity as usize >= k
                 && p.shared_bytes() <= r.shared.per_block
-                && p.staging.serves(dtype, dim)
+                && p.staging.serves(precision.staged(dtype), dim)
         })
         .collect();
     (!plans.is_empty()).then_some(plans)

@@ -11,11 +11,13 @@
 // TILE_SHARED: the candidate kernel's dynamic shared memory, KnnPlan::dynamic_shared_bytes.)
 // DIR holds dataset.bin, queries.bin (raw elements, row-major), row_aux0.bin,
 // row_aux1.bin, query_aux0.bin, query_aux1.bin (f32), and filter.bin (u32 words;
-// absent: no filter). Writes DIR/ids.bin (u32) and DIR/dists.bin (f32), NQ x K each.
+// absent: no filter), and for an f16copy variant stage_dataset.bin and
+// stage_queries.bin (the f16 copies' bits; absent: null pointers). Writes
+// DIR/ids.bin (u32) and DIR/dists.bin (f32), NQ x K each.
 // Exit 0 on success; 1 with a message on stderr when an output was not written or a
 // candidate buffer breaks the kernels' contract; 2 on bad arguments.
 // FRAGLINK_SIMT_QUERY_OFFSET=N starts the queries N elements into their buffer (a
-// misaligned pointer, for the launch-refusal tests).
+// misaligned pointer, for the launch-refusal tests); so do the queries' f16 copies.
 #pragma once
 
 #include <algorithm>
@@ -30,9 +32,9 @@ namespace simt_knn {
 using namespace simt_io;
 
 template <typename T>
-using tile_fn = void (*)(const T*, const T*, const uint32_t*, const float*, const float*, const float*,
-                         const float*, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*, float*, float*,
-                         uint32_t*);
+using tile_fn = void (*)(const T*, const T*, const void*, const void*, const uint32_t*, const float*, const float*,
+                         const float*, const float*, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*,
+                         float*, float*, uint32_t*);
 template <typename T>
 using rerank_fn = void (*)(const T*, const T*, const uint32_t*, const float*, const float*, const uint32_t*,
                            uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*, float*, float*, uint32_t*,
@@ -91,6 +93,13 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   std::vector<T> query_buffer(query_offset + query_rows.size());
   std::copy(query_rows.begin(), query_rows.end(), query_buffer.begin() + query_offset);
   const T* const queries = query_buffer.data() + query_offset;
+  const std::vector<uint16_t> stage_rows = read_file<uint16_t>(dir + "/stage_dataset.bin", size_t(n_rows) * dim, true);
+  const std::vector<uint16_t> stage_query_rows =
+      read_file<uint16_t>(dir + "/stage_queries.bin", size_t(nq) * dim, true);
+  std::vector<uint16_t> stage_query_buffer(query_offset + stage_query_rows.size());
+  std::copy(stage_query_rows.begin(), stage_query_rows.end(), stage_query_buffer.begin() + query_offset);
+  const void* const stage_dataset = stage_rows.empty() ? nullptr : stage_rows.data();
+  const void* const stage_queries = stage_query_rows.empty() ? nullptr : stage_query_buffer.data() + query_offset;
   const std::vector<uint32_t> bits = read_file<uint32_t>(dir + "/filter.bin", (n_rows + 31) / 32, true);
   const std::vector<float> ra0 = read_file<float>(dir + "/row_aux0.bin", n_rows);
   const std::vector<float> ra1 = read_file<float>(dir + "/row_aux1.bin", n_rows);
@@ -101,7 +110,7 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   candidates c(size_t(nq) * n_chunks, cap);
   const uint32_t* filter = bits.empty() ? nullptr : bits.data();
   auto run_tile = [&] {
-    tile.fn(dataset.data(), queries, filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
+    tile.fn(dataset.data(), queries, stage_dataset, stage_queries, filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
             chunk_rows, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data());
   };
   simt::launch(simt::extent{tile_grid, n_chunks, 1}, simt::extent{128, 1, 1}, run_tile, seed, tile_shared);
