@@ -44,7 +44,7 @@
 // for f16's subnormal range), so with q~ = q + a, x~ = x + b one product errs by
 // |q b + a x + a b| <= (2^-10 + 2^-22)|q_j x_j| + (2^-25 + 2^-36)(|q_j| + |x_j|) + 2^-50;
 // the f16 products themselves are exact in f32 (m = n). Summed, with
-// sum |q_j| <= sqrt(n) |q|: eps_in = 2^-9 (2x), and an absolute part
+// sum |q_j| <= sqrt(n) |q|: eps_in = 2^-10 + 2^-21 (rounded up), and an absolute part
 // A1 (|q| + |x|) + A0, A1 = (2^-25 + 2^-36) r (r the least power of two >= sqrt(n)),
 // A0 = n 2^-50. abs_in = 4 (A1 + A0) joins A below (l2 doubles the dot's error, and
 // a factor 2 to spare), and cosine, which divides the dot by |q||x|, adds
@@ -113,7 +113,7 @@ FRAGLINK_HD FRAGLINK_INLINE bound_consts make_bound_consts(uint32_t dim, int pre
   const double m = precision == precision_tf32x3 ? 3.0 * n : n;
   const double eps_in = precision == precision_tf32     ? 0.00390625               // 2^-8
                         : precision == precision_tf32x3 ? 7.62939453125e-06        // 2^-17
-                        : precision == precision_f16copy ? 0.001953125             // 2^-9
+                        : precision == precision_f16copy ? 0.000977039337158203125 // 2^-10 + 2^-21
                                                         : 0.0;
   const double gamma_tc = m * u_tc / (1.0 - m * u_tc);
   const double delta = eps_in + gamma_tc;

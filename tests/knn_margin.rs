@@ -205,6 +205,15 @@ fn float_cases(rng: &mut Rng, dim: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
     let mut x = gauss(rng, 1e-3);
     x[dim - 1] = -2e14;
     out.push((q, x));
+    // Just below the midpoints between f16 values: every element's f16 copy
+    // (f16copy) errs by almost 2^-11 in the same direction, so the products'
+    // errors add up instead of cancelling (x = q: l2 0, the worst
+    // cancellation).
+    let q: Vec<f32> = (0..dim)
+        .map(|j| (1.0 + (j % 1024) as f32 / 1024.0) * (1.0 + 0.999 * f32::powi(2.0, -11)))
+        .collect();
+    out.push((q.clone(), q.clone()));
+    out.push((q.clone(), q.iter().map(|v| v * 0.75).collect()));
     // Subnormal elements (a flushing tensor core loses them).
     let q: Vec<f32> = (0..dim)
         .map(|j| if j % 2 == 0 { 1e-39 } else { 0.5 })
@@ -291,7 +300,7 @@ fn tf32x3_margins_are_tight_and_tf32_ones_loose() {
     };
     let (t, t3) = (w(Precision::Tf32), w(Precision::Tf32x3));
     assert!(t3 * 5.0 < t, "tf32x3 {t3} vs tf32 {t}");
-    // f16copy (2^-9 for two roundings to f16) sits between them.
+    // f16copy (2^-10 + 2^-21 for two roundings to f16) sits between them.
     let h = w(Precision::F16Copy);
     assert!(t3 < h && h < t, "tf32x3 {t3}, f16copy {h}, tf32 {t}");
     assert!(t < 0.05 * distance(Metric::L2, &q, &x), "{t}");

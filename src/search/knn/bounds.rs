@@ -38,7 +38,7 @@ pub fn bound_consts(dim: u32, precision: Precision) -> BoundConsts {
     let eps_in = match precision {
         Precision::Tf32 => f64::powi(2.0, -8),
         Precision::Tf32x3 => f64::powi(2.0, -17),
-        Precision::F16Copy => f64::powi(2.0, -9),
+        Precision::F16Copy => f64::powi(2.0, -10) + f64::powi(2.0, -21),
         Precision::F16 | Precision::Int => 0.0,
     };
     let gamma_tc = m * u_tc / (1.0 - m * u_tc);

@@ -19,7 +19,8 @@
 //! at dim 128, so fewer candidates reach the exact re-rank); plain TF32 and
 //! f16copy (f16 copies of the rows and queries, from sm_75: half the bytes
 //! a search reads, where small batches are bound by memory, and twice
-//! TF32's MMA rate, for a margin of 2⁻⁹) only when asked ([`choose_named`],
+//! TF32's MMA rate, for a margin of 2⁻¹⁰ per product: several times
+//! 3xTF32's candidates, `examples/knn_margin_cost.rs`) only when asked ([`choose_named`],
 //! e.g. by a benchmark) — which one is faster is for the GPU benchmark to
 //! say.
 //!
@@ -52,7 +53,8 @@ pub enum Precision {
     Int,
     /// f32 rows whose f16 copies (made once, [`KnnRows`](super::gpu::KnnRows))
     /// the f16 MMA reads: half the bytes of the rows per search, with a
-    /// margin about half TF32's; the exact fold still reads the f32 rows.
+    /// margin about a quarter of TF32's; the exact fold still reads the f32
+    /// rows.
     /// Needs every element of rows and queries finite with |v| ≤ 65504.
     F16Copy,
 }
