@@ -39,8 +39,8 @@
 // three MMAs accumulate 3n products: m = 3n. f16 and integers: eps_in = 0, m = n.
 // So |dot_tc - dot| <= delta |q||x| + abs_tc with delta = eps_in + gamma_tc(m).
 // f16copy (f32 rows and queries, the MMA reads their f16 copies, rounded to nearest
-// on the host; every element finite and |v| <= 65504, else the host picks another
-// precision): rounding v to f16 errs by at most 2^-11 |v| + 2^-25 (the absolute part
+// on the host; every element finite and |v| <= 65504, else a search naming the
+// variant is refused): rounding v to f16 errs by at most 2^-11 |v| + 2^-25 (the absolute part
 // for f16's subnormal range), so with q~ = q + a, x~ = x + b one product errs by
 // |q b + a x + a b| <= (2^-10 + 2^-22)|q_j x_j| + (2^-25 + 2^-36)(|q_j| + |x_j|) + 2^-50;
 // the f16 products themselves are exact in f32 (m = n). Summed, with

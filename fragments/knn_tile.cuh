@@ -54,7 +54,9 @@
 // Not handled here (the host routes such searches to the scan kernel, or where
 // k > 256, the scan's largest capacity, to the two-pass select of knn_select.cuh): rows or queries that are
 // "special" for the bounds (knn_bounds.cuh), k > CAP (1024 at most), n_rows >=
-// 2^32 - 1 (ids are u32), dim beyond knn::dim_supported, u8 dim > 32896.
+// 2^32 - 1 (ids are u32), dim beyond knn::dim_supported, u8 dim > 32896; and for
+// f16copy (searches that name it, else refused with an error) rows or queries with
+// an element beyond f16's finite range.
 #pragma once
 
 #include <mma.h>
@@ -549,18 +551,19 @@ struct tile_shape {
 // 1 <= k <= CAP, a recognised metric, a supported dim, chunks that cover every row
 // (chunk_rows * gridDim.y >= n_rows: a row left out would be a silently wrong
 // answer), aligned pointers, the dynamic shared memory of the candidate buffers,
-// copies the variant holds (`unit`: copy_unit), and an f16copy variant's copies
-// (non-null). The same for every thread: a violating launch writes nothing.
+// copies the variant holds (`unit`: copy_unit), and the operands (`operands_ok`: rows
+// and queries, and an f16copy variant's copies, non-null and aligned to their
+// elements). The same for every thread: a violating launch writes nothing.
 template <typename T, int CAP, int STAGING>
 __device__ FRAGLINK_INLINE bool tile_launch_ok(int metric, uint32_t n_rows, uint32_t dim, uint32_t k,
                                                uint32_t chunk_rows, uint32_t dynamic_bytes, const void* const* ptrs4,
-                                               int n4, int unit, bool staged_given) {
+                                               int n4, int unit, bool operands_ok) {
   uint64_t bad = 0;
   for (int i = 0; i < n4; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
   return bad == 0 && metric != metric_unknown && dim_supported(dim) && k != 0 && k <= static_cast<uint32_t>(CAP) &&
          static_cast<uint64_t>(chunk_rows) * gridDim.y >= n_rows && blockDim.x == FRAGLINK_KNN_BLOCK &&
          blockDim.y == 1 && blockDim.z == 1 && dynamic_shared_bytes() >= dynamic_bytes &&
-         (STAGING != staging_a16 || unit == 16) && staged_given;
+         (STAGING != staging_a16 || unit == 16) && operands_ok;
 }
 
 // What the MMAs read: the rows (queries) themselves, or where the variant stages
@@ -622,8 +625,12 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const uint64_t row_end = row_end_u < n_rows ? row_end_u : n_rows;
   const bound_consts bc = make_bound_consts(dim, PREC);
   const int unit = copy_unit<S>(dim, xs, qs);
+  constexpr int T_BYTES = static_cast<int>(sizeof(T)), S_BYTES = static_cast<int>(sizeof(S));
+  const bool operands_ok = xs != nullptr && qs != nullptr &&
+                           (scan::misaligned_bits<T_BYTES>(dataset) | scan::misaligned_bits<T_BYTES>(queries) |
+                            scan::misaligned_bits<S_BYTES>(xs) | scan::misaligned_bits<S_BYTES>(qs)) == 0;
   if (!tile_launch_ok<T, CAP, STAGING>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes, ptrs4, 9, unit,
-                                       xs != nullptr && qs != nullptr)) {
+                                       operands_ok)) {
     return;
   }
 

@@ -149,7 +149,8 @@ fn float_pair(
     if nq.any_special(metric) || nx.any_special(metric) {
         return None;
     }
-    // f16copy serves only vectors with f16 copies (else another precision).
+    // f16copy serves only vectors with f16 copies (a search naming it over
+    // others is refused).
     if p == Precision::F16Copy && !(f16copy::fits(qw) && f16copy::fits(xw)) {
         return None;
     }
@@ -209,8 +210,10 @@ fn float_cases(rng: &mut Rng, dim: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
     // (f16copy) errs by almost 2^-11 in the same direction, so the products'
     // errors add up instead of cancelling (x = q: l2 0, the worst
     // cancellation).
+    // (f16's spacing in [1, 2) is 2^-10: 1 + i 2^-10 + 0.999 2^-11, for small i
+    // so that the error is nearly 2^-11 relative too.)
     let q: Vec<f32> = (0..dim)
-        .map(|j| (1.0 + (j % 1024) as f32 / 1024.0) * (1.0 + 0.999 * f32::powi(2.0, -11)))
+        .map(|j| 1.0 + (j % 8) as f32 * f32::powi(2.0, -10) + 0.999 * f32::powi(2.0, -11))
         .collect();
     out.push((q.clone(), q.clone()));
     out.push((q.clone(), q.iter().map(|v| v * 0.75).collect()));

@@ -201,7 +201,9 @@ impl GpuSearcher {
     }
 
     /// Exact k-NN of `queries` in `base` on the device: uploads `base`,
-    /// searches, frees it. Every check is made before anything is uploaded.
+    /// searches, frees it. Every check is made before anything is uploaded,
+    /// but for a named f16copy variant's element range, checked as the rows'
+    /// f16 copies are made from `base` after the upload.
     /// To search one base more than once, [`upload`](Self::upload) it.
     pub fn search(
         &self,
@@ -240,7 +242,8 @@ impl GpuSearcher {
             });
         }
         let index = self.upload(base)?;
-        let mut found = index.search(queries, params)?;
+        let mut found =
+            index.search_uploaded_from(queries, params, variant_by_env().as_deref(), Some(base))?;
         found.elapsed = started.elapsed();
         Ok(found)
     }

@@ -258,7 +258,8 @@ impl GpuIndex {
 
     /// Exact k-NN of `queries` against the resident rows. Moves the queries
     /// to the device, a bitset filter when it differs from the last one, and
-    /// the results back; never the rows. Bad input (a dtype or dim other than
+    /// the results back; never the rows (an f16copy search's first makes their
+    /// f16 copies: `elapsed` includes it). Bad input (a dtype or dim other than
     /// the index's, `k` = 0, `k` beyond the scan capacities where neither the
     /// tensor-core path nor the two-pass select can serve it, a filter of another
     /// length) is a typed error naming the value, found before anything
@@ -290,6 +291,20 @@ impl GpuIndex {
         params: &SearchParams,
         variant: Option<&str>,
     ) -> Result<GpuSearch, GpuSearchError> {
+        self.search_uploaded_from(queries, params, variant, None)
+    }
+
+    /// [`Self::search_with_variant`], given the host rows the index was just
+    /// uploaded from (`base`, by [`GpuSearcher::search`]): an f16copy search
+    /// then makes the rows' f16 copies from them instead of reading the
+    /// rows back from the device.
+    pub(crate) fn search_uploaded_from(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+        variant: Option<&str>,
+        base: Option<&Vectors>,
+    ) -> Result<GpuSearch, GpuSearchError> {
         let started = Instant::now();
         // Bad input fails here; a `k` beyond every scan capacity only if the
         // tensor-core path cannot serve the search either.
@@ -300,7 +315,7 @@ impl GpuIndex {
         let (nq, k) = (queries.rows(), params.k);
         if nq > 0 || scan.is_err() {
             let plan = scan.as_ref().ok();
-            if let Some(found) = self.search_knn(queries, params, plan, variant)? {
+            if let Some(found) = self.search_knn(queries, params, plan, variant, base)? {
                 return Ok(GpuSearch {
                     elapsed: started.elapsed(),
                     ..found
@@ -407,6 +422,7 @@ impl GpuIndex {
         params: &SearchParams,
         plan: Option<&ScanPlan>,
         variant: Option<&str>,
+        base: Option<&Vectors>,
     ) -> Result<Option<GpuSearch>, GpuSearchError> {
         let Some(rows) = self.knn.as_ref() else {
             return Ok(None);
@@ -432,7 +448,7 @@ impl GpuIndex {
             return Ok(None);
         }
         let staged = if kp.precision == Precision::F16Copy {
-            Some(self.f16_copy(rows, queries, &kp)?)
+            Some(self.f16_copy(rows, queries, &kp, base)?)
         } else {
             None
         };
@@ -460,19 +476,25 @@ impl GpuIndex {
     }
 
     /// The rows' f16 copies for an f16copy plan (made by the first search
-    /// that asks: [`KnnRows::f16_copy`]), after checking that the queries
-    /// have theirs: an error naming the variant where rows or queries hold
-    /// an element without a finite f16 (|v| > 65504, NaN or infinite).
+    /// that asks: [`KnnRows::f16_copy`], from `base` where given), after
+    /// checking that the queries have theirs: an error naming the variant
+    /// where rows or queries hold an element without a finite f16
+    /// (|v| > 65504, NaN or infinite).
     fn f16_copy(
         &self,
         rows: &KnnRows,
         queries: &Vectors,
         kp: &KnnPlan,
+        base: Option<&Vectors>,
     ) -> Result<Arc<DeviceVectors>, GpuSearchError> {
         if !matches!(queries, Vectors::F32(m) if f16copy::fits(m.data())) {
             return Err(f16copy_refused(kp, "the queries"));
         }
-        rows.f16_copy(self.gpu.transfer(), self.gpu.pool(), &self.data)?
+        let host = match base {
+            Some(Vectors::F32(m)) => Some(m.data()),
+            _ => None,
+        };
+        rows.f16_copy(self.gpu.transfer(), self.gpu.pool(), &self.data, host)?
             .ok_or_else(|| f16copy_refused(kp, "the rows"))
     }
 

@@ -100,16 +100,18 @@ impl KnnRows {
     }
 
     /// The f16 copies of the f32 `rows` ([`f16copy`]) for
-    /// [`Precision::F16Copy`]: made on the first call (the rows come back
-    /// from the device in steps of [`F16_COPY_STEP`] elements, are rounded
-    /// on the host and go up again; half the rows' bytes stay resident
-    /// beside them), then kept. `None` when some element has no finite
-    /// f16, or the rows are not f32.
+    /// [`Precision::F16Copy`]: made on the first call (in steps of
+    /// [`F16_COPY_STEP`] elements, each rounded on the host from `host`, the
+    /// same rows where the caller still holds them, else read back from the
+    /// device, and uploaded; half the rows' bytes stay resident beside
+    /// them), then kept. `None` when some element has no finite f16, or the
+    /// rows are not f32.
     pub(crate) fn f16_copy(
         &self,
         t: &Transfer,
         pool: &MemoryPool,
         rows: &DeviceVectors,
+        host: Option<&[f32]>,
     ) -> Result<Option<Arc<DeviceVectors>>, GpuError> {
         let mut kept = self.f16.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(made) = kept.as_ref() {
@@ -118,12 +120,20 @@ impl KnnRows {
         let DeviceVectors::F32(src) = rows else {
             return Ok(None);
         };
+        let host = host.filter(|h| h.len() == src.len());
         let mut copy = pool.alloc::<u16>(src.len())?;
         let mut fits = true;
         for at in (0..src.len()).step_by(F16_COPY_STEP) {
             let n = F16_COPY_STEP.min(src.len() - at);
-            let values = t.download_vec(src.subview(at, n)?)?;
-            let Some(bits) = f16copy::to_f16_bits(&values) else {
+            let read_back;
+            let values = match host {
+                Some(h) => &h[at..at + n],
+                None => {
+                    read_back = t.download_vec(src.subview(at, n)?)?;
+                    &read_back[..]
+                }
+            };
+            let Some(bits) = f16copy::to_f16_bits(values) else {
                 fits = false;
                 break;
             };

@@ -3,7 +3,8 @@
 //!
 //! Rules ([`choose`]), each a reason to keep the exact scan instead (`None`):
 //! - the dtype's precision must exist for the device: f16 (f16 MMA) and
-//!   i8/u8 (integer MMA) from sm_75, f32 (TF32) from sm_80 — the variant's
+//!   i8/u8 (integer MMA) from sm_75, f32 (TF32) from sm_80, f32 through f16
+//!   copies (f16copy, named only) from sm_75 — the variant's
 //!   `min_arch`, and the fragment must be built for an arch that links there;
 //! - `k` ≤ the largest capacity whose shared memory fits the device (1024 on
 //!   an H100, 512 on an A100, 256 on sm_86); the smallest capacity ≥ k is
@@ -189,7 +190,7 @@ impl KnnPlan {
     /// linked cubins).
     pub fn shared_bytes(&self) -> u32 {
         tile_static_bytes(
-            self.dtype.size() as u32,
+            self.staged_dtype().size() as u32,
             self.qtile,
             self.rtile,
             self.capacity,
@@ -330,12 +331,13 @@ fn tiles(
     })
 }
 
-/// Whether some variant of `dtype`'s default precision links for `device`
-/// (the index keeps row norms only then).
+/// Whether some variant of `dtype`, at any precision, links for `device`
+/// (the index keeps row norms only then): f32 on sm_75 has the f16copy
+/// variants only, which serve the searches that name them.
 pub fn available(device: Arch, dtype: DType) -> bool {
-    tiles(device, dtype, Precision::default_for(dtype))
-        .next()
-        .is_some()
+    Precision::ALL
+        .into_iter()
+        .any(|p| tiles(device, dtype, p).next().is_some())
 }
 
 /// Whether the tensor-core path can take rows of this shape at all: an
@@ -405,15 +407,27 @@ pub fn choose(r: &KnnRequest<'_>) -> Option<KnnPlan> {
 /// The variant for a search with a candidate kernel perhaps named (a
 /// benchmark comparing variants: `FRAGLINK_KNN_VARIANT`): without a name,
 /// [`choose`]; with one, `None` where no variant serves the search at the
-/// dtype's default precision (shape, k or device outside the kernels'
-/// range: the scan serves it, named variant or not), else
+/// named variant's precision (the dtype's default where the name is no
+/// candidate kernel of this dtype: shape, k or device outside the kernels'
+/// range, so the scan serves it, named variant or not), else
 /// [`choose_variant`], an error saying why the named one cannot serve it.
 pub fn choose_named(r: &KnnRequest<'_>, variant: Option<&str>) -> Result<Option<KnnPlan>, String> {
-    match variant {
-        None => Ok(choose(r)),
-        Some(_) if candidates(r, None).is_none() => Ok(None),
-        Some(name) => choose_variant(r, name).map(Some),
+    let Some(name) = variant else {
+        return Ok(choose(r));
+    };
+    let precision = fragments::find(name)
+        .filter(|f| f.family == "knn_tile" && f.param("dtype") == Some(r.dtype.name()))
+        .and_then(precision_of);
+    if candidates(r, precision).is_none() {
+        return Ok(None);
     }
+    choose_variant(r, name).map(Some)
+}
+
+/// A candidate kernel's precision (its `precision` key).
+fn precision_of(f: &FragmentInfo) -> Option<Precision> {
+    let p = f.param("precision")?;
+    Precision::ALL.into_iter().find(|x| x.name() == p)
 }
 
 /// `name` for the search `r` (the default precision set aside), or why it
@@ -422,11 +436,14 @@ pub fn choose_variant(r: &KnnRequest<'_>, name: &str) -> Result<KnnPlan, String>
     let f = fragments::find(name)
         .filter(|f| f.family == "knn_tile")
         .ok_or_else(|| format!("`{name}` is not a knn_tile fragment of this build"))?;
-    let p = f.param("precision").unwrap_or_default();
-    let precision = Precision::ALL
-        .into_iter()
-        .find(|x| x.name() == p)
-        .ok_or_else(|| format!("`{name}` has no precision"))?;
+    let precision = precision_of(f).ok_or_else(|| format!("`{name}` has no precision"))?;
+    if f.param("dtype") != Some(r.dtype.name()) {
+        return Err(format!(
+            "`{name}` is a kernel for {} rows, these are {}",
+            f.param("dtype").unwrap_or("other"),
+            r.dtype.name()
+        ));
+    }
     let c = candidates(r, Some(precision)).ok_or_else(|| {
         format!(
             "no {} variant serves this search ({} rows, dim {}, k {}, sm_{})",
@@ -441,7 +458,8 @@ pub fn choose_variant(r: &KnnRequest<'_>, name: &str) -> Result<KnnPlan, String>
         format!(
             "`{name}` does not serve this search: {} rows of dim {}, k {}, on sm_{} with {} bytes \
                  of shared memory per block (dtype, capacity ≥ k, arch and shared memory must fit, \
-                 and an `_a16` variant needs rows of whole 16-byte groups)",
+                 and an `_a16` variant needs what it stages to be whole 16-byte groups: rows, or \
+                 for f16copy their f16 copies, dim a multiple of 8)",
             r.n_rows, r.dim, r.k, r.device.number, r.shared.per_block
         )
     })
@@ -503,8 +521,7 @@ fn pick(c: &[KnnPlan], nq: usize, sm_shared: u32) -> Option<KnnPlan> {
 /// is missing or the tile lacks a key).
 fn assemble(tile: &'static FragmentInfo, metric: Metric, filter: &str) -> Option<KnnPlan> {
     let dtype = tile.param("dtype")?.parse::<DType>().ok()?;
-    let p = tile.param("precision")?;
-    let precision = Precision::ALL.into_iter().find(|x| x.name() == p)?;
+    let precision = precision_of(tile)?;
     let staging = match tile.param("staging")? {
         "0" => Staging::Any,
         "16" => Staging::A16,
@@ -610,9 +627,35 @@ mod tests {
 
     #[test]
     fn precision_follows_dtype_and_arch() {
-        assert!(!available(SM75, DType::F32) && available(SM80, DType::F32));
+        // f32 on sm_75: the f16copy variants only, for searches naming one.
+        assert!(available(SM75, DType::F32) && available(SM80, DType::F32));
         assert!(available(SM75, DType::F16) && available(SM75, DType::U8));
         assert!(pick(SM75, DType::F32, 1, 10).is_none(), "TF32 needs sm_80");
+        let r = req(SM75, DType::F32, 1_000_000, 128, 1, 10);
+        let named = |n: &str| choose_named(&r, Some(n));
+        let h = named("knn_tile_f32_f16copy_q16_r64_k32_a16")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (h.precision, h.staged_dtype()),
+            (Precision::F16Copy, DType::F16)
+        );
+        // A TF32 variant named on sm_75 leaves the search to the scan, as
+        // before; an f16 variant named for f32 rows is an error naming it.
+        assert!(named("knn_tile_f32_tf32x3_q16_r64_k32_a16")
+            .unwrap()
+            .is_none());
+        let e = choose_named(
+            &req(SM80, DType::F32, 1_000_000, 128, 1, 10),
+            Some("knn_tile_f16_f16_q16_r64_k32_a16"),
+        )
+        .unwrap_err();
+        assert!(e.contains("knn_tile_f16_f16_q16_r64_k32_a16"), "{e}");
+        // f16copy stages f16: `_a16` needs dim a multiple of 8, not 4.
+        let r36 = req(SM90, DType::F32, 1_000_000, 36, 1, 10);
+        let e = choose_variant(&r36, "knn_tile_f32_f16copy_q16_r64_k32_a16").unwrap_err();
+        assert!(e.contains("multiple of 8"), "{e}");
+        assert!(choose_variant(&r36, "knn_tile_f32_tf32x3_q16_r64_k32_a16").is_ok());
         let p = pick(SM80, DType::F32, 1, 10).unwrap();
         assert_eq!(
             (p.precision, p.tile.name),
@@ -683,7 +726,11 @@ mod tests {
         let p = named("knn_tile_f32_tf32x3_q64_r64_k32", r).unwrap();
         assert_eq!((p.qtile, p.rtile, p.capacity), (64, 64, 32));
         for (name, r, why) in [
-            ("knn_tile_f16_f16_q16_r64_k32", r, "no f32"),
+            (
+                "knn_tile_f16_f16_q16_r64_k32",
+                r,
+                "for f16 rows, these are f32",
+            ),
             (
                 "knn_tile_f32_tf32x3_q64_r64_k32",
                 KnnRequest { k: 33, ..r },
