@@ -25,8 +25,9 @@ out of memory on the distance matrix):
                        select, knn_dist + knn_select)
   fraglink[<variant>]  for the cases of --variant-nq x --variant-k: fraglink
                        with FRAGLINK_KNN_VARIANT naming each candidate kernel
-                       (knn_tile_*) of the dtype, per precision (TF32 or
-                       3xTF32) and block shape the smallest capacity holding
+                       (knn_tile_*) of the dtype, per precision (f32: TF32,
+                       3xTF32 and f16copy, which reads f16 copies of the
+                       rows) and block shape the smallest capacity holding
                        k, from `fraglink catalog --json`;
                        `best_variant` says which was fastest, so the planner's
                        pick (the `fraglink` side) can be checked against it
@@ -289,7 +290,7 @@ def main():
                          "f32 at nq <= 100 only, without a goal ('' for none)")
     ap.add_argument("--dtypes", default="f32,f16")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--variant-nq", default="100,10000",
+    ap.add_argument("--variant-nq", default="1,100,10000",
                     help="nq values whose cases also time every candidate kernel by name ('' for none)")
     ap.add_argument("--variant-k", default="10",
                     help="k values whose cases also time every candidate kernel by name")
