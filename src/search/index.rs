@@ -448,7 +448,7 @@ impl GpuIndex {
             return Ok(None);
         }
         let staged = if kp.precision == Precision::F16Copy {
-            Some(self.f16_copy(rows, queries, &kp, base)?)
+            Some(self.f16_copies(rows, queries, &kp, base)?)
         } else {
             None
         };
@@ -457,7 +457,7 @@ impl GpuIndex {
             gpu: &self.gpu,
             plan: &kp,
             data: &self.data,
-            staged: staged.as_deref(),
+            staged: staged.as_ref().map(|(r, q)| (&**r, &q[..])),
             rows: aux,
             n_rows: self.shape.rows,
             dim: self.shape.dim,
@@ -475,27 +475,32 @@ impl GpuIndex {
         }))
     }
 
-    /// The rows' f16 copies for an f16copy plan (made by the first search
-    /// that asks: [`KnnRows::f16_copy`], from `base` where given), after
-    /// checking that the queries have theirs: an error naming the variant
-    /// where rows or queries hold an element without a finite f16
-    /// (|v| > 65504, NaN or infinite).
-    fn f16_copy(
+    /// An f16copy plan's operands: the queries' f16 bits (rounded here, on
+    /// the host) and the rows' f16 copies (made by the first search that
+    /// asks: [`KnnRows::f16_copy`], from `base` where given). An error naming
+    /// the variant where queries or rows hold an element without a finite
+    /// f16 (|v| > 65504, NaN or infinite); the queries are checked first, so
+    /// a refused search makes no copy of the rows.
+    fn f16_copies(
         &self,
         rows: &KnnRows,
         queries: &Vectors,
         kp: &KnnPlan,
         base: Option<&Vectors>,
-    ) -> Result<Arc<DeviceVectors>, GpuSearchError> {
-        if !matches!(queries, Vectors::F32(m) if f16copy::fits(m.data())) {
-            return Err(f16copy_refused(kp, "the queries"));
+    ) -> Result<(Arc<DeviceVectors>, Vec<u16>), GpuSearchError> {
+        let query_bits = match queries {
+            Vectors::F32(m) => f16copy::to_f16_bits(m.data()),
+            _ => None,
         }
+        .ok_or_else(|| f16copy_refused(kp, "the queries"))?;
         let host = match base {
             Some(Vectors::F32(m)) => Some(m.data()),
             _ => None,
         };
-        rows.f16_copy(self.gpu.transfer(), self.gpu.pool(), &self.data, host)?
-            .ok_or_else(|| f16copy_refused(kp, "the rows"))
+        let row_copies = rows
+            .f16_copy(self.gpu.transfer(), self.gpu.pool(), &self.data, host)?
+            .ok_or_else(|| f16copy_refused(kp, "the rows"))?;
+        Ok((row_copies, query_bits))
     }
 
     /// The device copy of `filter`'s bits (`None` without a bitset): the

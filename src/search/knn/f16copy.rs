@@ -21,7 +21,11 @@ pub fn fits(v: &[f32]) -> bool {
 /// The f16 bits of `v`, each element rounded to nearest (ties to even), or
 /// `None` where some element does not [`fit`](fits).
 pub fn to_f16_bits(v: &[f32]) -> Option<Vec<u16>> {
-    fits(v).then(|| v.iter().map(|&x| f16::from_f32(x).to_bits()).collect())
+    // One pass: the range check and the rounding (queries go through it per
+    // search).
+    v.iter()
+        .map(|&x| (x.abs() <= F16_COPY_MAX).then(|| f16::from_f32(x).to_bits()))
+        .collect()
 }
 
 #[cfg(test)]

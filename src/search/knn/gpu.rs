@@ -195,8 +195,9 @@ pub(crate) struct KnnSearch<'a> {
     pub(crate) gpu: &'a GpuSearcher,
     pub(crate) plan: &'a KnnPlan,
     pub(crate) data: &'a DeviceVectors,
-    /// The rows' f16 copies ([`KnnRows::f16_copy`]) for an f16copy plan.
-    pub(crate) staged: Option<&'a DeviceVectors>,
+    /// For an f16copy plan: the rows' f16 copies ([`KnnRows::f16_copy`])
+    /// and the queries' (their f16 bits, uploaded per batch).
+    pub(crate) staged: Option<(&'a DeviceVectors, &'a [u16])>,
     pub(crate) rows: (&'a GpuBuffer<f32>, &'a GpuBuffer<f32>),
     pub(crate) n_rows: usize,
     pub(crate) dim: usize,
@@ -266,7 +267,7 @@ impl KnnSearch<'_> {
             veclen: if copies { 1 } else { stage.veclen },
             ..stage
         };
-        let staged_rows = match (copies, self.staged) {
+        let staged = match (copies, self.staged) {
             (false, _) => None,
             (true, Some(s)) => Some(s),
             (true, None) => {
@@ -292,8 +293,10 @@ impl KnnSearch<'_> {
             let nb = b1 - b0;
             let part = queries.slice_rows(b0, b1);
             let d_q = crate::search::gpu::upload_vectors(t, pool, &part)?;
-            let d_q16 = match staged_rows {
-                Some(_) => Some(upload_f16_copy(t, pool, &part, self.plan)?),
+            let d_q16 = match staged {
+                Some((_, q16)) => Some(DeviceVectors::F16(
+                    t.upload_new(pool, &q16[b0 * dim..b1 * dim])?,
+                )),
                 None => None,
             };
             // Both query norms in one upload (each upload waits for its copy).
@@ -315,8 +318,8 @@ impl KnnSearch<'_> {
                 self.data
                     .push_rows(&mut a, &contract, "dataset", 0..self.n_rows * dim)?;
                 d_q.push_rows(&mut a, &contract, "queries", 0..nb * dim)?;
-                match (staged_rows, &d_q16) {
-                    (Some(rows16), Some(q16)) => {
+                match (staged, &d_q16) {
+                    (Some((rows16, _)), Some(q16)) => {
                         rows16.push_rows(&mut a, &stage, "stage_dataset", 0..self.n_rows * dim)?;
                         q16.push_rows(&mut a, &stage, "stage_queries", 0..nb * dim)?;
                     }
@@ -384,22 +387,6 @@ impl KnnSearch<'_> {
         }
         Ok((out, tile_link))
     }
-}
-
-/// The f16 copies of a batch of f32 queries, uploaded, for an f16copy
-/// plan: an error naming the variant where some element has no finite f16.
-fn upload_f16_copy(
-    t: &Transfer,
-    pool: &MemoryPool,
-    queries: &Vectors,
-    plan: &KnnPlan,
-) -> Result<DeviceVectors, GpuSearchError> {
-    let refused = || f16copy_refused(plan, "the queries");
-    let Vectors::F32(m) = queries else {
-        return Err(refused());
-    };
-    let bits = f16copy::to_f16_bits(m.data()).ok_or_else(refused)?;
-    Ok(DeviceVectors::F16(t.upload_new(pool, &bits)?))
 }
 
 /// The error of an f16copy `plan` over `what` (rows or queries) with an
