@@ -214,6 +214,24 @@ fn the_key_separates_archs_and_options() {
 }
 
 #[test]
+fn every_opt_level_links() {
+    // nvJitLink refuses `-O1` and `-O2` as options: levels 1 and 2 must
+    // reach it as `-O3 -Xptxas=-O<n>`, and each level is its own cubin.
+    let rt = runtime(None);
+    let mut keys = Vec::new();
+    for level in 0..=3 {
+        let l = rt
+            .link(&typed_plan().opt_level(level), Arch::sm(90))
+            .unwrap_or_else(|e| panic!("opt level {level}: {e}"));
+        check_cubin(&l.kernel.cubin, "scan_f32_u32_v4_k128").unwrap();
+        keys.push(l.key);
+    }
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 4);
+}
+
+#[test]
 fn a_failed_link_carries_nvjitlinks_log_and_is_not_cached() {
     let rt = runtime(None);
     // An f16 metric cannot satisfy an f32 scan.

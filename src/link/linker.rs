@@ -19,11 +19,14 @@ pub struct LinkOptions {
     /// own fragments are LTO-IR, so [`LinkRuntime`](super::LinkRuntime)
     /// links always pass it.
     pub lto: Option<bool>,
-    /// `-kernels-used=<entry>` for each: lets LTO drop every other kernel.
-    /// `-O0` … `-O3`.
+    /// 0 … 3. nvJitLink itself takes only `-O0` and `-O3` (`-O1` and `-O2`
+    /// are "unrecognized option" errors, 12.9 and 13.0 alike), so levels 1
+    /// and 2 keep `-O3` for the LTO optimiser and hand the level to ptxas
+    /// (`-Xptxas=-O1`): a shorter ptxas pass, the same code from NVVM.
     pub opt_level: u8,
     pub lineinfo: bool,
     pub max_registers: Option<u32>,
+    /// `-kernels-used=<entry>` for each: lets LTO drop every other kernel.
     pub kernels_used: Vec<String>,
     /// `-split-compile=<threads>` (0 = as many as the machine has).
     pub split_compile: Option<u32>,
@@ -56,11 +59,15 @@ impl LinkOptions {
         if self.lto.unwrap_or(true) {
             a.push("-lto".to_string());
         }
+        let opt = self.opt_level.min(3);
         a.extend([
             format!("-arch={}", self.arch.real()),
-            format!("-O{}", self.opt_level.min(3)),
+            format!("-O{}", if opt == 0 { 0 } else { 3 }),
             "-verbose".to_string(),
         ]);
+        if opt == 1 || opt == 2 {
+            a.push(format!("-Xptxas=-O{opt}"));
+        }
         if self.lineinfo {
             a.push("-lineinfo".into());
         }
@@ -216,7 +223,7 @@ mod tests {
         o.fma = Some(true);
         assert_eq!(
             o.to_args().join(" "),
-            "-lto -arch=sm_90 -O1 -verbose -lineinfo -maxrregcount=64 -kernels-used=scan \
+            "-lto -arch=sm_90 -O3 -verbose -Xptxas=-O1 -lineinfo -maxrregcount=64 -kernels-used=scan \
              -split-compile=0 -ftz=false -prec-div=true -prec-sqrt=true -fma=true"
         );
     }
