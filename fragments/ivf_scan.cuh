@@ -15,11 +15,16 @@
 // so lane r of a warp loads chunk j / VL of its row as one VL-wide vector and the warp
 // reads 32 * VL consecutive elements: coalesced.
 //
-// Algorithm (one block of FRAGLINK_SCAN_BLOCK = 128 threads per query, grid-stride):
-// the brute-force scan's (scan.cuh) — CAP best keys in shared memory, a candidate test
-// against the k-th best, a bitonic sort when any thread of the block has a candidate —
+// Algorithm (blocks of FRAGLINK_SCAN_BLOCK = 128 threads, grid-stride over queries
+// along x): the brute-force scan's (scan.cuh) — CAP best keys in shared memory, a
+// candidate test against the k-th best, bitonic sorts of the candidates (BlockTopK) —
 // over the rows of the query's `nprobe` probed lists (probes[q * nprobe + p], chosen
-// by the coarse step: the brute-force scan over the centroids with k = nprobe). Thread
+// by the coarse step: the brute-force scan over the centroids with k = nprobe).
+// Probe splits: block (x, y) of a grid gridDim.y high scans probes
+// [nprobe y / gridDim.y, nprobe (y + 1) / gridDim.y) and writes that split's best k to
+// out[(q * gridDim.y + y) * k ...]; the host merges the splits of a query by the same
+// key order (src/search/ivf/gpu.rs, merge_splits). So a few queries still fill the
+// GPU; gridDim.y = 1 is the plain one-block-per-query scan. Thread
 // t of a 128-row tile is lane t % 32 of group t / 32 of the tile. Elements fold in
 // order j = 0 .. dim-1 through the metric, NaN becomes +inf, ties go to the smaller
 // dataset id: the CPU path (src/search/ivf/scan.rs) computes the same keys.
@@ -94,6 +99,10 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ data, const int64_t* _
   }
   const int tid = static_cast<int>(threadIdx.x);
   const uint32_t lane = static_cast<uint32_t>(tid) & 31u;
+  const uint64_t split = blockIdx.y;
+  const uint64_t splits = gridDim.y;
+  const uint32_t p_begin = static_cast<uint32_t>(nprobe * split / splits);
+  const uint32_t p_end = static_cast<uint32_t>(nprobe * (split + 1) / splits);
   const float inf = scan::pos_inf();
   const int64_t invalid = scan::idx_abi<int64_t>::invalid;
 
@@ -104,7 +113,8 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ data, const int64_t* _
     }
     __syncthreads();
     const T* __restrict__ qrow = queries + q * dim;
-    for (uint32_t p = 0; p < nprobe; ++p) {
+    scan::BlockTopK<CAP, S, BLOCK, int64_t> top(s_dist, s_id);
+    for (uint32_t p = p_begin; p < p_end; ++p) {
       const uint32_t list = probes[q * nprobe + p];
       const uint64_t start = list_offsets[list];
       const uint32_t size = list_sizes[list];
@@ -122,10 +132,11 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ data, const int64_t* _
             candidate = scan::key_less(key, id, s_dist[k - 1], s_id[k - 1]);
           }
         }
-        scan::offer_tile<CAP, S, BLOCK>(s_dist, s_id, candidate, key, id);
+        top.offer(candidate, key, id);
       }
     }
-    const uint64_t out = q * k;
+    top.flush();
+    const uint64_t out = (q * splits + split) * k;
     for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {
       out_ids[out + j] = s_id[j];
       out_dists[out + j] = ASC ? s_dist[j] : -s_dist[j];

@@ -44,7 +44,7 @@
 //   (grid-stride; with many chunks a merge launch over groups of chunks comes first,
 //   see run_rerank):
 //   pass 1: U = the k-th smallest hi over the chunks' candidates (a block-wide top-k of
-//   (hi, id) keys, scan.cuh's offer_tile); pass 2: every candidate with lo <= U gets
+//   (hi, id) keys, scan.cuh's BlockTopK); pass 2: every candidate with lo <= U gets
 //   its exact distance from the linked metric (the in-order fold of the scan kernel,
 //   NaN -> +inf) and the k smallest (d, id) keys are the result, padded with
 //   (+inf, 0xFFFFFFFF) as the scan pads. A candidate with lo > U has k candidates
@@ -821,6 +821,7 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
         s_id[i] = invalid;
       }
       __syncthreads();
+      scan::BlockTopK<CAP, S, BLOCK, uint32_t> top(s_key, s_id);
       for (uint64_t tile = 0; tile < slots; tile += BLOCK) {
         const uint64_t s = tile + tid;
         float key = inf;
@@ -841,8 +842,9 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
             candidate = candidate && scan::key_less(key, id, s_key[k - 1], s_id[k - 1]);
           }
         }
-        scan::offer_tile<CAP, S, BLOCK>(s_key, s_id, candidate, key, id);
+        top.offer(candidate, key, id);
       }
+      top.flush();
       u = s_key[k - 1];
       __syncthreads();
     }

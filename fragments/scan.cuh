@@ -13,15 +13,16 @@
 //     allows it) with VL-element vector loads, folding elements in order through
 //     the metric; a NaN distance becomes +inf.
 //     the key is a candidate iff it is smaller than the current k-th best key.
-//     if any thread of the block has a candidate (__syncthreads_or): candidates go to
-//     slots [CAP, CAP + BLOCK), the rest of the scratch is reset to the sentinel,
-//     and a bitonic sort of all S slots restores "best CAP keys, sorted" in [0, CAP).
-//   finally slots [0, k) are the answer.
+//     if any thread of the block has a candidate (__syncthreads_or): the tile's keys
+//     (candidates, else the sentinel) take the next BLOCK scratch slots, and once
+//     the scratch is full a bitonic sort of all S slots restores "best CAP keys,
+//     sorted" in [0, CAP) (BlockTopK).
+//   finally what is pending is sorted in, and slots [0, k) are the answer.
 // Keys compare lexicographically by (distance, id as unsigned): equal distances are
 // broken by the smaller id, and the sentinel (+inf, all-ones id) sorts after every
 // real row, +inf-distance rows included. Correctness: a key that was not a
 // candidate was not smaller than the k-th best at that time, and the k-th best only
-// decreases, so it cannot be among the final k; the sort keeps the CAP >= k smallest
+// decreases, so it cannot be among the final k; the sorts keep the CAP >= k smallest
 // of everything that was a candidate. Hence the result is exactly the k smallest keys
 // over all allowed rows, padded with sentinels when fewer than k rows are allowed.
 #pragma once
@@ -195,25 +196,56 @@ __device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
   bitonic_network<BLOCK>(S, PairCompareSwap<Idx>{d, id});
 }
 
-// The block-wide top-k step shared by every scan: thread t offers key (d, id) when
-// `candidate` (it beats the current k-th best key). If any thread of the block
-// offers one, the offers go to the scratch slots [CAP, CAP + BLOCK), the rest of the
-// scratch is reset to the sentinel, and a bitonic sort of all S slots restores "best
-// CAP keys, sorted" in [0, CAP). Must be called by all threads of the block.
+// The block-wide top-k shared by every scan (the IVF scan and the k-NN re-rank too),
+// over S (distance, id) slots in shared memory: [0, CAP) the best keys so far, sorted
+// (what the candidate test reads: slot k - 1), [CAP, S) scratch. The scratch holds
+// PHASES = (S - CAP) / BLOCK tiles of offers: a tile with any candidate takes the next
+// phase (thread t's slot CAP + phase * BLOCK + t: its key, or the sentinel), and the
+// bitonic sort of all S slots runs only when every phase is taken, or at flush(). A
+// capacity of 1024 (S = 2048) thus sorts once per 8 tiles with candidates instead of
+// once per tile. Deferring is exact: a key that was no candidate was not below the k-th
+// best of the sorted slots at the time, and that k-th best only decreases. Scratch
+// slots no phase wrote since the last sort hold keys that sort put there; each is above
+// CAP keys that stay, so no later sort lifts it into [0, CAP).
+// `phase` is the same in every thread (it changes only after a block-wide vote). Every
+// member must be called by all threads of the block; flush() ends with a barrier.
 template <int CAP, int S, int BLOCK, typename Idx>
-__device__ FRAGLINK_INLINE void offer_tile(float* s_dist, Idx* s_id, bool candidate, float d, Idx id) {
-  static_assert(S - CAP >= BLOCK, "scratch must hold one candidate per thread");
-  if (__syncthreads_or(candidate)) {
-    const int tid = static_cast<int>(threadIdx.x);
-    for (int i = CAP + tid; i < S; i += BLOCK) {
-      const bool mine = (i == CAP + tid) && candidate;
-      s_dist[i] = mine ? d : pos_inf();
-      s_id[i] = mine ? id : idx_abi<Idx>::invalid;
+struct BlockTopK {
+  static constexpr int PHASES = (S - CAP) / BLOCK;
+  static_assert(PHASES >= 1, "scratch must hold one candidate per thread");
+  float* d;
+  Idx* id;
+  int phase;
+
+  __device__ FRAGLINK_INLINE BlockTopK(float* dist, Idx* ids) : d(dist), id(ids), phase(0) {}
+
+  // Thread t offers key (key, key_id) when `candidate` (it beats the k-th best).
+  __device__ FRAGLINK_INLINE void offer(bool candidate, float key, Idx key_id) {
+    if (__syncthreads_or(candidate)) {
+      const int slot = CAP + phase * BLOCK + static_cast<int>(threadIdx.x);
+      d[slot] = candidate ? key : pos_inf();
+      id[slot] = candidate ? key_id : idx_abi<Idx>::invalid;
+      if (++phase == PHASES) {
+        sort();
+      }
+    }
+  }
+
+  // Sorts what is pending: afterwards [0, CAP) holds the best CAP keys of all offers.
+  __device__ FRAGLINK_INLINE void flush() {
+    if (phase != 0) {
+      sort();
     }
     __syncthreads();
-    bitonic_sort<S, BLOCK>(s_dist, s_id);
   }
-}
+
+ private:
+  __device__ FRAGLINK_INLINE void sort() {
+    __syncthreads();  // every phase's writes before the network reads them
+    bitonic_sort<S, BLOCK>(d, id);
+    phase = 0;
+  }
+};
 
 // Order-preserving u32 key of a float: a < b exactly when key(a) < key(b), and
 // -0 and +0 share one key (they compare equal, as scan::key_less has them).
@@ -286,7 +318,6 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
   constexpr int S = next_pow2(CAP + BLOCK);
   static_assert(VL >= 1 && (VL & (VL - 1)) == 0, "veclen must be a power of two");
   static_assert(CAP >= 1 && (CAP & (CAP - 1)) == 0, "capacity must be a power of two");
-  static_assert(S - CAP >= BLOCK, "scratch must hold one candidate per thread");
 
   __shared__ float s_dist[S];
   __shared__ Idx s_id[S];
@@ -308,6 +339,7 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
     __syncthreads();
 
     const T* __restrict__ qrow = queries + q * dim;
+    BlockTopK<CAP, S, BLOCK, Idx> top(s_dist, s_id);
     for (uint64_t tile = 0; tile < n_rows; tile += BLOCK) {
       const uint64_t row = tile + static_cast<uint64_t>(tid);
       float d = inf;
@@ -321,8 +353,9 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
         id = static_cast<Idx>(row);
         candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
       }
-      offer_tile<CAP, S, BLOCK>(s_dist, s_id, candidate, d, id);
+      top.offer(candidate, d, id);
     }
+    top.flush();
 
     const uint64_t out = q * k;
     for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {

@@ -230,7 +230,8 @@ search_step() {
 # scan, the two-pass select (k 3000 in one sort; k 17000 in two slices on an
 # H100: i8 of dim 4, whose many equal distances take the select over the ties'
 # ids, and half the rows filtered out, whose excluded rows end the query), and
-# IVF-Flat. memcheck on each; racecheck and
+# IVF-Flat (k 10, and k 1000: capacity 1024, whose top-k sorts once per 8 tiles
+# with candidates). memcheck on each; racecheck and
 # synccheck where blocks exchange through shared memory; initcheck on two.
 sanitize_cases="\
 tile-f32 memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 70 --k 10
@@ -242,7 +243,8 @@ scan-f16 memcheck,racecheck FRAGLINK_GPU_KNN=0 --dtype f16 --n 6000 --nq 5 --k 1
 select memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 5 --k 3000
 select-slices memcheck,racecheck,synccheck FRAGLINK_GPU_KNN=1 --dtype i8 --dim 4 --n 20000 --nq 2 --k 17000
 select-slices-filter memcheck FRAGLINK_GPU_KNN=1 --filter bitset:0.5 --n 20000 --dim 16 --nq 2 --k 17000
-ivf-i8 memcheck,racecheck FRAGLINK_GPU_KNN=1 --ivf-flat --nlist 32 --nprobe 8 --dtype i8 --filter bitset:0.5 --n 6000 --nq 20 --k 10"
+ivf-i8 memcheck,racecheck FRAGLINK_GPU_KNN=1 --ivf-flat --nlist 32 --nprobe 8 --dtype i8 --filter bitset:0.5 --n 6000 --nq 20 --k 10
+ivf-k1000 memcheck,racecheck FRAGLINK_GPU_KNN=1 --ivf-flat --nlist 32 --nprobe 8 --n 6000 --nq 4 --k 1000"
 
 sanitize_step() {
   local t0=$SECONDS status=done failed=0 name tools envs args tool log line rc

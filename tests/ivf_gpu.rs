@@ -21,10 +21,13 @@ fn every_dtype_metric_and_k_has_a_plan_that_links() {
     for dtype in DType::ALL {
         for metric in Metric::ALL {
             for veclen in [1, veclen_for(dtype, 128)] {
-                for k in [1, 10, 33, 100, 256] {
+                for k in [1, 10, 33, 100, 256, 257, 1000, 2048] {
                     let p = ivf_plan(dtype, metric, "bitset", veclen, k).unwrap();
                     // The smallest capacity bucket holding k.
-                    let want = [32, 64, 128, 256].into_iter().find(|&c| c >= k).unwrap();
+                    let want = [32, 64, 128, 256, 512, 1024, 2048]
+                        .into_iter()
+                        .find(|&c| c >= k)
+                        .unwrap();
                     assert_eq!(p.capacity as usize, want, "{dtype} {metric} k {k}");
                     let l = rt.link(&p.planner(), Arch::sm(90)).unwrap();
                     assert_eq!(l.kernel.metadata.spill_stores, 0);
@@ -33,8 +36,8 @@ fn every_dtype_metric_and_k_has_a_plan_that_links() {
         }
     }
     assert!(matches!(
-        ivf_plan(DType::F32, Metric::L2, "none", 4, 257),
-        Err(PlanError::KTooLarge { max: 256, .. })
+        ivf_plan(DType::F32, Metric::L2, "none", 4, 2049),
+        Err(PlanError::KTooLarge { max: 2048, .. })
     ));
     assert!(ivf_plan(DType::F32, Metric::L2, "none", 2, 10).is_err());
 }
@@ -68,7 +71,9 @@ fn gpu_ivf_equals_cpu_ivf_bit_for_bit() {
                     bp.veclen = veclen;
                     let index = build_index(&base, &bp).unwrap();
                     let dev = GpuIvfIndex::upload(&gpu, &index).unwrap();
-                    for (k, nprobe) in [(1, 1), (10, 4), (100, 40), (256, 7)] {
+                    for (k, nprobe) in
+                        [(1, 1), (10, 4), (100, 40), (256, 7), (1000, 20), (2048, 40)]
+                    {
                         for f in [Filter::None, Filter::Bitset(Bitset::random(6000, 0.3, 4))] {
                             let p = IvfSearchParams::new(k, nprobe).with_filter(f);
                             let want = search_ivf(&index, &queries, &p).unwrap();

@@ -22,8 +22,8 @@ fn every_ivf_scan_variant_links_spill_free_for_sm75_and_sm90() {
     })
     .unwrap();
     let all = plans("l2", "bitset");
-    // 4 dtypes × 2 veclens × 4 capacities × 2 orders.
-    assert_eq!(all.len(), 64);
+    // 4 dtypes × 2 veclens × 7 capacities × 2 orders.
+    assert_eq!(all.len(), 112);
     for arch in [Arch::sm(75), Arch::sm(90)] {
         link_all_checked(&rt, &all, arch);
     }

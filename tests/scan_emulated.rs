@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::synthetic;
 use fraglink::search::ivf::gpu::{ivf_plan, KernelLists};
+use fraglink::search::ivf::splits::merge_splits;
 use fraglink::search::ivf::{build_index, search_ivf, IvfBuildParams, IvfSearchParams, MetricSpec};
 use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use support::emulated;
@@ -151,12 +152,14 @@ fn f32_rows(v: &Vectors) -> Vectors {
 
 /// One IVF search through the emulated scan, with the GPU path's probes
 /// (the brute-force top-nprobe centroids, which the GPU computes bit for bit
-/// like `search_cpu`), compared with `search_ivf`.
+/// like `search_cpu`) split `splits` ways over grid.y and merged as the GPU
+/// path merges them, compared with `search_ivf`.
 fn check_ivf(
     exe: &Path,
     index: &fraglink::search::ivf::IvfIndex,
     queries: &Vectors,
     p: &IvfSearchParams,
+    splits: usize,
 ) {
     let spec: MetricSpec = index.metric();
     let plan = ivf_plan(
@@ -206,22 +209,26 @@ fn check_ivf(
         nq.to_string(),
         k.to_string(),
         "5".into(),
+        splits.to_string(),
         "11".into(),
         d.display().to_string(),
     ]
     .to_vec();
     let what = format!(
-        "{} k {k} nprobe {nprobe} filter {}",
+        "{} k {k} nprobe {nprobe} filter {} splits {splits}",
         plan.scan.name,
         p.filter.fragment_name()
     );
     emulated::run(exe, &args, &what);
-    let mut distances = emulated::read_of(&d.join("dists.bin"), f32::from_le_bytes);
+    let ids = emulated::read_of(&d.join("ids_out.bin"), i64::from_le_bytes);
+    let dists = emulated::read_of(&d.join("dists.bin"), f32::from_le_bytes);
+    assert_eq!(ids.len(), nq * splits * k, "{what}");
+    let (ids, mut distances) = merge_splits(&ids, &dists, nq, splits, k, true);
     distances.iter_mut().for_each(|x| *x = spec.post.apply(*x));
     let found = Neighbors {
         nq,
         k,
-        ids: emulated::read_of(&d.join("ids_out.bin"), i64::from_le_bytes),
+        ids,
         distances,
     };
     let want = search_ivf(index, queries, p).unwrap();
@@ -245,14 +252,25 @@ fn ivf_scan_kernels_match_the_cpu_path_under_emulation() {
             bp.iterations = 3;
             bp.veclen = veclen;
             let index = build_index(&base, &bp).unwrap();
-            for (k, nprobe, filter) in [
-                (10, 3, Filter::None),
-                (33, 12, Filter::Bitset(Bitset::random(1500, 0.3, 4))),
-                (100, 5, Filter::None),
-                (256, 2, Filter::None),
+            // Probe splits: none, 3 (uneven: 12 / 3 but 5 / 3), and more
+            // splits than probes (empty splits, all padding).
+            for (k, nprobe, filter, splits) in [
+                (10, 3, Filter::None, 1),
+                (10, 3, Filter::None, 5),
+                (33, 12, Filter::Bitset(Bitset::random(1500, 0.3, 4)), 1),
+                (33, 12, Filter::Bitset(Bitset::random(1500, 0.3, 4)), 3),
+                (100, 5, Filter::None, 1),
+                (100, 5, Filter::None, 3),
+                (256, 2, Filter::None, 1),
+                // The large capacities: 512 (2 tiles of offers per sort), 1024
+                // (8, fewer rows allowed than k), 2048 (16, more k than rows).
+                (300, 4, Filter::None, 1),
+                (300, 4, Filter::None, 2),
+                (1000, 12, Filter::Bitset(Bitset::random(1500, 0.5, 5)), 1),
+                (2048, 12, Filter::None, 1),
             ] {
                 let p = IvfSearchParams::new(k, nprobe).with_filter(filter);
-                check_ivf(&exe, &index, &queries, &p);
+                check_ivf(&exe, &index, &queries, &p, splits);
             }
         }
     });

@@ -89,14 +89,24 @@ pub fn link_each_checked(
     })
 }
 
-/// [`link_each_checked`] for the scan families: at most 64 registers, and the
-/// shared memory the capacity implies.
+/// [`link_each_checked`] for the scan families: the shared memory the
+/// capacity implies, and at most 64 registers up to capacity 256, 80 above
+/// (IVF's 512 … 2048: their 12 to 48 KiB of shared keys bound the blocks per
+/// SM before registers do: 80 × 128 threads leave 6 blocks an SM, as many
+/// as 12 KiB blocks fit on sm_75, where the larger sorts take up to 73).
 pub fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
-    link_each_checked(rt, plans, arch, 64, |p| {
+    let capacity = |p: &Planner| -> u32 {
         let scan = p.static_fragments()[0];
-        let cap: u32 = scan.param("capacity").unwrap().parse().unwrap();
+        scan.param("capacity").unwrap().parse().unwrap()
+    };
+    let shared = |p: &Planner| {
+        let scan = p.static_fragments()[0];
         let idx_bytes = if idx_of(scan) == "i64" { 8 } else { 4 };
-        let slots = (cap + 128).next_power_of_two();
+        let slots = (capacity(p) + 128).next_power_of_two();
         slots * (4 + idx_bytes)
-    });
+    };
+    let (small, large): (Vec<Planner>, Vec<Planner>) =
+        plans.iter().cloned().partition(|p| capacity(p) <= 256);
+    link_each_checked(rt, &small, arch, 64, shared);
+    link_each_checked(rt, &large, arch, 80, shared);
 }

@@ -11,7 +11,7 @@ use fraglink::search::data::{
     check_ground_truth, memory_limit, read_ground_truth, read_vectors, recall_at_k, DataError,
 };
 use fraglink::search::gpu::GpuSearcher;
-use fraglink::search::ivf::gpu::GpuIvfIndex;
+use fraglink::search::ivf::gpu::{max_k, GpuIvfIndex};
 use fraglink::search::ivf::{
     read_index, search_ivf, IvfBuildParams, IvfIndex, IvfSearchParams, MetricSpec, DEFAULT_NPROBE,
 };
@@ -131,7 +131,7 @@ fn gpu_for(a: &SearchArgs) -> Result<Option<GpuSearcher>, String> {
 }
 
 fn search(a: &SearchArgs) -> Result<(), String> {
-    let gpu = gpu_for(a)?;
+    let mut gpu = gpu_for(a)?;
     if let Some(w) = init_cpu_threads().map_err(|e| e.to_string())?.warning {
         eprintln!("warning: {w}");
     }
@@ -158,6 +158,17 @@ fn search(a: &SearchArgs) -> Result<(), String> {
         None => None,
     };
 
+    // A k beyond every IVF scan's capacity: the CPU path serves it, as it
+    // does brute force's beyond the GPU's reach.
+    if let Some(max) = gpu.as_ref().and(max_k(index.dtype(), index.veclen())) {
+        if a.k > max {
+            eprintln!(
+                "warning: k = {} is beyond the GPU IVF-Flat scan's {max}: the CPU path serves this search",
+                a.k
+            );
+            gpu = None;
+        }
+    }
     let pb = spinner("searching", a.json);
     let started = Instant::now();
     // The GPU route uploads the index first (timed apart, like brute force's upload).

@@ -1,7 +1,8 @@
 //! The GPU path of IVF-Flat, through the planner and the launcher.
 //!
 //! - **Plan** ([`ivf_plan`]): from the catalog, the `ivf_scan` fragment of the
-//!   index's dtype and veclen with the smallest capacity holding `k`, plus the
+//!   index's dtype and veclen with the smallest capacity holding `k` (32 …
+//!   2048, faiss-gpu's largest k; beyond, [`PlanError::KTooLarge`]), plus the
 //!   same `metric_<m>_<dtype>` and `filter_<f>_i64` fragments the brute-force
 //!   scan links (fragments/README.md, "The IVF-Flat scan").
 //! - **Coarse step**: the brute-force GPU scan over the resident centroids
@@ -9,7 +10,8 @@
 //!   over the centroids, so both paths probe the same lists.
 //! - **Scan**: the lists, uploaded once ([`GpuIvfIndex::upload`]) back to back
 //!   in the interleaved layout with their ids, offsets and sizes; one launch
-//!   per search. Results equal [`search_ivf`](super::search_ivf) bit for bit
+//!   per search, its probes split over blocks where the queries are too few
+//!   to fill the GPU (each query's splits merged on the host, [`super::splits`]). Results equal [`search_ivf`](super::search_ivf) bit for bit
 //!   (tests/ivf_gpu.rs, `#[ignore]`d without a GPU).
 //!
 //! [`search_cpu`]: crate::search::search_cpu
@@ -27,6 +29,7 @@ use crate::search::{DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use super::build::List;
 use super::kmeans::gather_f32;
 use super::scan::{check_queries, IvfSearchParams};
+use super::splits::{merge_splits, probe_splits};
 use super::{IvfError, IvfIndex, ListStore, MetricSpec};
 
 /// Threads per block of the IVF scan (FRAGLINK_SCAN_BLOCK).
@@ -55,6 +58,30 @@ fn named(name: String) -> Result<&'static FragmentInfo, PlanError> {
         .ok_or(PlanError::Missing(name))
 }
 
+/// The ascending IVF scans for `dtype` lists of `veclen`, one per capacity.
+fn ascending_scans(dtype: DType, veclen: usize) -> Vec<&'static FragmentInfo> {
+    fragments::catalog()
+        .iter()
+        .copied()
+        .filter(|f| {
+            f.family == "ivf_scan"
+                && f.param("dtype") == Some(dtype.name())
+                && f.param("order") == Some("asc")
+                && param_u32(f, "veclen") == Some(veclen as u32)
+        })
+        .collect()
+}
+
+/// The largest `k` the IVF scans of `dtype` lists of `veclen` hold (2048
+/// with the built-in matrix), or `None` when there is no such scan.
+pub fn max_k(dtype: DType, veclen: usize) -> Option<usize> {
+    ascending_scans(dtype, veclen)
+        .iter()
+        .filter_map(|f| param_u32(f, "capacity"))
+        .max()
+        .map(|c| c as usize)
+}
+
 /// The IVF scan for `dtype` lists of `veclen`, the smallest capacity holding
 /// `k`, ascending order (every built-in metric: smaller is closer).
 pub fn ivf_plan(
@@ -64,18 +91,8 @@ pub fn ivf_plan(
     veclen: usize,
     k: usize,
 ) -> Result<IvfGpuPlan, PlanError> {
-    let scans: Vec<&'static FragmentInfo> = fragments::catalog()
-        .iter()
-        .copied()
-        .filter(|f| {
-            f.family == "ivf_scan"
-                && f.param("dtype") == Some(dtype.name())
-                && f.param("order") == Some("asc")
-                && param_u32(f, "veclen") == Some(veclen as u32)
-        })
-        .collect();
-    let max = scans.iter().filter_map(|f| param_u32(f, "capacity")).max();
-    let Some(max) = max else {
+    let scans = ascending_scans(dtype, veclen);
+    let Some(max) = max_k(dtype, veclen) else {
         return Err(PlanError::NoScan { dtype, idx: "i64" });
     };
     let scan = scans
@@ -85,7 +102,7 @@ pub fn ivf_plan(
         .min_by_key(|f| param_u32(f, "capacity"))
         .ok_or(PlanError::KTooLarge {
             k,
-            max,
+            max: max as u32,
             dtype,
             idx: "i64",
         })?;
@@ -407,8 +424,25 @@ impl GpuIvfIndex {
             Filter::Bitset(b) => Some(t.upload_new(pool, &b.words).map_err(dev_err)?),
             Filter::None => None,
         };
-        let mut d_ids = pool.alloc::<i64>(nq * k).map_err(dev_err)?;
-        let mut d_dists = pool.alloc::<f32>(nq * k).map_err(dev_err)?;
+        // Probe splits where the queries alone leave SMs idle (splits.rs);
+        // only for an entry whose key order is known (its `order`), which
+        // the host's merge must follow.
+        let ascending = planner
+            .static_fragments()
+            .first()
+            .and_then(|f| f.param("order"))
+            .and_then(|o| match o {
+                "asc" => Some(true),
+                "desc" => Some(false),
+                _ => None,
+            });
+        let splits = match ascending {
+            Some(_) => probe_splits(nq, nprobe, self.gpu.context().info().sm_count),
+            None => 1,
+        };
+        let outputs = nq * splits * k;
+        let mut d_ids = pool.alloc::<i64>(outputs).map_err(dev_err)?;
+        let mut d_dists = pool.alloc::<f32>(outputs).map_err(dev_err)?;
         let contract = ScanContract {
             elem_bytes: self.dtype.size() as u32,
             veclen: self.veclen as u32,
@@ -446,20 +480,30 @@ impl GpuIvfIndex {
             None => args.null_ptr(),
         };
         args.value(dim32).value(nq32).value(k32);
-        args.output(d_ids.subview_mut(0, nq * k).map_err(dev_err)?)
+        args.output(d_ids.subview_mut(0, outputs).map_err(dev_err)?)
             .map_err(dev_err)?
             .require_alignment(8, "out_ids");
-        args.output(d_dists.subview_mut(0, nq * k).map_err(dev_err)?)
+        args.output(d_dists.subview_mut(0, outputs).map_err(dev_err)?)
             .map_err(dev_err)?
             .require_alignment(4, "out_dists");
-        let cfg = LaunchConfig::new((nq32.clamp(1, i32::MAX as u32), 1, 1), (BLOCK, 1, 1));
+        // splits ≤ max(nprobe, 1) and < 2·sm_count: within grid.y's 65535
+        // for every GPU fraglink runs on (at most a few hundred SMs).
+        let cfg = LaunchConfig::new(
+            (nq32.clamp(1, i32::MAX as u32), splits as u32, 1),
+            (BLOCK, 1, 1),
+        );
         // SAFETY: arguments in the order and types of templates/ivf_scan.cu.j2;
         // counts fit the kernel's 32-bit parameters (checked above); probes are
         // list numbers < nlist (the coarse scan's ids over nlist ≥ nprobe rows);
-        // sizes and alignments are checked by the launcher.
+        // the outputs hold nq × grid.y × k entries; sizes and alignments are
+        // checked by the launcher.
         unsafe { launcher.launch(&cfg, &mut args).map_err(dev_err)? };
-        let ids = t.download_vec(&d_ids).map_err(dev_err)?;
+        let mut ids = t.download_vec(&d_ids).map_err(dev_err)?;
         let mut distances = t.download_vec(&d_dists).map_err(dev_err)?;
+        if splits > 1 {
+            (ids, distances) =
+                merge_splits(&ids, &distances, nq, splits, k, ascending.unwrap_or(true));
+        }
         distances
             .iter_mut()
             .for_each(|d| *d = self.metric.post.apply(*d));
@@ -522,7 +566,7 @@ mod tests {
             for metric in Metric::ALL {
                 for filter in crate::search::plan::FILTERS {
                     for veclen in [1, 2, 4, 8, 16] {
-                        for k in [1, 10, 32, 33, 64, 65, 100, 128, 129, 256] {
+                        for k in [1, 10, 32, 33, 64, 65, 100, 128, 129, 256, 257, 1000, 2048] {
                             if let Ok(p) = ivf_plan(dtype, metric, filter, veclen, k) {
                                 reached.push(p.planner());
                             }

@@ -51,6 +51,7 @@ mod lanes;
 pub mod layout;
 pub mod reference;
 pub mod scan;
+pub mod splits;
 mod topk;
 
 use std::fmt;

@@ -1,0 +1,139 @@
+//! Probe splits: a search of few queries still fills the GPU.
+//!
+//! The IVF scan kernel runs one block per query; a batch of fewer queries
+//! than the GPU has SMs leaves most of it idle (one query at `nprobe` 16 on
+//! an H100 would use 1 of 132 SMs). With a grid `splits` high, block
+//! `(x, y)` scans only probes `[nprobe·y/splits, nprobe·(y+1)/splits)` of its
+//! query and writes that split's best `k` (fragments/ivf_scan.cuh); the host
+//! then merges each query's `splits` sorted lists ([`merge_splits`]). A row of
+//! the query's best `k` is among the best `k` of its split, so the merge of
+//! the splits' best is the best over all probes, in the kernel's key order:
+//! the results are those of one block per query, bit for bit.
+
+use std::cmp::Ordering;
+
+/// Probe splits for `nq` queries of `nprobe` probes on a GPU of `sm_count`
+/// SMs: enough blocks for two per SM (`⌈2·sm_count / nq⌉`), at most one
+/// split per probe; 1 (the plain scan) once the queries alone fill the GPU.
+/// The splits' results are `nq · splits · k` entries: fewer than
+/// `2 · (2·sm_count + nq) · k` when `splits` > 1.
+pub fn probe_splits(nq: usize, nprobe: usize, sm_count: u32) -> usize {
+    let target = 2 * sm_count.max(1) as usize;
+    if nq == 0 || nq >= target {
+        return 1;
+    }
+    target.div_ceil(nq).min(nprobe).max(1)
+}
+
+/// The kernel's key order (scan.cuh's `key_less`): by distance — ascending,
+/// or descending for a similarity (`order = desc`) — then by id as unsigned,
+/// so padding (id -1) goes after every row; -0 and +0 are one distance.
+fn key_order(ascending: bool) -> impl Fn(&(f32, i64), &(f32, i64)) -> Ordering {
+    move |a, b| {
+        let by_distance = if ascending {
+            a.0.partial_cmp(&b.0)
+        } else {
+            b.0.partial_cmp(&a.0)
+        };
+        match by_distance {
+            Some(Ordering::Equal) | None => (a.1 as u64).cmp(&(b.1 as u64)),
+            Some(o) => o,
+        }
+    }
+}
+
+/// Each query's best `k` of its `splits` lists of `k` (ids and distances
+/// `nq × splits × k`, query-major, as the kernel writes them): `nq × k`
+/// each, in the kernel's key order ([`key_order`]).
+pub fn merge_splits(
+    ids: &[i64],
+    dists: &[f32],
+    nq: usize,
+    splits: usize,
+    k: usize,
+    ascending: bool,
+) -> (Vec<i64>, Vec<f32>) {
+    debug_assert_eq!(ids.len(), nq * splits * k);
+    debug_assert_eq!(dists.len(), ids.len());
+    let order = key_order(ascending);
+    let mut out_ids = Vec::with_capacity(nq * k);
+    let mut out_dists = Vec::with_capacity(nq * k);
+    let mut keys: Vec<(f32, i64)> = Vec::with_capacity(splits * k);
+    for q in 0..nq {
+        let span = q * splits * k..(q + 1) * splits * k;
+        keys.clear();
+        keys.extend(
+            dists[span.clone()]
+                .iter()
+                .copied()
+                .zip(ids[span].iter().copied()),
+        );
+        // Each split's list is sorted: a k-way merge would do less, but k ·
+        // splits entries per query are a few thousand at most.
+        keys.sort_unstable_by(&order);
+        for &(d, id) in &keys[..k] {
+            out_dists.push(d);
+            out_ids.push(id);
+        }
+    }
+    (out_ids, out_dists)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_fill_the_gpu_and_stop_at_the_probes() {
+        // H100: 132 SMs, 264 blocks wanted.
+        assert_eq!(probe_splits(1, 16, 132), 16);
+        assert_eq!(probe_splits(1, 1000, 132), 264);
+        assert_eq!(probe_splits(100, 16, 132), 3);
+        assert_eq!(probe_splits(263, 16, 132), 2);
+        assert_eq!(probe_splits(264, 16, 132), 1);
+        assert_eq!(probe_splits(10_000, 16, 132), 1);
+        assert_eq!(probe_splits(1, 1, 132), 1);
+        assert_eq!(probe_splits(0, 16, 132), 1);
+        assert_eq!(probe_splits(1, 16, 0), 2);
+    }
+
+    /// Two queries, 3 splits of k = 3 each, against the best 3 of all rows.
+    #[test]
+    fn the_merge_is_the_best_k_in_key_order() {
+        let pad = (f32::INFINITY, -1i64);
+        #[rustfmt::skip]
+        let lists: [[(f32, i64); 3]; 6] = [
+            // query 0: a tie at 1.0 goes to the smaller id; -0 equals +0.
+            [(0.0, 9), (1.0, 7), (5.0, 1)],
+            [(-0.0, 4), (1.0, 2), pad],
+            [pad, pad, pad],
+            // query 1: fewer rows than k, one of them +inf (a NaN row).
+            [(f32::INFINITY, 3), pad, pad],
+            [(2.0, 8), pad, pad],
+            [pad, pad, pad],
+        ];
+        let (ids, dists): (Vec<i64>, Vec<f32>) =
+            lists.iter().flatten().map(|&(d, i)| (i, d)).unzip();
+        let (got_ids, got_d) = merge_splits(&ids, &dists, 2, 3, 3, true);
+        assert_eq!(got_ids, [4, 9, 2, 8, 3, -1]);
+        let bits: Vec<u32> = got_d.iter().map(|d| d.to_bits()).collect();
+        let want: Vec<u32> = [-0.0f32, 0.0, 1.0, 2.0, f32::INFINITY, f32::INFINITY]
+            .iter()
+            .map(|d| d.to_bits())
+            .collect();
+        assert_eq!(bits, want);
+    }
+
+    /// Descending (a similarity): larger first, ties to the smaller id,
+    /// padding (-inf, -1) last.
+    #[test]
+    fn a_descending_merge_puts_the_largest_first() {
+        let ids = [5, 1, -1, 3, 2, 0];
+        let dists = [4.0, 1.0, f32::NEG_INFINITY, 4.0, 2.0, -1.0];
+        let (got_ids, got_d) = merge_splits(&ids, &dists, 1, 2, 3, false);
+        assert_eq!(got_ids, [3, 5, 2]);
+        assert_eq!(got_d, [4.0, 4.0, 2.0]);
+        let (got_ids, _) = merge_splits(&ids, &dists, 1, 2, 3, true);
+        assert_eq!(got_ids, [-1, 0, 1]);
+    }
+}
