@@ -13,6 +13,8 @@
 #              over small searches that reach every GPU kernel family
 #   bench      gpu_bench, the GPU contract's figures
 #   peers      exact k-NN against torch and CuPy (benches/scripts/gpu_peers.py)
+#   ivf        IVF-Flat probe splits against one block per query
+#              (benches/scripts/ivf_gpu_bench.py)
 #   ncu        Nsight Compute profiles of the k-NN kernels
 #   tests      every other test (portable; CI runs them too, without a GPU)
 #
@@ -37,9 +39,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 start=$SECONDS
-outdir=${1:?usage: scripts/gpu-run.sh OUTDIR [gpu-tests|search|sanitize|bench|peers|ncu|tests ...]}
+outdir=${1:?usage: scripts/gpu-run.sh OUTDIR [gpu-tests|search|sanitize|bench|peers|ivf|ncu|tests ...]}
 shift
-all_steps="gpu-tests search sanitize bench peers ncu tests"
+all_steps="gpu-tests search sanitize bench peers ivf ncu tests"
 steps=${*:-$all_steps}
 for s in $steps; do
   case " $all_steps " in
@@ -292,6 +294,19 @@ peers_step() {
   rc=$?
   tail -30 "$logs/peers.txt"
   record peers "$(status_of "$rc")" $((SECONDS - t0)) "$rc"
+}
+
+ivf_step() {
+  local t0=$SECONDS rc
+  echo "== IVF-Flat probe splits (benches/scripts/ivf_gpu_bench.py, $(left) s left)"
+  # ivf_gpu_bench.py rewrites ivf.json after each case: a stopped run keeps
+  # the cases it finished. GPU_IVF_ARGS: more arguments (e.g. '--nprobes 16').
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 timeout -k 10 "$(limit)" "$py" "$root/benches/scripts/ivf_gpu_bench.py" --fraglink "$bin" \
+    --out "$logs/ivf.json" ${GPU_IVF_ARGS:-} >"$logs/ivf.txt" 2>&1
+  rc=$?
+  tail -20 "$logs/ivf.txt"
+  record ivf "$(status_of "$rc")" $((SECONDS - t0)) "$rc"
 }
 
 # Kernel profiles for whoever tunes the kernels next: Nsight Compute on the

@@ -157,6 +157,7 @@ def collect(a):
     sanitized = read_jsonl(os.path.join(logs, "sanitize.jsonl"))
     bench = read_json(os.path.join(logs, "bench.json"))
     peers = read_json(os.path.join(logs, "peers.json"))
+    ivf = read_json(os.path.join(logs, "ivf.json"))
     profiles = ncu_profiles(logs)
     steps = read_jsonl(os.path.join(logs, "steps.jsonl"))
     tests = []
@@ -182,6 +183,7 @@ def collect(a):
         "sanitize": sanitized,
         "bench": bench,
         "peers": peers,
+        "ivf": ivf,
         "profiles": profiles,
     }
     os.makedirs(a.out, exist_ok=True)
@@ -213,7 +215,7 @@ def merge(runs):
             if r.get(key) and not out.get(key):
                 out[key] = r[key]
         out["gpu"] = out.get("gpu") or r.get("gpu")
-        for key in ("searches", "sanitize", "bench", "profiles"):
+        for key in ("searches", "sanitize", "bench", "ivf", "profiles"):
             if r.get(key):
                 out[key] = r[key]
         if (r.get("peers") or {}).get("cases"):
@@ -375,6 +377,26 @@ def render(r, summary=False):
                 lines.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | {v}{best} | {cell} | {fmt(ratio)} | "
                              f"{fmt(pick.get('gpu_kernel'))} |")
             lines.append("")
+    v = r.get("ivf") or {}
+    if v.get("cases"):
+        lines.append(f"## IVF-Flat: probe splits against one block per query (n {v.get('n')}, dim {v.get('dim')}, "
+                     f"nlist {v.get('nlist')}; `benches/scripts/ivf_gpu_bench.py`)\n")
+        lines.append(f"Index built in {fmt(v.get('build_seconds'))} s (`fraglink index build`, not compared). "
+                     f"`fraglink search --index --device gpu`, ms per search: the median over {v.get('rounds')} "
+                     f"rounds (sides alternating) of each process's median of {v.get('repeat')}; splits "
+                     f"as planned for {v.get('sm_count')} SMs; one block = `FRAGLINK_IVF_SPLITS=1`, the "
+                     "kernel's former launch. Both sides return the same neighbours.\n")
+        rows = []
+        for c in v["cases"]:
+            if "error" in c:
+                rows.append([c["nq"], c["k"], c["nprobe"], c["splits"], f"error: {c['error'][:80]}", None, None, None])
+            else:
+                same = "" if c.get("same_recall", True) else " (sides differ!)"
+                rows.append([c["nq"], c["k"], c["nprobe"], c["splits"], c.get("split_ms"), c.get("one_block_ms"),
+                             c.get("ratio"), f"{fmt(c.get('recall'))}{same}"])
+        lines += table(["nq", "k", "nprobe", "splits", "split ms", "one block ms", "one block / split", "recall"],
+                       rows)
+        lines.append("")
     prof = [c for c in (r.get("profiles") or []) if c.get("kernels")]
     if prof:
         lines.append("## Kernel profiles (Nsight Compute; n 1M x 128 f32, k 10, the second search)\n")

@@ -1,9 +1,10 @@
 //! The GPU machine's Python side, checked here without a GPU, torch or
 //! numpy: benches/scripts/gpu_peers.py (the exact k-NN comparison with torch
-//! and CuPy that scripts/gpu-run.sh runs) and scripts/gpu_report.py (which
-//! puts its results into GPU.md) compile, the comparison's `--dry-run`
-//! writes every case of the grid with its floor and goal, and the
-//! report renders that document.
+//! and CuPy that scripts/gpu-run.sh runs), benches/scripts/ivf_gpu_bench.py
+//! (IVF-Flat's probe splits against one block per query) and
+//! scripts/gpu_report.py (which puts their results into GPU.md) compile, the
+//! comparison's `--dry-run` writes every case of the grid with its
+//! floor and goal, and the report renders those documents.
 
 mod support;
 
@@ -411,5 +412,65 @@ fn the_steps_of_several_calls_merge_into_one_report() {
         String::from_utf8_lossy(&o.stderr).contains("different commits"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// gpu-run.sh's `ivf` step: benches/scripts/ivf_gpu_bench.py's `--dry-run`
+/// plans the cases (the splits as src/search/ivf/splits.rs takes them),
+/// `collect` picks up its ivf.json, and GPU.md shows each case's two sides
+/// and their ratio, or its error.
+#[test]
+fn the_ivf_split_bench_dry_runs_collects_and_renders() {
+    let root = support::manifest_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let bench_py = root.join("benches/scripts/ivf_gpu_bench.py");
+    let report_py = root.join("scripts/gpu_report.py");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let ivf = logs.join("ivf.json");
+    python(
+        &[
+            bench_py.to_str().unwrap(),
+            "--dry-run",
+            "--sm-count",
+            "132",
+            "--out",
+            ivf.to_str().unwrap(),
+        ],
+        &root,
+    );
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&ivf).unwrap()).unwrap();
+    let cases = doc["cases"].as_array().unwrap();
+    // nq 1, 10, 100, 1000 × k 10, 100 × nprobe 16, 64.
+    assert_eq!(cases.len(), 16);
+    for c in cases {
+        let (nq, nprobe) = (c["nq"].as_u64().unwrap(), c["nprobe"].as_u64().unwrap());
+        let want = fraglink::search::ivf::splits::probe_splits(nq as usize, nprobe as usize, 132);
+        assert_eq!(c["splits"].as_u64(), Some(want as u64), "{c}");
+        assert!(c.get("split_ms").is_none(), "nothing measured: {c}");
+    }
+    // One case measured and one failed, as the bench writes them.
+    doc["cases"][0]["split_ms"] = 0.25.into();
+    doc["cases"][0]["one_block_ms"] = 1.0.into();
+    doc["cases"][0]["ratio"] = 4.0.into();
+    doc["cases"][0]["recall"] = 0.93.into();
+    doc["cases"][0]["same_recall"] = true.into();
+    doc["cases"][1]["error"] = "fraglink search exited 2: boom".into();
+    std::fs::write(&ivf, doc.to_string()).unwrap();
+    let archive = dir.path().join("archive");
+    std::fs::create_dir(&archive).unwrap();
+    let results = collect(&report_py, &logs, &archive, &dir.path().join("out"), &root);
+    let md = render_md(&report_py, &[&results], dir.path(), &root);
+    assert!(
+        md.contains("## IVF-Flat: probe splits against one block per query"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 1 | 10 | 16 | 16 | 0.25 | 1 | 4 | 0.93 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 10 | 10 | 16 | 16 | error: fraglink search exited 2: boom |"),
+        "{md}"
     );
 }

@@ -91,3 +91,63 @@ fn gpu_ivf_equals_cpu_ivf_bit_for_bit() {
         }
     }
 }
+
+/// A similarity (larger is closer) as a run-time metric, through a `_desc`
+/// entry: few queries, so the probes are split over blocks and the host
+/// merges the splits in descending order. Checked against the same dot
+/// product folded on the host over the same probed lists, ties to the
+/// smaller id; ids and distances bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_similarity_through_a_desc_entry_merges_its_probe_splits_largest_first() {
+    use fraglink::link::Planner;
+    use fraglink::search::ivf::probe_lists;
+    const DOT_F32: &str = r#"
+#include "abi.cuh"
+extern "C" FRAGLINK_HD void fraglink_metric_init_f32(fraglink_metric_state_f32* s) {
+  s->a = 0.0f; s->qq = 0.0f; s->xx = 0.0f;
+}
+extern "C" FRAGLINK_HD void fraglink_metric_accumulate_f32(fraglink_metric_state_f32* s, float q, float x) {
+  s->a = __fadd_rn(s->a, __fmul_rn(q, x));
+}
+extern "C" FRAGLINK_HD float fraglink_metric_finalize_f32(const fraglink_metric_state_f32* s) { return s->a; }
+"#;
+    let gpu = GpuSearcher::new(GpuContext::default().unwrap()).unwrap();
+    let (base, queries) = synthetic(20_000, 32, 3, DType::F32, 5);
+    let mut bp = IvfBuildParams::new(40, MetricSpec::plain(Metric::L2)).with_seed(3);
+    bp.veclen = Some(4);
+    let index = build_index(&base, &bp).unwrap();
+    let dev = GpuIvfIndex::upload(&gpu, &index).unwrap();
+    let Vectors::F32(b) = &base else {
+        unreachable!()
+    };
+    let Vectors::F32(q) = &queries else {
+        unreachable!()
+    };
+    let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).fold(0.0f32, |a, (x, y)| a + x * y);
+    for (k, capacity, nprobe) in [(10, 32, 12), (300, 512, 40)] {
+        let entry = format!("ivf_scan_f32_v4_k{capacity}_desc");
+        let planner = Planner::new(&entry)
+            .add_named(&entry)
+            .unwrap()
+            .add_source("metric_dot_f32", DOT_F32)
+            .add_named("filter_none_i64")
+            .unwrap();
+        let p = IvfSearchParams::new(k, nprobe);
+        let found = dev.search_with(&planner, capacity, &queries, &p).unwrap();
+        let probes = probe_lists(&index, &queries, nprobe).unwrap();
+        for qi in 0..queries.rows() {
+            let mut all: Vec<(f32, i64)> = probes[qi * nprobe..(qi + 1) * nprobe]
+                .iter()
+                .flat_map(|&l| index.lists().ids(l as usize).to_vec())
+                .map(|id| (dot(q.row(qi), b.row(id as usize)), id))
+                .collect();
+            all.sort_by(|x, y| y.0.partial_cmp(&x.0).unwrap().then(x.1.cmp(&y.1)));
+            let want_ids: Vec<i64> = all.iter().take(k).map(|x| x.1).collect();
+            let want_d: Vec<u32> = all.iter().take(k).map(|x| x.0.to_bits()).collect();
+            let got_d: Vec<u32> = found.distances_of(qi).iter().map(|d| d.to_bits()).collect();
+            assert_eq!(found.ids_of(qi), &want_ids[..], "k {k} query {qi}");
+            assert_eq!(got_d, want_d, "k {k} query {qi}");
+        }
+    }
+}

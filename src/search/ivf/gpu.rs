@@ -29,7 +29,7 @@ use crate::search::{DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use super::build::List;
 use super::kmeans::gather_f32;
 use super::scan::{check_queries, IvfSearchParams};
-use super::splits::{merge_splits, probe_splits};
+use super::splits::{merge_splits, parse_splits, probe_splits, SPLITS_VAR};
 use super::{IvfError, IvfIndex, ListStore, MetricSpec};
 
 /// Threads per block of the IVF scan (FRAGLINK_SCAN_BLOCK).
@@ -174,6 +174,13 @@ pub enum IvfGpuError {
     PlannerMismatch { entry: String, reason: String },
     #[error("the coarse step returned list {list}, but the index has {nlist} lists")]
     BadProbe { list: i64, nlist: usize },
+    /// An environment variable with a value it does not take.
+    #[error("{variable} = `{value}`: expected {expected}")]
+    Env {
+        variable: &'static str,
+        value: String,
+        expected: &'static str,
+    },
 }
 
 /// What [`GpuIvfIndex::search_with`] can check of a caller's planner (its
@@ -214,6 +221,18 @@ fn planner_mismatch(
             filters.join(", ")
         )
     })
+}
+
+/// [`SPLITS_VAR`]: `None` (automatic) unless it fixes the probe splits.
+fn splits_from_env() -> Result<Option<usize>, IvfGpuError> {
+    match std::env::var(SPLITS_VAR) {
+        Err(_) => Ok(None),
+        Ok(value) => parse_splits(&value).map_err(|expected| IvfGpuError::Env {
+            variable: SPLITS_VAR,
+            value,
+            expected,
+        }),
+    }
 }
 
 fn u32_arg(what: &'static str, value: usize) -> Result<u32, IvfGpuError> {
@@ -379,6 +398,7 @@ impl GpuIvfIndex {
     ) -> Result<Neighbors, IvfGpuError> {
         self.validate(queries, p)?;
         self.check_planner(planner, capacity, p)?;
+        let fixed_splits = splits_from_env()?;
         if p.k > capacity as usize {
             return Err(dev_err(PlanError::KTooLarge {
                 k: p.k,
@@ -424,9 +444,9 @@ impl GpuIvfIndex {
             Filter::Bitset(b) => Some(t.upload_new(pool, &b.words).map_err(dev_err)?),
             Filter::None => None,
         };
-        // Probe splits where the queries alone leave SMs idle (splits.rs);
-        // only for an entry whose key order is known (its `order`), which
-        // the host's merge must follow.
+        // Probe splits where the queries alone leave SMs idle (splits.rs),
+        // or as many as FRAGLINK_IVF_SPLITS fixes; only for an entry whose
+        // key order is known (its `order`), which the host's merge follows.
         let ascending = planner
             .static_fragments()
             .first()
@@ -436,9 +456,10 @@ impl GpuIvfIndex {
                 "desc" => Some(false),
                 _ => None,
             });
-        let splits = match ascending {
-            Some(_) => probe_splits(nq, nprobe, self.gpu.context().info().sm_count),
-            None => 1,
+        let splits = match (ascending, fixed_splits) {
+            (None, _) => 1,
+            (Some(_), Some(n)) => n,
+            (Some(_), None) => probe_splits(nq, nprobe, self.gpu.context().info().sm_count),
         };
         let outputs = nq * splits * k;
         let mut d_ids = pool.alloc::<i64>(outputs).map_err(dev_err)?;

@@ -12,6 +12,28 @@
 
 use std::cmp::Ordering;
 
+/// The environment variable that fixes the probe splits (a benchmark
+/// comparing them with one block per query does): unset, empty or `auto`:
+/// [`probe_splits`] decides; a whole number from 1 to [`MAX_SPLITS`]: that
+/// many, whatever the batch (1: one block per query).
+pub const SPLITS_VAR: &str = "FRAGLINK_IVF_SPLITS";
+
+/// The most splits (grid.y's limit).
+pub const MAX_SPLITS: usize = 65_535;
+
+/// A [`SPLITS_VAR`] value: `Ok(None)` for the automatic choice, `Ok(Some(n))`
+/// for a fixed one, `Err(what it takes)` for anything else.
+pub fn parse_splits(value: &str) -> Result<Option<usize>, &'static str> {
+    const EXPECTED: &str = "`auto` or a whole number from 1 to 65535";
+    match value.trim() {
+        "" | "auto" => Ok(None),
+        v => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_SPLITS).contains(&n) => Ok(Some(n)),
+            _ => Err(EXPECTED),
+        },
+    }
+}
+
 /// Probe splits for `nq` queries of `nprobe` probes on a GPU of `sm_count`
 /// SMs: enough blocks for two per SM (`⌈2·sm_count / nq⌉`), at most one
 /// split per probe; 1 (the plain scan) once the queries alone fill the GPU.
@@ -82,6 +104,18 @@ pub fn merge_splits(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_variable_takes_auto_or_a_count() {
+        assert_eq!(parse_splits(""), Ok(None));
+        assert_eq!(parse_splits(" auto "), Ok(None));
+        assert_eq!(parse_splits("1"), Ok(Some(1)));
+        assert_eq!(parse_splits("65535"), Ok(Some(65_535)));
+        for bad in ["0", "65536", "-1", "two", "1.5", "AUTO"] {
+            let e = parse_splits(bad).unwrap_err();
+            assert!(e.contains("65535"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn splits_fill_the_gpu_and_stop_at_the_probes() {
