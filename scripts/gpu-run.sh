@@ -281,32 +281,31 @@ bench_step() {
   record bench "$(status_of "$rc")" $((SECONDS - t0)) "$rc"
 }
 
+# Runs one of benches/scripts' GPU comparisons as step STEP: SCRIPT, writing
+# $logs/STEP.json (each script rewrites it after every case, so a run stopped
+# at the budget keeps the cases it finished) and $logs/STEP.txt, with the
+# extra arguments ARGS (split on spaces), and records the step.
+script_step() {
+  local step=$1 script=$2 args=$3 t0=$SECONDS rc
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 timeout -k 10 "$(limit)" "$py" "$root/benches/scripts/$script" --fraglink "$bin" \
+    --out "$logs/$step.json" $args >"$logs/$step.txt" 2>&1
+  rc=$?
+  tail -30 "$logs/$step.txt"
+  record "$step" "$(status_of "$rc")" $((SECONDS - t0)) "$rc"
+}
+
 peers_step() {
-  local t0=$SECONDS rc
   echo "== exact k-NN against torch / CuPy (benches/scripts/gpu_peers.py, $(left) s left)"
-  # gpu_peers.py rewrites peers.json after each case: a stopped run keeps
-  # the cases it finished.
   # GPU_PEERS_ARGS: more arguments for gpu_peers.py, to split the comparison
   # over calls (e.g. '--dtypes f16'); gpu_report.py md merges the cases.
-  # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 timeout -k 10 "$(limit)" "$py" "$root/benches/scripts/gpu_peers.py" --fraglink "$bin" \
-    --out "$logs/peers.json" ${GPU_PEERS_ARGS:-} >"$logs/peers.txt" 2>&1
-  rc=$?
-  tail -30 "$logs/peers.txt"
-  record peers "$(status_of "$rc")" $((SECONDS - t0)) "$rc"
+  script_step peers gpu_peers.py "${GPU_PEERS_ARGS:-}"
 }
 
 ivf_step() {
-  local t0=$SECONDS rc
   echo "== IVF-Flat probe splits (benches/scripts/ivf_gpu_bench.py, $(left) s left)"
-  # ivf_gpu_bench.py rewrites ivf.json after each case: a stopped run keeps
-  # the cases it finished. GPU_IVF_ARGS: more arguments (e.g. '--nprobes 16').
-  # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 timeout -k 10 "$(limit)" "$py" "$root/benches/scripts/ivf_gpu_bench.py" --fraglink "$bin" \
-    --out "$logs/ivf.json" ${GPU_IVF_ARGS:-} >"$logs/ivf.txt" 2>&1
-  rc=$?
-  tail -20 "$logs/ivf.txt"
-  record ivf "$(status_of "$rc")" $((SECONDS - t0)) "$rc"
+  # GPU_IVF_ARGS: more arguments (e.g. '--nprobes 16').
+  script_step ivf ivf_gpu_bench.py "${GPU_IVF_ARGS:-}"
 }
 
 # Kernel profiles for whoever tunes the kernels next: Nsight Compute on the
