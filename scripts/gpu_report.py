@@ -378,7 +378,9 @@ def render(r, summary=False):
                              f"{fmt(pick.get('gpu_kernel'))} |")
             lines.append("")
     v = r.get("ivf") or {}
-    if v.get("cases"):
+    if v.get("error"):
+        lines.append(f"## IVF-Flat: probe splits against one block per query\n\nNot measured: {fmt(v['error'])}\n")
+    elif v.get("cases"):
         lines.append(f"## IVF-Flat: probe splits against one block per query (n {v.get('n')}, dim {v.get('dim')}, "
                      f"nlist {v.get('nlist')}; `benches/scripts/ivf_gpu_bench.py`)\n")
         lines.append(f"Index built in {fmt(v.get('build_seconds'))} s (`fraglink index build`, not compared). "

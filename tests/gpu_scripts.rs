@@ -444,8 +444,8 @@ fn the_ivf_split_bench_dry_runs_collects_and_renders() {
     // nq 1, 10, 100, 1000 × k 10, 100 × nprobe 16, 64.
     assert_eq!(cases.len(), 16);
     for c in cases {
-        let (nq, nprobe) = (c["nq"].as_u64().unwrap(), c["nprobe"].as_u64().unwrap());
-        let want = fraglink::search::ivf::splits::probe_splits(nq as usize, nprobe as usize, 132);
+        let [nq, k, nprobe] = ["nq", "k", "nprobe"].map(|f| c[f].as_u64().unwrap() as usize);
+        let want = fraglink::search::ivf::splits::probe_splits(nq, nprobe, k, 132);
         assert_eq!(c["splits"].as_u64(), Some(want as u64), "{c}");
         assert!(c.get("split_ms").is_none(), "nothing measured: {c}");
     }

@@ -38,16 +38,21 @@ import subprocess
 import tempfile
 import time
 
-# Seconds one fraglink process may take (index read, upload, link, searches).
+# Seconds one fraglink search process may take (index read, upload, link,
+# searches), and the index build (k-means over n rows on the host's cores).
 FRAGLINK_TIMEOUT = 120
+BUILD_TIMEOUT = 300
 
 
-def probe_splits(nq, nprobe, sm_count):
+MAX_MERGE_ENTRIES = 1 << 15
+
+
+def probe_splits(nq, nprobe, k, sm_count):
     """src/search/ivf/splits.rs's probe_splits."""
     target = 2 * max(sm_count, 1)
     if nq == 0 or nq >= target:
         return 1
-    return max(1, min(math.ceil(target / nq), nprobe))
+    return max(1, min(math.ceil(target / nq), nprobe, MAX_MERGE_ENTRIES // max(k, 1), 65535))
 
 
 def cases(a, sm_count):
@@ -55,7 +60,7 @@ def cases(a, sm_count):
     for nprobe in a.nprobes:
         for k in a.ks:
             for nq in a.nqs:
-                out.append({"nq": nq, "k": k, "nprobe": nprobe, "splits": probe_splits(nq, nprobe, sm_count)})
+                out.append({"nq": nq, "k": k, "nprobe": nprobe, "splits": probe_splits(nq, nprobe, k, sm_count)})
     return out
 
 
@@ -102,8 +107,8 @@ def make_data(a, work):
     return base_p, files
 
 
-def run_json(cmd, env):
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=FRAGLINK_TIMEOUT)
+def run_json(cmd, env, timeout=None):
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout or FRAGLINK_TIMEOUT)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()[-500:]}")
     return json.loads(p.stdout)
@@ -111,13 +116,21 @@ def run_json(cmd, env):
 
 def measure(a, work, doc):
     import torch
-    base_p, files = make_data(a, work)
-    index_p = os.path.join(work, "index.ivf")
-    t = time.perf_counter()
-    built = run_json([a.fraglink, "index", "build", "--kind", "ivf-flat", "--nlist", str(a.nlist), "--base", base_p,
-                      "--seed", str(a.seed), "--out", index_p, "--json"], dict(os.environ))
-    doc["build_seconds"] = built.get("build_seconds", time.perf_counter() - t)
     doc["device"] = torch.cuda.get_device_name(0)
+    try:
+        base_p, files = make_data(a, work)
+        index_p = os.path.join(work, "index.ivf")
+        t = time.perf_counter()
+        built = run_json([a.fraglink, "index", "build", "--kind", "ivf-flat", "--nlist", str(a.nlist), "--base",
+                          base_p, "--seed", str(a.seed), "--out", index_p, "--json"], dict(os.environ),
+                         timeout=BUILD_TIMEOUT)
+        doc["build_seconds"] = built.get("build_seconds", time.perf_counter() - t)
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError, OSError) as e:
+        # No index, no case: the document says why.
+        doc["error"] = f"data or index build: {str(e)[-500:]}"
+        print(doc["error"], flush=True)
+        write(a.out, doc)
+        return
     sides = {"split": None, "one_block": "1"}
     for c in doc["cases"]:
         q_p, t_p = files[c["nq"]]
@@ -148,7 +161,7 @@ def measure(a, work, doc):
         c["recall"] = recall["split"]
         c["same_recall"] = recall["split"] == recall["one_block"]
         print(f"nq {c['nq']} k {c['k']} nprobe {c['nprobe']} splits {c['splits']}: split {c['split_ms']:.3f} ms, "
-              f"one block {c['one_block_ms']:.3f} ms, one block / split {c['ratio']:.2f}, recall {c['recall']:.4f}"
+              f"one block {c['one_block_ms']:.3f} ms, one block / split {c['ratio']}, recall {c['recall']}"
               f"{'' if c['same_recall'] else ' (RECALLS DIFFER)'}", flush=True)
         # Rewritten after each case: a run stopped at its time limit keeps what it finished.
         write(a.out, doc)
@@ -183,8 +196,9 @@ def main():
         sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     doc = {"n": a.n, "dim": a.dim, "nlist": a.nlist, "rounds": a.rounds, "repeat": a.repeat, "sm_count": sm_count,
            "cases": cases(a, sm_count)}
+    # Written before anything runs: a run stopped early still leaves the cases.
+    write(a.out, doc)
     if a.dry_run:
-        write(a.out, doc)
         return
     with tempfile.TemporaryDirectory(prefix="fraglink-ivf-gpu-") as work:
         measure(a, work, doc)

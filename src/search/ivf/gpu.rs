@@ -446,10 +446,12 @@ impl GpuIvfIndex {
         };
         // Probe splits where the queries alone leave SMs idle (splits.rs),
         // or as many as FRAGLINK_IVF_SPLITS fixes; only for an entry whose
-        // key order is known (its `order`), which the host's merge follows.
+        // key order is known (the launched entry's `order`), which the
+        // host's merge follows.
         let ascending = planner
             .static_fragments()
-            .first()
+            .iter()
+            .find(|f| f.name == planner.entry())
             .and_then(|f| f.param("order"))
             .and_then(|o| match o {
                 "asc" => Some(true),
@@ -458,10 +460,18 @@ impl GpuIvfIndex {
             });
         let splits = match (ascending, fixed_splits) {
             (None, _) => 1,
-            (Some(_), Some(n)) => n,
-            (Some(_), None) => probe_splits(nq, nprobe, self.gpu.context().info().sm_count),
+            (Some(_), Some(n)) => n.min(nprobe.max(1)),
+            (Some(_), None) => probe_splits(nq, nprobe, k, self.gpu.context().info().sm_count),
         };
-        let outputs = nq * splits * k;
+        let (nq32, k32) = (u32_arg("n_queries", nq)?, u32_arg("k", k)?);
+        let (nprobe32, dim32) = (u32_arg("nprobe", nprobe)?, u32_arg("dim", dim)?);
+        let outputs = nq
+            .checked_mul(splits)
+            .and_then(|n| n.checked_mul(k))
+            .ok_or(IvfGpuError::TooLarge {
+                what: "n_queries x probe splits x k",
+                value: usize::MAX,
+            })?;
         let mut d_ids = pool.alloc::<i64>(outputs).map_err(dev_err)?;
         let mut d_dists = pool.alloc::<f32>(outputs).map_err(dev_err)?;
         let contract = ScanContract {
@@ -470,8 +480,6 @@ impl GpuIvfIndex {
             id_bytes: 8,
             capacity,
         };
-        let (nq32, k32) = (u32_arg("n_queries", nq)?, u32_arg("k", k)?);
-        let (nprobe32, dim32) = (u32_arg("nprobe", nprobe)?, u32_arg("dim", dim)?);
         let rows = self.data_rows();
         let mut args = KernelArgs::new();
         self.data
@@ -507,8 +515,7 @@ impl GpuIvfIndex {
         args.output(d_dists.subview_mut(0, outputs).map_err(dev_err)?)
             .map_err(dev_err)?
             .require_alignment(4, "out_dists");
-        // splits ≤ max(nprobe, 1) and < 2·sm_count: within grid.y's 65535
-        // for every GPU fraglink runs on (at most a few hundred SMs).
+        // splits ≤ max(nprobe, 1) and ≤ MAX_SPLITS (65535, grid.y's limit).
         let cfg = LaunchConfig::new(
             (nq32.clamp(1, i32::MAX as u32), splits as u32, 1),
             (BLOCK, 1, 1),

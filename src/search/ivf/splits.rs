@@ -15,7 +15,8 @@ use std::cmp::Ordering;
 /// The environment variable that fixes the probe splits (a benchmark
 /// comparing them with one block per query does): unset, empty or `auto`:
 /// [`probe_splits`] decides; a whole number from 1 to [`MAX_SPLITS`]: that
-/// many, whatever the batch (1: one block per query).
+/// many (at most one per probe), whatever the batch (1: one block per
+/// query).
 pub const SPLITS_VAR: &str = "FRAGLINK_IVF_SPLITS";
 
 /// The most splits (grid.y's limit).
@@ -34,33 +35,45 @@ pub fn parse_splits(value: &str) -> Result<Option<usize>, &'static str> {
     }
 }
 
-/// Probe splits for `nq` queries of `nprobe` probes on a GPU of `sm_count`
-/// SMs: enough blocks for two per SM (`⌈2·sm_count / nq⌉`), at most one
-/// split per probe; 1 (the plain scan) once the queries alone fill the GPU.
-/// The splits' results are `nq · splits · k` entries: fewer than
-/// `2 · (2·sm_count + nq) · k` when `splits` > 1.
-pub fn probe_splits(nq: usize, nprobe: usize, sm_count: u32) -> usize {
+/// Entries one query's merge may sort at most ([`probe_splits`]): with a
+/// large k, more splits would move the work from the GPU to the host.
+pub const MAX_MERGE_ENTRIES: usize = 1 << 15;
+
+/// Probe splits for `nq` queries of `nprobe` probes and `k` results on a GPU
+/// of `sm_count` SMs: enough blocks for two per SM (`⌈2·sm_count / nq⌉`), at
+/// most one split per probe, and at most `MAX_MERGE_ENTRIES / k` (the host
+/// merges `splits · k` entries per query); 1 (the plain scan) once the
+/// queries alone fill the GPU. Never more than [`MAX_SPLITS`].
+pub fn probe_splits(nq: usize, nprobe: usize, k: usize, sm_count: u32) -> usize {
     let target = 2 * sm_count.max(1) as usize;
     if nq == 0 || nq >= target {
         return 1;
     }
-    target.div_ceil(nq).min(nprobe).max(1)
+    target
+        .div_ceil(nq)
+        .min(nprobe)
+        .min(MAX_MERGE_ENTRIES / k.max(1))
+        .clamp(1, MAX_SPLITS)
 }
 
 /// The kernel's key order (scan.cuh's `key_less`): by distance — ascending,
 /// or descending for a similarity (`order = desc`) — then by id as unsigned,
-/// so padding (id -1) goes after every row; -0 and +0 are one distance.
+/// so padding (id -1) goes after every row; -0 and +0 are one distance. The
+/// kernel writes no NaN; should one come (a buffer a refused launch left
+/// unwritten), it sorts after every number, so the order stays total.
 fn key_order(ascending: bool) -> impl Fn(&(f32, i64), &(f32, i64)) -> Ordering {
     move |a, b| {
+        let by_id = (a.1 as u64).cmp(&(b.1 as u64));
+        let (a_nan, b_nan) = (a.0.is_nan(), b.0.is_nan());
+        if a_nan || b_nan {
+            return a_nan.cmp(&b_nan).then(by_id);
+        }
         let by_distance = if ascending {
             a.0.partial_cmp(&b.0)
         } else {
             b.0.partial_cmp(&a.0)
         };
-        match by_distance {
-            Some(Ordering::Equal) | None => (a.1 as u64).cmp(&(b.1 as u64)),
-            Some(o) => o,
-        }
+        by_distance.unwrap_or(Ordering::Equal).then(by_id)
     }
 }
 
@@ -90,8 +103,8 @@ pub fn merge_splits(
                 .copied()
                 .zip(ids[span].iter().copied()),
         );
-        // Each split's list is sorted: a k-way merge would do less, but k ·
-        // splits entries per query are a few thousand at most.
+        // Each split's list is sorted: a k-way merge would do less, but
+        // probe_splits keeps k · splits within MAX_MERGE_ENTRIES.
         keys.sort_unstable_by(&order);
         for &(d, id) in &keys[..k] {
             out_dists.push(d);
@@ -120,15 +133,34 @@ mod tests {
     #[test]
     fn splits_fill_the_gpu_and_stop_at_the_probes() {
         // H100: 132 SMs, 264 blocks wanted.
-        assert_eq!(probe_splits(1, 16, 132), 16);
-        assert_eq!(probe_splits(1, 1000, 132), 264);
-        assert_eq!(probe_splits(100, 16, 132), 3);
-        assert_eq!(probe_splits(263, 16, 132), 2);
-        assert_eq!(probe_splits(264, 16, 132), 1);
-        assert_eq!(probe_splits(10_000, 16, 132), 1);
-        assert_eq!(probe_splits(1, 1, 132), 1);
-        assert_eq!(probe_splits(0, 16, 132), 1);
-        assert_eq!(probe_splits(1, 16, 0), 2);
+        assert_eq!(probe_splits(1, 16, 10, 132), 16);
+        assert_eq!(probe_splits(1, 1000, 10, 132), 264);
+        assert_eq!(probe_splits(100, 16, 10, 132), 3);
+        assert_eq!(probe_splits(263, 16, 10, 132), 2);
+        assert_eq!(probe_splits(264, 16, 10, 132), 1);
+        assert_eq!(probe_splits(10_000, 16, 10, 132), 1);
+        assert_eq!(probe_splits(1, 1, 10, 132), 1);
+        assert_eq!(probe_splits(0, 16, 10, 132), 1);
+        assert_eq!(probe_splits(1, 16, 10, 0), 2);
+        // A large k keeps the host's merge to 32768 entries per query.
+        assert_eq!(probe_splits(1, 1000, 2048, 132), 16);
+        assert_eq!(probe_splits(1, 1000, 1000, 132), 32);
+        assert_eq!(probe_splits(1, 1000, 40_000, 132), 1);
+    }
+
+    #[test]
+    fn a_nan_sorts_last_and_the_order_stays_total() {
+        let ids = [1, 2, 3, 4];
+        let dists = [f32::NAN, 1.0, f32::NAN, f32::INFINITY];
+        for ascending in [true, false] {
+            let (got, _) = merge_splits(&ids, &dists, 1, 1, 4, ascending);
+            let want = if ascending {
+                [2, 4, 1, 3]
+            } else {
+                [4, 2, 1, 3]
+            };
+            assert_eq!(got, want);
+        }
     }
 
     /// Two queries, 3 splits of k = 3 each, against the best 3 of all rows.
