@@ -79,7 +79,7 @@ fn key_order(ascending: bool) -> impl Fn(&(f32, i64), &(f32, i64)) -> Ordering {
 
 /// Each query's best `k` of its `splits` lists of `k` (ids and distances
 /// `nq × splits × k`, query-major, as the kernel writes them): `nq × k`
-/// each, in the kernel's key order ([`key_order`]).
+/// each, in the kernel's key order (distance, then id as unsigned).
 pub fn merge_splits(
     ids: &[i64],
     dists: &[f32],
