@@ -91,9 +91,10 @@ pub fn link_each_checked(
 
 /// [`link_each_checked`] for the scan families: the shared memory the
 /// capacity implies, and at most 64 registers up to capacity 256, 80 above
-/// (IVF's 512 … 2048: their 12 to 48 KiB of shared keys bound the blocks per
-/// SM before registers do: 80 × 128 threads leave 6 blocks an SM, as many
-/// as 12 KiB blocks fit on sm_75, where the larger sorts take up to 73).
+/// (IVF's 512 … 2048, whose larger sorts take up to 73 on sm_75 and 65 on
+/// sm_90: 80 × 128 threads still leave 6 blocks an SM, more than sm_75's
+/// 64 KiB of shared memory holds of their 12 to 48 KiB blocks; on sm_90 a
+/// 12 KiB block at 40 registers is bound by registers at 12 an SM).
 pub fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
     let capacity = |p: &Planner| -> u32 {
         let scan = p.static_fragments()[0];
