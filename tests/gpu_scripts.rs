@@ -441,8 +441,8 @@ fn the_ivf_split_bench_dry_runs_collects_and_renders() {
     );
     let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&ivf).unwrap()).unwrap();
     let cases = doc["cases"].as_array().unwrap();
-    // nq 1, 10, 100, 1000 × k 10, 100 × nprobe 16, 64.
-    assert_eq!(cases.len(), 16);
+    // nq 1, 10, 100, 1000 × k 10, 100, 1000 × nprobe 16, 64.
+    assert_eq!(cases.len(), 24);
     for c in cases {
         let [nq, k, nprobe] = ["nq", "k", "nprobe"].map(|f| c[f].as_u64().unwrap() as usize);
         let want = fraglink::search::ivf::splits::probe_splits(nq, nprobe, k, 132);

@@ -180,7 +180,7 @@ def main():
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--nlist", type=int, default=1024)
     p.add_argument("--nqs", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10, 100, 1000])
-    p.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[10, 100])
+    p.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[10, 100, 1000])
     p.add_argument("--nprobes", type=lambda s: [int(x) for x in s.split(",")], default=[16, 64])
     p.add_argument("--centres", type=int, default=1000)
     p.add_argument("--sigma", type=float, default=0.3)
