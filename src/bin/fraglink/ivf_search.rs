@@ -160,7 +160,10 @@ fn search(a: &SearchArgs) -> Result<(), String> {
 
     // A k beyond every IVF scan's capacity: the CPU path serves it, as it
     // does brute force's beyond the GPU's reach.
-    if let Some(max) = gpu.as_ref().and(max_k(index.dtype(), index.veclen())) {
+    if let Some(max) = gpu
+        .as_ref()
+        .and_then(|_| max_k(index.dtype(), index.veclen()))
+    {
         if a.k > max {
             eprintln!(
                 "warning: k = {} is beyond the GPU IVF-Flat scan's {max}: the CPU path serves this search",

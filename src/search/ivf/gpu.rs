@@ -75,7 +75,11 @@ fn ascending_scans(dtype: DType, veclen: usize) -> Vec<&'static FragmentInfo> {
 /// The largest `k` the IVF scans of `dtype` lists of `veclen` hold (2048
 /// with the built-in matrix), or `None` when there is no such scan.
 pub fn max_k(dtype: DType, veclen: usize) -> Option<usize> {
-    ascending_scans(dtype, veclen)
+    largest_capacity(&ascending_scans(dtype, veclen))
+}
+
+fn largest_capacity(scans: &[&FragmentInfo]) -> Option<usize> {
+    scans
         .iter()
         .filter_map(|f| param_u32(f, "capacity"))
         .max()
@@ -92,7 +96,7 @@ pub fn ivf_plan(
     k: usize,
 ) -> Result<IvfGpuPlan, PlanError> {
     let scans = ascending_scans(dtype, veclen);
-    let Some(max) = max_k(dtype, veclen) else {
+    let Some(max) = largest_capacity(&scans) else {
         return Err(PlanError::NoScan { dtype, idx: "i64" });
     };
     let scan = scans
