@@ -19,8 +19,11 @@
 //! against the embedded LTO-IR, see [`compatibility`]); a candidate that
 //! clashes is skipped with its reason, and if nothing fits
 //! [`SysError::NoCompatibleLibrary`] lists every place tried.
+//!
+//! The accepted library stays loaded for the life of the process
+//! ([`open_resident`] says why); skipped candidates are unloaded.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use super::SysError;
@@ -482,17 +485,38 @@ pub trait FnTable: Sized {
 }
 
 /// An opened library: its entry points, where it came from and its version.
-/// Keeps the library (and `companions`, libraries it needs loaded first)
-/// mapped for as long as `fns` can be called.
+/// The library and its `companions` (libraries it needs loaded first) are
+/// [resident](open_resident): they stay mapped after this is dropped.
 pub struct Loaded<F> {
     pub fns: F,
     pub path: PathBuf,
     /// Why it was taken from there (module docs).
     pub origin: String,
     pub version: (u32, u32),
-    // Dropped after `fns` (declaration order): the code stays mapped.
     _companions: Vec<libloading::Library>,
     _lib: libloading::Library,
+}
+
+/// `dlopen(name, RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE)`: the library stays
+/// mapped until the process exits, whatever handles are dropped. On a
+/// library that is already loaded, this only marks it so.
+///
+/// Why: NVRTC and nvJitLink register `pthread_key_create` destructors in
+/// their own code, which every thread that used them runs as it exits, and
+/// nothing else keeps the library mapped for those. A scoped thread can
+/// still be exiting after `std::thread::scope` has returned, so dropping
+/// the last handle there unmapped the code under it: the rare SIGSEGV of
+/// `tests/builder.rs` on a loaded 2-core CI machine. A process that linked
+/// these libraries would never unload them either, and reopening a resident
+/// library is only a reference count.
+///
+/// # Safety
+/// Loading a library runs its initialisers (see `open_path`).
+pub unsafe fn open_resident(name: &OsStr) -> Result<libloading::Library, libloading::Error> {
+    use libloading::os::unix::{Library as UnixLibrary, RTLD_LAZY, RTLD_LOCAL};
+    // SAFETY: forwarded from this function's contract.
+    unsafe { UnixLibrary::open(Some(name), RTLD_LAZY | RTLD_LOCAL | libc::RTLD_NODELETE) }
+        .map(Into::into)
 }
 
 /// Opens the first compatible `F::LIBRARY` ([`open_first`]): loads its
@@ -509,7 +533,18 @@ pub fn open_table<F: FnTable>(
         let fns = unsafe { F::load(&lib, path)? };
         let version = fns.version()?;
         compatibility(F::LIBRARY, version, ir).map_err(Reject::Skip)?;
-        Ok((fns, lib, version, companions(path)))
+        // Only the accepted candidate is made resident; skipped ones unload.
+        // SAFETY: the library is loaded already; this marks it resident.
+        let resident = unsafe { open_resident(path.as_os_str()) }.map_err(|e| {
+            Reject::Fail(SysError::LibraryLoad {
+                library: F::LIBRARY.name(),
+                path: path.to_path_buf(),
+                env_var: F::LIBRARY.env_var(),
+                reason: format!("keeping it loaded: {e}"),
+            })
+        })?;
+        drop(lib);
+        Ok((fns, resident, version, companions(path)))
     })?;
     Ok(Loaded {
         fns,

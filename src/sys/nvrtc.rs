@@ -177,7 +177,7 @@ fn preload_builtins(nvrtc: &Path) -> Vec<libloading::Library> {
         .into_iter()
         // SAFETY: NVIDIA's builtins library has no initialisers with
         // preconditions. A failure here resurfaces as NVRTC's own error.
-        .filter_map(|p| unsafe { libloading::Library::new(p.as_os_str()) }.ok())
+        .filter_map(|p| unsafe { loader::open_resident(p.as_os_str()) }.ok())
         .collect()
 }
 
