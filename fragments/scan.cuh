@@ -5,7 +5,7 @@
 // and filtering come from the metric and filter fragments linked beside it (abi.cuh).
 //
 // Algorithm (one block of FRAGLINK_SCAN_BLOCK threads per query, grid-stride over
-// queries):
+// queries; with gridDim.y > 1, per query and row split, see `split_point`):
 //   shared memory holds S = next_pow2(CAP + BLOCK) (distance, id) keys. Slots
 //   [0, CAP) are the best keys so far, sorted ascending; slots [CAP, S) are scratch.
 //   for each tile of BLOCK consecutive rows:
@@ -308,6 +308,18 @@ __device__ FRAGLINK_INLINE bool launch_ok(const T* dataset, const T* queries, co
          blockDim.y == 1 && blockDim.z == 1;
 }
 
+// Row splits: block (x, y) of a grid gridDim.y high scans rows
+// [split_point(n_rows, y, gridDim.y), split_point(n_rows, y + 1, gridDim.y)) of its
+// queries and writes that split's best k at out[(q * gridDim.y + y) * k ...]; the host
+// merges each query's splits in the same key order (src/search/splits.rs). So a few
+// queries over many rows still fill the GPU; gridDim.y = 1 is one block per query.
+// split_point is floor(n * y / splits) without the 64-bit product, which could
+// overflow: with n = a * splits + r, it is a * y + floor(r * y / splits), where
+// r * y < 65535^2 (gridDim.y <= 65535).
+__device__ FRAGLINK_INLINE uint64_t split_point(uint64_t n, uint64_t y, uint64_t splits) {
+  return (n / splits) * y + (n % splits) * y / splits;
+}
+
 // The whole scan; see the top of this file and fragments/README.md for the contract.
 template <typename T, typename Idx, int VL, int CAP>
 __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __restrict__ queries,
@@ -330,6 +342,10 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
   const int tid = static_cast<int>(threadIdx.x);
   const float inf = pos_inf();
   const Idx invalid = idx_abi<Idx>::invalid;
+  const uint64_t split = blockIdx.y;
+  const uint64_t splits = gridDim.y;
+  const uint64_t row_begin = split_point(n_rows, split, splits);
+  const uint64_t row_end = split_point(n_rows, split + 1, splits);
 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
     for (int i = tid; i < S; i += BLOCK) {
@@ -340,12 +356,12 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
 
     const T* __restrict__ qrow = queries + q * dim;
     BlockTopK<CAP, S, BLOCK, Idx> top(s_dist, s_id);
-    for (uint64_t tile = 0; tile < n_rows; tile += BLOCK) {
+    for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
       const uint64_t row = tile + static_cast<uint64_t>(tid);
       float d = inf;
       Idx id = invalid;
       bool candidate = false;
-      if (row < n_rows && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row))) {
+      if (row < row_end && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row))) {
         d = distance<T, VL>(qrow, dataset + row * dim, dim);
         if (d != d) {
           d = inf;  // NaN → +inf: the row stays a valid (last-ranked) result
@@ -357,7 +373,7 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
     }
     top.flush();
 
-    const uint64_t out = q * k;
+    const uint64_t out = (q * splits + split) * k;
     for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {
       out_ids[out + j] = s_id[j];
       out_dists[out + j] = s_dist[j];

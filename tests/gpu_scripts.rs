@@ -416,7 +416,7 @@ fn the_steps_of_several_calls_merge_into_one_report() {
 }
 
 /// gpu-run.sh's `ivf` step: benches/scripts/ivf_gpu_bench.py's `--dry-run`
-/// plans the cases (the splits as src/search/ivf/splits.rs takes them),
+/// plans the cases (the splits as src/search/splits.rs takes them),
 /// `collect` picks up its ivf.json, and GPU.md shows each case's two sides
 /// and their ratio, or its error.
 #[test]
@@ -445,7 +445,7 @@ fn the_ivf_split_bench_dry_runs_collects_and_renders() {
     assert_eq!(cases.len(), 24);
     for c in cases {
         let [nq, k, nprobe] = ["nq", "k", "nprobe"].map(|f| c[f].as_u64().unwrap() as usize);
-        let want = fraglink::search::ivf::splits::probe_splits(nq, nprobe, k, 132);
+        let want = fraglink::search::splits::splits(nq, nprobe, k, 132);
         assert_eq!(c["splits"].as_u64(), Some(want as u64), "{c}");
         assert!(c.get("split_ms").is_none(), "nothing measured: {c}");
     }

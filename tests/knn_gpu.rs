@@ -231,6 +231,48 @@ fn special_rows_stay_on_the_exact_scan() {
     }
 }
 
+/// The scan splits a few queries' rows over the SMs (`row_splits`) and
+/// merges each query's splits on the host: the same results as one block
+/// per query. A NaN row keeps these searches on the scan; a sparse filter
+/// leaves most splits without a row allowed.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_few_queries_split_the_scans_rows_and_merge_to_the_cpu_answer() {
+    let gpu = searcher();
+    let sms = gpu.context().info().sm_count;
+    for dtype in [DType::F32, DType::F16] {
+        let (base, _) = synthetic(50_000, 40, 1, dtype, 12);
+        // Row 777's first element NaN.
+        let special = match &base {
+            Vectors::F32(m) => {
+                let mut d = m.data().to_vec();
+                d[40 * 777] = f32::NAN;
+                Vectors::f32(d, 40).unwrap()
+            }
+            Vectors::F16(m) => {
+                let mut d = m.data().to_vec();
+                d[40 * 777] = half::f16::NAN;
+                Vectors::f16(d, 40).unwrap()
+            }
+            _ => unreachable!("only float rows hold a NaN"),
+        };
+        for nq in [1, 7, 300] {
+            let (_, q) = synthetic(1, 40, nq, dtype, 13 + nq as u64);
+            for (k, density) in [(1, 0.0), (10, 0.0), (256, 0.0), (10, 0.0005)] {
+                let splits = fraglink::search::gpu::row_splits(None, nq, 50_000, k, sms);
+                let filter = if density == 0.0 {
+                    Filter::None
+                } else {
+                    Filter::Bitset(Bitset::random(50_000, density, 5))
+                };
+                let params = SearchParams::new(k, Metric::L2).with_filter(filter);
+                let what = format!("{dtype} nq {nq} k {k} filter {density} splits {splits}");
+                check(&gpu, &special, &q, &params, false, &what);
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_two_pass_select_equals_cpu_beyond_the_candidate_capacities() {

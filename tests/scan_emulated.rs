@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::synthetic;
 use fraglink::search::ivf::gpu::{ivf_plan, KernelLists};
-use fraglink::search::ivf::splits::merge_splits;
 use fraglink::search::ivf::{build_index, search_ivf, IvfBuildParams, IvfSearchParams, MetricSpec};
+use fraglink::search::splits::merge_splits;
 use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use support::emulated;
 
@@ -54,7 +54,9 @@ fn scan_program(dir: &Path, dtype: DType, idx: &str, metric: Metric, all: bool) 
 }
 
 /// Runs scan `kernel` over 9 queries with grid.x = 4 (grid-stride) and
+/// grid.y = `splits` (row splits, merged as the GPU path merges them) and
 /// compares with the CPU path.
+#[allow(clippy::too_many_arguments)]
 fn check_scan(
     exe: &Path,
     kernel: &str,
@@ -63,6 +65,7 @@ fn check_scan(
     queries: &Vectors,
     k: usize,
     filter: Option<Bitset>,
+    splits: usize,
 ) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -76,15 +79,22 @@ fn check_scan(
         k.to_string(),
     ]
     .into_iter()
-    .chain(["4", "3"].map(String::from))
+    .chain(["4".to_string(), splits.to_string(), "3".to_string()])
     .chain([d.display().to_string()])
     .collect();
     let what = format!(
-        "{kernel} {metric:?} k {k} filter {}",
+        "{kernel} {metric:?} k {k} filter {} splits {splits}",
         params.filter.fragment_name()
     );
     emulated::run(exe, &args, &what);
-    let found = emulated::read_results(d, nq, k, !kernel.contains("_u32_"));
+    let split = emulated::read_results(d, nq * splits, k, !kernel.contains("_u32_"));
+    let (ids, distances) = merge_splits(&split.ids, &split.distances, nq, splits, k, true);
+    let found = Neighbors {
+        nq,
+        k,
+        ids,
+        distances,
+    };
     emulated::assert_equals_cpu(&found, base, queries, &params, &what);
 }
 
@@ -110,18 +120,28 @@ fn scan_kernels_match_the_cpu_path_under_emulation() {
         });
         for (kernel, cap) in kernels {
             let cap = cap as usize;
-            check_scan(&exe, &kernel, metric, &base, &queries, 10.min(cap), None);
-            // Full capacity, a filter leaving fewer rows than k for some queries' padding.
-            check_scan(
-                &exe,
-                &kernel,
-                metric,
-                &base,
-                &queries,
-                cap,
-                Some(Bitset::random(300, 0.5, 3)),
-            );
+            let k = 10.min(cap);
+            // One block per query, then 3 row splits (100 rows each: one
+            // partial tile, not tile-aligned).
+            check_scan(&exe, &kernel, metric, &base, &queries, k, None, 1);
+            check_scan(&exe, &kernel, metric, &base, &queries, k, None, 3);
+            // Full capacity, a filter leaving fewer rows than k for some
+            // queries' padding, whole and in 2 splits.
+            let filter = Bitset::random(300, 0.5, 3);
+            for splits in [1, 2] {
+                let f = Some(filter.clone());
+                check_scan(&exe, &kernel, metric, &base, &queries, cap, f, splits);
+            }
         }
+        // More splits than tiles (5 of 60 rows), and a split count that
+        // leaves some splits without a row (7 of 5 rows): all padding there.
+        let (few, few_queries) = synthetic(60, 48, 3, dtype, 22);
+        let (tiny, tiny_queries) = synthetic(5, 48, 2, dtype, 23);
+        let (kernel, _) = &emulated::kernels("scan", |f| {
+            param(f, "dtype") == dtype.name() && param(f, "idx") == idx
+        })[0];
+        check_scan(&exe, kernel, metric, &few, &few_queries, 10, None, 5);
+        check_scan(&exe, kernel, metric, &tiny, &tiny_queries, 10, None, 7);
     });
 }
 

@@ -4,7 +4,7 @@
 Run on the GPU machine by scripts/gpu-run.sh (step `ivf`; numpy and torch are
 installed there). With fewer queries than two blocks per SM, fraglink splits
 each query's probed lists over several blocks and merges their best k on the
-host (src/search/ivf/splits.rs); FRAGLINK_IVF_SPLITS=1 is the kernel's old
+host (src/search/splits.rs); FRAGLINK_IVF_SPLITS=1 is the kernel's old
 way, one block per query. This measures both on the same index and queries.
 
 Data: clustered f32 rows (Gaussian blobs, seeded, as `fraglink search`'s
@@ -48,7 +48,7 @@ MAX_MERGE_ENTRIES = 1 << 15
 
 
 def probe_splits(nq, nprobe, k, sm_count):
-    """src/search/ivf/splits.rs's probe_splits."""
+    """src/search/splits.rs's splits, with the probes as the parts."""
     target = 2 * max(sm_count, 1)
     if nq == 0 or nq >= target:
         return 1

@@ -25,6 +25,7 @@ use super::kernels::SearchKernels;
 use super::knn::gpu::variant_by_env;
 use super::knn::BeyondScan;
 use super::plan::{PlanError, ScanPlan};
+use super::splits::{merge_splits, splits, splits_from_env, SCAN_SPLITS_VAR, SPLITS_EXPECTED};
 use super::{Neighbors, SearchError, SearchParams, Vectors};
 
 /// Threads per block of every scan kernel (`__launch_bounds__(128)`).
@@ -58,10 +59,11 @@ pub enum GpuSearchError {
     #[error(transparent)]
     Scan(#[from] ScanArgError),
     /// An environment variable with a value it does not take.
-    #[error("{variable} = `{value}`: expected 1/true/yes/on or 0/false/no/off")]
+    #[error("{variable} = `{value}`: expected {expected}")]
     Env {
         variable: &'static str,
         value: String,
+        expected: &'static str,
     },
     /// The candidate kernel asked for (`FRAGLINK_KNN_VARIANT`,
     /// `GpuIndex::search_with_variant`) cannot serve the search.
@@ -355,7 +357,9 @@ impl GpuSearcher {
     /// The scan of `plan` over `nq` resident queries against `n_rows`
     /// resident rows of `dim` elements, as launches of at most
     /// [`MAX_QUERIES_PER_LAUNCH`] queries; downloads the `nq × k` results.
-    /// The caller has checked the counts against `plan`'s contract.
+    /// Few queries split their rows over blocks ([`row_splits`]) and each
+    /// query's splits are merged here. The caller has checked the counts
+    /// against `plan`'s contract.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn scan(
         &self,
@@ -371,15 +375,18 @@ impl GpuSearcher {
     ) -> Result<Neighbors, GpuSearchError> {
         let contract = plan.contract();
         let t = &*self.transfer;
-        let mut d_dists = self.pool.alloc::<f32>(nq * k)?;
+        let splits = row_splits(fixed_row_splits()?, nq, n_rows, k, self.ctx.info().sm_count);
+        // At most 65535 splits of an nq × k the host holds anyway.
+        let outputs = nq.saturating_mul(splits).saturating_mul(k);
+        let mut d_dists = self.pool.alloc::<f32>(outputs)?;
         let wide_ids = plan.idx == "i64";
         let mut d_ids32 = if wide_ids {
             None
         } else {
-            Some(self.pool.alloc::<u32>(nq * k)?)
+            Some(self.pool.alloc::<u32>(outputs)?)
         };
         let mut d_ids64 = if wide_ids {
-            Some(self.pool.alloc::<i64>(nq * k)?)
+            Some(self.pool.alloc::<i64>(outputs)?)
         } else {
             None
         };
@@ -387,7 +394,8 @@ impl GpuSearcher {
             let n = chunk.len();
             let s = contract.scalars(n_rows as u64, dim as u64, n as u64, k as u64)?;
             let grid = s.n_queries.min(i32::MAX as u32);
-            let cfg = LaunchConfig::new((grid, 1, 1), (SCAN_BLOCK, 1, 1));
+            // splits ≤ MAX_SPLITS (65535, grid.y's limit).
+            let cfg = LaunchConfig::new((grid, splits as u32, 1), (SCAN_BLOCK, 1, 1));
             let mut args = KernelArgs::new();
             data.push_rows(&mut args, &contract, "dataset", 0..n_rows * dim)?;
             queries.push_rows(
@@ -404,7 +412,7 @@ impl GpuSearcher {
                 .value(s.dim)
                 .value(s.n_queries)
                 .value(s.k);
-            let out = chunk.start * k..chunk.end * k;
+            let out = chunk.start * splits * k..chunk.end * splits * k;
             match (&mut d_ids32, &mut d_ids64) {
                 (Some(ids), _) => push_output(
                     &mut args,
@@ -432,12 +440,16 @@ impl GpuSearcher {
             // pointer alignments against the real addresses by the launcher.
             unsafe { launcher.launch(&cfg, &mut args)? };
         }
-        let distances = t.download_vec(&d_dists)?;
-        let ids = match (&d_ids32, &d_ids64) {
+        let mut distances = t.download_vec(&d_dists)?;
+        let mut ids = match (&d_ids32, &d_ids64) {
             (Some(ids), _) => widen_ids(t.download_vec(ids)?),
             (_, Some(ids)) => t.download_vec(ids)?,
             _ => unreachable!("one id buffer exists"),
         };
+        if splits > 1 {
+            // The scan's keys ascend (its metrics are distances).
+            (ids, distances) = merge_splits(&ids, &distances, nq, splits, k, true);
+        }
         Ok(Neighbors {
             nq,
             k,
@@ -445,6 +457,38 @@ impl GpuSearcher {
             distances,
         })
     }
+}
+
+/// Rows one row split scans at least: four of the scan block's tiles.
+pub const MIN_SPLIT_ROWS: usize = 4 * SCAN_BLOCK as usize;
+
+/// The row splits of a scan of `nq` queries over `n_rows` rows with `k`
+/// results on a GPU of `sm_count` SMs: `fixed` ([`SCAN_SPLITS_VAR`],
+/// [`fixed_row_splits`]) where set, at most one per row; else
+/// [`splits`] over parts of at least
+/// [`MIN_SPLIT_ROWS`] rows. On an H100 one query over a million rows runs
+/// 264 blocks instead of one.
+pub fn row_splits(
+    fixed: Option<usize>,
+    nq: usize,
+    n_rows: usize,
+    k: usize,
+    sm_count: u32,
+) -> usize {
+    match fixed {
+        Some(n) => n.min(n_rows.max(1)),
+        None => splits(nq, n_rows.div_ceil(MIN_SPLIT_ROWS), k, sm_count),
+    }
+}
+
+/// The row splits [`SCAN_SPLITS_VAR`] fixes, `None` where it is unset or
+/// `auto`; any other value is an error naming the variable.
+pub fn fixed_row_splits() -> Result<Option<usize>, GpuSearchError> {
+    splits_from_env(SCAN_SPLITS_VAR).map_err(|value| GpuSearchError::Env {
+        variable: SCAN_SPLITS_VAR,
+        value,
+        expected: SPLITS_EXPECTED,
+    })
 }
 
 /// Downloads one batch's results (u32 ids, distances) and appends them to
@@ -551,6 +595,33 @@ mod tests {
     use super::*;
     use crate::search::plan::plan;
     use crate::search::{DType, Metric};
+
+    #[test]
+    fn few_queries_split_their_rows_over_the_sms() {
+        // H100: 132 SMs, 264 blocks wanted.
+        assert_eq!(row_splits(None, 1, 1_000_000, 10, 132), 264);
+        assert_eq!(row_splits(None, 100, 1_000_000, 10, 132), 3);
+        assert_eq!(row_splits(None, 264, 1_000_000, 10, 132), 1);
+        // At least MIN_SPLIT_ROWS (512) rows a split; the host merge's bound.
+        assert_eq!(row_splits(None, 1, 1000, 10, 132), 2);
+        assert_eq!(row_splits(None, 1, 512, 10, 132), 1);
+        assert_eq!(row_splits(None, 1, 0, 10, 132), 1);
+        assert_eq!(row_splits(None, 1, 1_000_000, 256, 132), 128);
+        // A fixed count, at most one split per row.
+        assert_eq!(row_splits(Some(1), 1, 1_000_000, 10, 132), 1);
+        assert_eq!(row_splits(Some(7), 10_000, 1_000_000, 10, 132), 7);
+        assert_eq!(row_splits(Some(7), 1, 5, 10, 132), 5);
+        assert_eq!(row_splits(Some(7), 1, 0, 10, 132), 1);
+        let e = GpuSearchError::Env {
+            variable: SCAN_SPLITS_VAR,
+            value: "many".into(),
+            expected: SPLITS_EXPECTED,
+        };
+        assert_eq!(
+            e.to_string(),
+            "FRAGLINK_SCAN_SPLITS = `many`: expected `auto` or a whole number from 1 to 65535"
+        );
+    }
 
     #[test]
     fn queries_beyond_u32_are_split_into_launches_not_truncated() {

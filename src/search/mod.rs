@@ -30,6 +30,7 @@ pub mod knn;
 mod ops;
 pub mod plan;
 pub mod route;
+pub mod splits;
 
 use std::fmt;
 use std::str::FromStr;

@@ -11,7 +11,7 @@
 //! - **Scan**: the lists, uploaded once ([`GpuIvfIndex::upload`]) back to back
 //!   in the interleaved layout with their ids, offsets and sizes; one launch
 //!   per search, its probes split over blocks where the queries are too few
-//!   to fill the GPU (each query's splits merged on the host, [`super::splits`]). Results equal [`search_ivf`](super::search_ivf) bit for bit
+//!   to fill the GPU (each query's splits merged on the host, [`crate::search::splits`]). Results equal [`search_ivf`](super::search_ivf) bit for bit
 //!   (tests/ivf_gpu.rs, `#[ignore]`d without a GPU).
 //!
 //! [`search_cpu`]: crate::search::search_cpu
@@ -29,8 +29,8 @@ use crate::search::{DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use super::build::List;
 use super::kmeans::gather_f32;
 use super::scan::{check_queries, IvfSearchParams};
-use super::splits::{merge_splits, parse_splits, probe_splits, SPLITS_VAR};
 use super::{IvfError, IvfIndex, ListStore, MetricSpec};
+use crate::search::splits::{self, merge_splits, IVF_SPLITS_VAR, SPLITS_EXPECTED};
 
 /// Threads per block of the IVF scan (FRAGLINK_SCAN_BLOCK).
 const BLOCK: u32 = 128;
@@ -227,16 +227,13 @@ fn planner_mismatch(
     })
 }
 
-/// [`SPLITS_VAR`]: `None` (automatic) unless it fixes the probe splits.
+/// [`IVF_SPLITS_VAR`]: `None` (automatic) unless it fixes the probe splits.
 fn splits_from_env() -> Result<Option<usize>, IvfGpuError> {
-    match std::env::var(SPLITS_VAR) {
-        Err(_) => Ok(None),
-        Ok(value) => parse_splits(&value).map_err(|expected| IvfGpuError::Env {
-            variable: SPLITS_VAR,
-            value,
-            expected,
-        }),
-    }
+    splits::splits_from_env(IVF_SPLITS_VAR).map_err(|value| IvfGpuError::Env {
+        variable: IVF_SPLITS_VAR,
+        value,
+        expected: SPLITS_EXPECTED,
+    })
 }
 
 fn u32_arg(what: &'static str, value: usize) -> Result<u32, IvfGpuError> {
@@ -465,7 +462,7 @@ impl GpuIvfIndex {
         let splits = match (ascending, fixed_splits) {
             (None, _) => 1,
             (Some(_), Some(n)) => n.min(nprobe.max(1)),
-            (Some(_), None) => probe_splits(nq, nprobe, k, self.gpu.context().info().sm_count),
+            (Some(_), None) => splits::splits(nq, nprobe, k, self.gpu.context().info().sm_count),
         };
         let (nq32, k32) = (u32_arg("n_queries", nq)?, u32_arg("k", k)?);
         let (nprobe32, dim32) = (u32_arg("nprobe", nprobe)?, u32_arg("dim", dim)?);

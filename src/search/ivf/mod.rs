@@ -51,7 +51,6 @@ mod lanes;
 pub mod layout;
 pub mod reference;
 pub mod scan;
-pub mod splits;
 mod topk;
 
 use std::fmt;

@@ -414,6 +414,7 @@ pub fn enabled_by_env() -> Result<bool, GpuSearchError> {
             _ => Err(GpuSearchError::Env {
                 variable: VAR,
                 value: v,
+                expected: "1/true/yes/on or 0/false/no/off",
             }),
         },
     }

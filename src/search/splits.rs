@@ -1,57 +1,72 @@
-//! Probe splits: a search of few queries still fills the GPU.
+//! Block splits: a search of few queries still fills the GPU.
 //!
-//! The IVF scan kernel runs one block per query; a batch of fewer queries
-//! than the GPU has SMs leaves most of it idle (one query at `nprobe` 16 on
-//! an H100 would use 1 of 132 SMs). With a grid `splits` high, block
-//! `(x, y)` scans only probes `[nprobe·y/splits, nprobe·(y+1)/splits)` of its
-//! query and writes that split's best `k` (fragments/ivf_scan.cuh); the host
-//! then merges each query's `splits` sorted lists ([`merge_splits`]). A row of
-//! the query's best `k` is among the best `k` of its split, so the merge of
-//! the splits' best is the best over all probes, in the kernel's key order:
-//! the results are those of one block per query, bit for bit.
+//! The brute-force scan (fragments/scan.cuh) and the IVF list scan
+//! (fragments/ivf_scan.cuh) run one block per query, so a batch of fewer
+//! queries than the GPU has SMs leaves most of it idle: one query over a
+//! million rows, or at `nprobe` 16, would use 1 of an H100's 132 SMs. With a
+//! grid `splits` high, block `(x, y)` takes only the `y`-th of `splits`
+//! even parts of its query's work (rows for the scan, probes for IVF) and
+//! writes that part's best `k`; the host then merges each query's `splits`
+//! sorted lists ([`merge_splits`]). A row of the query's best `k` is among
+//! the best `k` of its part, so the merge of the parts' best is the best
+//! over all of them, in the kernel's key order: the results are those of
+//! one block per query, bit for bit.
 
 use std::cmp::Ordering;
 
-/// The environment variable that fixes the probe splits (a benchmark
-/// comparing them with one block per query does): unset, empty or `auto`:
-/// [`probe_splits`] decides; a whole number from 1 to [`MAX_SPLITS`]: that
-/// many (at most one per probe), whatever the batch (1: one block per
-/// query).
-pub const SPLITS_VAR: &str = "FRAGLINK_IVF_SPLITS";
+/// The variable that fixes the IVF scan's probe splits.
+pub const IVF_SPLITS_VAR: &str = "FRAGLINK_IVF_SPLITS";
+/// The variable that fixes the brute-force scan's row splits.
+pub const SCAN_SPLITS_VAR: &str = "FRAGLINK_SCAN_SPLITS";
 
 /// The most splits (grid.y's limit).
 pub const MAX_SPLITS: usize = 65_535;
 
-/// A [`SPLITS_VAR`] value: `Ok(None)` for the automatic choice, `Ok(Some(n))`
-/// for a fixed one, `Err(what it takes)` for anything else.
+/// What a splits variable takes.
+pub const SPLITS_EXPECTED: &str = "`auto` or a whole number from 1 to 65535";
+
+/// A splits variable's value (a benchmark comparing splits with one block
+/// per query sets one): unset, empty or `auto`: `Ok(None)`, [`splits`]
+/// decides; a whole number from 1 to [`MAX_SPLITS`]: `Ok(Some(n))`, that
+/// many (at most one per part), whatever the batch (1: one block per
+/// query); anything else: `Err(`[`SPLITS_EXPECTED`]`)`.
 pub fn parse_splits(value: &str) -> Result<Option<usize>, &'static str> {
-    const EXPECTED: &str = "`auto` or a whole number from 1 to 65535";
     match value.trim() {
         "" | "auto" => Ok(None),
         v => match v.parse::<usize>() {
             Ok(n) if (1..=MAX_SPLITS).contains(&n) => Ok(Some(n)),
-            _ => Err(EXPECTED),
+            _ => Err(SPLITS_EXPECTED),
         },
     }
 }
 
-/// Entries one query's merge may sort at most ([`probe_splits`]): with a
-/// large k, more splits would move the work from the GPU to the host.
+/// The splits `variable` fixes: `Ok(None)` where it is unset or automatic,
+/// `Err(value)` where it holds something [`parse_splits`] refuses.
+pub fn splits_from_env(variable: &str) -> Result<Option<usize>, String> {
+    match std::env::var(variable) {
+        Err(_) => Ok(None),
+        Ok(value) => parse_splits(&value).map_err(|_| value),
+    }
+}
+
+/// Entries one query's merge may sort at most ([`splits`]): with a large
+/// k, more splits would move the work from the GPU to the host.
 pub const MAX_MERGE_ENTRIES: usize = 1 << 15;
 
-/// Probe splits for `nq` queries of `nprobe` probes and `k` results on a GPU
-/// of `sm_count` SMs: enough blocks for two per SM (`⌈2·sm_count / nq⌉`), at
-/// most one split per probe, and at most `MAX_MERGE_ENTRIES / k` (the host
-/// merges `splits · k` entries per query); 1 (the plain scan) once the
-/// queries alone fill the GPU. Never more than [`MAX_SPLITS`].
-pub fn probe_splits(nq: usize, nprobe: usize, k: usize, sm_count: u32) -> usize {
+/// Splits for `nq` queries whose work divides into at most `parts` parts
+/// (probes; row groups), with `k` results, on a GPU of `sm_count` SMs:
+/// enough blocks for two per SM (`⌈2·sm_count / nq⌉`), at most `parts`, and
+/// at most `MAX_MERGE_ENTRIES / k` (the host merges `splits · k` entries
+/// per query); 1 (one block per query) once the queries alone fill the
+/// GPU. Never more than [`MAX_SPLITS`].
+pub fn splits(nq: usize, parts: usize, k: usize, sm_count: u32) -> usize {
     let target = 2 * sm_count.max(1) as usize;
     if nq == 0 || nq >= target {
         return 1;
     }
     target
         .div_ceil(nq)
-        .min(nprobe)
+        .min(parts)
         .min(MAX_MERGE_ENTRIES / k.max(1))
         .clamp(1, MAX_SPLITS)
 }
@@ -104,7 +119,7 @@ pub fn merge_splits(
                 .zip(ids[span].iter().copied()),
         );
         // Each split's list is sorted: a k-way merge would do less, but
-        // probe_splits keeps k · splits within MAX_MERGE_ENTRIES.
+        // `splits` keeps k · splits within MAX_MERGE_ENTRIES.
         keys.sort_unstable_by(&order);
         for &(d, id) in &keys[..k] {
             out_dists.push(d);
@@ -133,19 +148,19 @@ mod tests {
     #[test]
     fn splits_fill_the_gpu_and_stop_at_the_probes() {
         // H100: 132 SMs, 264 blocks wanted.
-        assert_eq!(probe_splits(1, 16, 10, 132), 16);
-        assert_eq!(probe_splits(1, 1000, 10, 132), 264);
-        assert_eq!(probe_splits(100, 16, 10, 132), 3);
-        assert_eq!(probe_splits(263, 16, 10, 132), 2);
-        assert_eq!(probe_splits(264, 16, 10, 132), 1);
-        assert_eq!(probe_splits(10_000, 16, 10, 132), 1);
-        assert_eq!(probe_splits(1, 1, 10, 132), 1);
-        assert_eq!(probe_splits(0, 16, 10, 132), 1);
-        assert_eq!(probe_splits(1, 16, 10, 0), 2);
+        assert_eq!(splits(1, 16, 10, 132), 16);
+        assert_eq!(splits(1, 1000, 10, 132), 264);
+        assert_eq!(splits(100, 16, 10, 132), 3);
+        assert_eq!(splits(263, 16, 10, 132), 2);
+        assert_eq!(splits(264, 16, 10, 132), 1);
+        assert_eq!(splits(10_000, 16, 10, 132), 1);
+        assert_eq!(splits(1, 1, 10, 132), 1);
+        assert_eq!(splits(0, 16, 10, 132), 1);
+        assert_eq!(splits(1, 16, 10, 0), 2);
         // A large k keeps the host's merge to 32768 entries per query.
-        assert_eq!(probe_splits(1, 1000, 2048, 132), 16);
-        assert_eq!(probe_splits(1, 1000, 1000, 132), 32);
-        assert_eq!(probe_splits(1, 1000, 40_000, 132), 1);
+        assert_eq!(splits(1, 1000, 2048, 132), 16);
+        assert_eq!(splits(1, 1000, 1000, 132), 32);
+        assert_eq!(splits(1, 1000, 40_000, 132), 1);
     }
 
     #[test]
