@@ -229,7 +229,7 @@ search_step() {
 # u8 at nq 1 where a query's
 # rows span blocks and the re-rank merges, i8 inner product at k 300, f32 through
 # an f16copy variant, which stages the rows' f16 copies), the
-# scan (nq 5: its rows split 12 ways, FRAGLINK_SCAN_SPLITS), the two-pass select (k 3000 in one sort; k 17000 in two slices on an
+# scan (nq 5: its rows split 12 ways automatically), the two-pass select (k 3000 in one sort; k 17000 in two slices on an
 # H100: i8 of dim 4, whose many equal distances take the select over the ties'
 # ids, and half the rows filtered out, whose excluded rows end the query), and
 # IVF-Flat (k 10, and k 1000: capacity 1024, whose top-k sorts once per 8 tiles

@@ -7,8 +7,9 @@
 //! it, a thread exiting afterwards would jump into unmapped code. That was
 //! the rare SIGSEGV of a CI run of tests/builder.rs (stop 28): a scoped
 //! compile thread still exiting after `std::thread::scope` had returned and
-//! the builder had dropped NVRTC. The loader now opens every NVIDIA library
-//! `RTLD_NODELETE`, as a process that links them would keep them.
+//! the builder had dropped NVRTC. The loader now makes the library it
+//! accepts (and NVRTC's builtins) resident, `RTLD_NODELETE`, as a process
+//! that links them would keep them.
 //!
 //! The test makes that order certain: a thread compiles and links, every
 //! handle is dropped, and only then does the thread exit. It must be the
@@ -51,7 +52,7 @@ fn a_thread_that_used_the_libraries_may_exit_after_their_last_handle_is_dropped(
         // Every handle is gone; the libraries must still be mapped.
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         assert!(
-            maps.contains("libnvrtc") && maps.contains("libnvJitLink"),
+            maps.contains("/libnvrtc.so") && maps.contains("/libnvJitLink.so"),
             "round {round}: a library was unloaded when its last handle was dropped"
         );
         exit.0.send(()).unwrap();

@@ -25,7 +25,9 @@ use super::kernels::SearchKernels;
 use super::knn::gpu::variant_by_env;
 use super::knn::BeyondScan;
 use super::plan::{PlanError, ScanPlan};
-use super::splits::{merge_splits, splits, splits_from_env, SCAN_SPLITS_VAR, SPLITS_EXPECTED};
+use super::splits::{
+    fixed_splits, merge_splits, splits, splits_from_env, SCAN_SPLITS_VAR, SPLITS_EXPECTED,
+};
 use super::{Neighbors, SearchError, SearchParams, Vectors};
 
 /// Threads per block of every scan kernel (`__launch_bounds__(128)`).
@@ -459,15 +461,16 @@ impl GpuSearcher {
     }
 }
 
-/// Rows one row split scans at least: four of the scan block's tiles.
-pub const MIN_SPLIT_ROWS: usize = 4 * SCAN_BLOCK as usize;
+/// Rows per part of the automatic row splits: at most `⌈n_rows / 512⌉`
+/// splits, so that a split scans a few of the block's 128-row tiles.
+pub const SPLIT_PART_ROWS: usize = 4 * SCAN_BLOCK as usize;
 
 /// The row splits of a scan of `nq` queries over `n_rows` rows with `k`
 /// results on a GPU of `sm_count` SMs: `fixed` ([`SCAN_SPLITS_VAR`],
-/// [`fixed_row_splits`]) where set, at most one per row; else
-/// [`splits`] over parts of at least
-/// [`MIN_SPLIT_ROWS`] rows. On an H100 one query over a million rows runs
-/// 264 blocks instead of one.
+/// [`fixed_row_splits`]) where set, at most one per row and within the
+/// merge bound ([`fixed_splits`]); else [`splits`] over
+/// `⌈n_rows / SPLIT_PART_ROWS⌉` parts ([`SPLIT_PART_ROWS`]). On an H100 one
+/// query over a million rows runs 264 blocks instead of one.
 pub fn row_splits(
     fixed: Option<usize>,
     nq: usize,
@@ -476,8 +479,8 @@ pub fn row_splits(
     sm_count: u32,
 ) -> usize {
     match fixed {
-        Some(n) => n.min(n_rows.max(1)),
-        None => splits(nq, n_rows.div_ceil(MIN_SPLIT_ROWS), k, sm_count),
+        Some(n) => fixed_splits(n, n_rows, k),
+        None => splits(nq, n_rows.div_ceil(SPLIT_PART_ROWS), k, sm_count),
     }
 }
 
@@ -602,16 +605,17 @@ mod tests {
         assert_eq!(row_splits(None, 1, 1_000_000, 10, 132), 264);
         assert_eq!(row_splits(None, 100, 1_000_000, 10, 132), 3);
         assert_eq!(row_splits(None, 264, 1_000_000, 10, 132), 1);
-        // At least MIN_SPLIT_ROWS (512) rows a split; the host merge's bound.
+        // At most one split per 512 rows; the host merge's bound.
         assert_eq!(row_splits(None, 1, 1000, 10, 132), 2);
         assert_eq!(row_splits(None, 1, 512, 10, 132), 1);
         assert_eq!(row_splits(None, 1, 0, 10, 132), 1);
         assert_eq!(row_splits(None, 1, 1_000_000, 256, 132), 128);
-        // A fixed count, at most one split per row.
+        // A fixed count, at most one split per row and within the merge bound.
         assert_eq!(row_splits(Some(1), 1, 1_000_000, 10, 132), 1);
         assert_eq!(row_splits(Some(7), 10_000, 1_000_000, 10, 132), 7);
         assert_eq!(row_splits(Some(7), 1, 5, 10, 132), 5);
         assert_eq!(row_splits(Some(7), 1, 0, 10, 132), 1);
+        assert_eq!(row_splits(Some(65_535), 1, 1_000_000, 256, 132), 128);
         let e = GpuSearchError::Env {
             variable: SCAN_SPLITS_VAR,
             value: "many".into(),

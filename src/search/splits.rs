@@ -28,8 +28,8 @@ pub const SPLITS_EXPECTED: &str = "`auto` or a whole number from 1 to 65535";
 /// A splits variable's value (a benchmark comparing splits with one block
 /// per query sets one): unset, empty or `auto`: `Ok(None)`, [`splits`]
 /// decides; a whole number from 1 to [`MAX_SPLITS`]: `Ok(Some(n))`, that
-/// many (at most one per part), whatever the batch (1: one block per
-/// query); anything else: `Err(`[`SPLITS_EXPECTED`]`)`.
+/// many whatever the batch (1: one block per query), within
+/// [`fixed_splits`]' bounds; anything else: `Err(`[`SPLITS_EXPECTED`]`)`.
 pub fn parse_splits(value: &str) -> Result<Option<usize>, &'static str> {
     match value.trim() {
         "" | "auto" => Ok(None),
@@ -52,6 +52,13 @@ pub fn splits_from_env(variable: &str) -> Result<Option<usize>, String> {
 /// Entries one query's merge may sort at most ([`splits`]): with a large
 /// k, more splits would move the work from the GPU to the host.
 pub const MAX_MERGE_ENTRIES: usize = 1 << 15;
+
+/// A fixed count `n` as launched: at most one split per part (`parts`:
+/// probes; rows) and at most `MAX_MERGE_ENTRIES / k`, as [`splits`] keeps
+/// them, so a host merge stays bounded whatever the variable says.
+pub fn fixed_splits(n: usize, parts: usize, k: usize) -> usize {
+    n.min(parts).min(MAX_MERGE_ENTRIES / k.max(1)).max(1)
+}
 
 /// Splits for `nq` queries whose work divides into at most `parts` parts
 /// (probes; row groups), with `k` results, on a GPU of `sm_count` SMs:
@@ -161,6 +168,12 @@ mod tests {
         assert_eq!(splits(1, 1000, 2048, 132), 16);
         assert_eq!(splits(1, 1000, 1000, 132), 32);
         assert_eq!(splits(1, 1000, 40_000, 132), 1);
+        // A fixed count: within the parts and the merge bound, at least 1.
+        assert_eq!(fixed_splits(7, 16, 10), 7);
+        assert_eq!(fixed_splits(65_535, 16, 10), 16);
+        assert_eq!(fixed_splits(65_535, 1_000_000, 256), 128);
+        assert_eq!(fixed_splits(7, 0, 10), 1);
+        assert_eq!(fixed_splits(7, 16, 40_000), 1);
     }
 
     #[test]

@@ -498,8 +498,8 @@ pub struct Loaded<F> {
 }
 
 /// `dlopen(name, RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE)`: the library stays
-/// mapped until the process exits, whatever handles are dropped. On a
-/// library that is already loaded, this only marks it so.
+/// mapped until the process exits, whatever handles are dropped
+/// ([`keep_resident`] marks one that is loaded already).
 ///
 /// Why: NVRTC and nvJitLink register `pthread_key_create` destructors in
 /// their own code, which every thread that used them runs as it exits, and
@@ -513,10 +513,26 @@ pub struct Loaded<F> {
 /// # Safety
 /// Loading a library runs its initialisers (see `open_path`).
 pub unsafe fn open_resident(name: &OsStr) -> Result<libloading::Library, libloading::Error> {
-    use libloading::os::unix::{Library as UnixLibrary, RTLD_LAZY, RTLD_LOCAL};
     // SAFETY: forwarded from this function's contract.
-    unsafe { UnixLibrary::open(Some(name), RTLD_LAZY | RTLD_LOCAL | libc::RTLD_NODELETE) }
-        .map(Into::into)
+    unsafe { dlopen_resident(name, 0) }
+}
+
+/// Marks the already-loaded library `name` (the string it was opened by)
+/// resident, as [`open_resident`]; `RTLD_NOLOAD`, so it can never load a
+/// second copy, only fail.
+pub fn keep_resident(name: &OsStr) -> Result<libloading::Library, libloading::Error> {
+    // SAFETY: with RTLD_NOLOAD nothing is loaded, so no initialiser runs.
+    unsafe { dlopen_resident(name, libc::RTLD_NOLOAD) }
+}
+
+unsafe fn dlopen_resident(
+    name: &OsStr,
+    extra: std::os::raw::c_int,
+) -> Result<libloading::Library, libloading::Error> {
+    use libloading::os::unix::{Library as UnixLibrary, RTLD_LAZY, RTLD_LOCAL};
+    let flags = RTLD_LAZY | RTLD_LOCAL | libc::RTLD_NODELETE | extra;
+    // SAFETY: forwarded from the callers' contracts.
+    unsafe { UnixLibrary::open(Some(name), flags) }.map(Into::into)
 }
 
 /// Opens the first compatible `F::LIBRARY` ([`open_first`]): loads its
@@ -528,15 +544,15 @@ pub fn open_table<F: FnTable>(
 ) -> Result<Loaded<F>, SysError> {
     let ir = embedded_ir_version();
     let ((fns, lib, version, extra), at) = open_first(F::LIBRARY, explicit, |lib, path| {
-        // SAFETY: `open_first` loaded F::LIBRARY; the table is stored
-        // next to the library in `Loaded`, which drops it last.
+        // SAFETY: `open_first` loaded F::LIBRARY; the accepted library is
+        // made resident below, so the table never outlives its code.
         let fns = unsafe { F::load(&lib, path)? };
         let version = fns.version()?;
         compatibility(F::LIBRARY, version, ir).map_err(Reject::Skip)?;
         // Only the accepted candidate is made resident; skipped ones unload.
-        // SAFETY: the library is loaded already; this marks it resident.
-        let resident = unsafe { open_resident(path.as_os_str()) }.map_err(|e| {
-            Reject::Fail(SysError::LibraryLoad {
+        // `path` is the string `lib` was opened by (a bare soname at step 5).
+        let resident = keep_resident(path.as_os_str()).map_err(|e| {
+            Reject::Unusable(SysError::LibraryLoad {
                 library: F::LIBRARY.name(),
                 path: path.to_path_buf(),
                 env_var: F::LIBRARY.env_var(),

@@ -461,7 +461,7 @@ impl GpuIvfIndex {
             });
         let splits = match (ascending, fixed_splits) {
             (None, _) => 1,
-            (Some(_), Some(n)) => n.min(nprobe.max(1)),
+            (Some(_), Some(n)) => splits::fixed_splits(n, nprobe, k),
             (Some(_), None) => splits::splits(nq, nprobe, k, self.gpu.context().info().sm_count),
         };
         let (nq32, k32) = (u32_arg("n_queries", nq)?, u32_arg("k", k)?);
