@@ -339,8 +339,9 @@ def render(r, summary=False):
                 if n not in names and not n.startswith("fraglink["):
                     names.append(n)
         lines.append("| dtype | nq | k | " + " | ".join(names)
-                     + " | fraglink kernel | fraglink / best peer | goal (met) | tensor cores / scan | floor QPS (bound) |")
-        lines.append("| --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- | --- | --- | --- | --- |")
+                     + " | fraglink kernel | fraglink / best peer | goal (met) | tensor cores / scan"
+                     + " | scan row splits / 1 block | floor QPS (bound) |")
+        lines.append("| --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- | --- | --- | --- | --- | --- |")
         for c in p["cases"]:
             cells = []
             for n in names:
@@ -356,7 +357,8 @@ def render(r, summary=False):
             met = f"{fmt(target)} ({fmt(c.get('goal_met'))})" if target is not None else "—"
             lines.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | " + " | ".join(cells)
                          + f" | {fmt(kernel)} | {fmt(c.get('fraglink_vs_best_peer'))} | {met}"
-                         + f" | {fmt(c.get('tensor_core_vs_scan'))} | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
+                         + f" | {fmt(c.get('tensor_core_vs_scan'))} | {fmt(c.get('scan_splits_gain'))}"
+                         + f" | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
         lines.append("")
         named = [(c, n[len("fraglink["):-1], s_) for c in p["cases"] for n, s_ in c["sides"].items()
                  if n.startswith("fraglink[")]

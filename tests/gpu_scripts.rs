@@ -129,9 +129,12 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
     doc["cases"][0]["sides"] = serde_json::json!({
         "fraglink": {"qps": 100.0, "recall": 1.0, "gpu_kernel": "knn_tile_f32_tf32x3_q16_r64_k32"},
         "fraglink[knn_tile_f32_tf32_q64_r64_k32]": {"qps": 150.0, "recall": 1.0},
-        "fraglink[knn_tile_f32_tf32x3_q64_r64_k32]": {"error": "FRAGLINK_KNN_VARIANT = ..."}
+        "fraglink[knn_tile_f32_tf32x3_q64_r64_k32]": {"error": "FRAGLINK_KNN_VARIANT = ..."},
+        "fraglink/scan": {"qps": 80.0, "recall": 1.0},
+        "fraglink/scan-1block": {"qps": 2.0, "recall": 1.0}
     });
     doc["cases"][0]["best_variant"] = "knn_tile_f32_tf32_q64_r64_k32".into();
+    doc["cases"][0]["scan_splits_gain"] = 40.0.into();
     let results = dir.path().join("results.json");
     // One line of the search matrix, as gpu-run.sh collects it.
     let search = serde_json::json!([{
@@ -151,7 +154,12 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         "{md}"
     );
     assert!(
-        md.contains("fraglink kernel") && md.contains("tensor cores / scan"),
+        md.contains("fraglink kernel")
+            && md.contains("tensor cores / scan")
+            && md.contains("scan row splits / 1 block")
+            && md.contains("| fraglink/scan-1block |")
+            && md.contains("| 2 (1) |")
+            && md.contains("| 40 |"),
         "{md}"
     );
     // The variants get their own table, not columns of the main one.

@@ -22,7 +22,12 @@ out of memory on the distance matrix):
                        takes it (`gpu_kernel` names what ran)
   fraglink/scan        the same with FRAGLINK_GPU_KNN=0: the exact scan kernel,
                        to see where it still wins (beyond k 256 the two-pass
-                       select, knn_dist + knn_select)
+                       select, knn_dist + knn_select); below two queries per
+                       SM its rows split over blocks (FRAGLINK_SCAN_SPLITS)
+  fraglink/scan-1block the scan with FRAGLINK_SCAN_SPLITS=1 (one block per
+                       query, as before the row splits), only where the
+                       split count differs (nq < 2 x SMs, k <= 256):
+                       `scan_splits_gain` = fraglink/scan over it
   fraglink[<variant>]  for the cases of --variant-nq x --variant-k: fraglink
                        with FRAGLINK_KNN_VARIANT naming each candidate kernel
                        (knn_tile_*) of the dtype, per precision (f32: TF32,
@@ -208,18 +213,22 @@ def knn_variants(bin_, dtype, k, dim):
     return sorted(f["name"] for f in best.values())
 
 
-def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None):
+def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None, splits=None):
     """fraglink's side, timed as the peers are (`timed`): one warm-up search,
     then the median of `reps` (`--repeat reps+1` in one process; the first
     search, which links or loads the kernels, is reported apart). `variant`
-    names the candidate kernel (FRAGLINK_KNN_VARIANT)."""
+    names the candidate kernel (FRAGLINK_KNN_VARIANT), `splits` fixes the
+    scan's row splits (FRAGLINK_SCAN_SPLITS)."""
     cmd = [bin_, "search", "--device", "gpu", "--json", "--base", base, "--queries", queries,
            "--groundtruth", gt, "--k", str(k), "--metric", "l2", "--dtype", dtype,
            "--repeat", str(reps + 1)]
     env = dict(os.environ, FRAGLINK_GPU_KNN="1" if knn else "0")
     env.pop("FRAGLINK_KNN_VARIANT", None)
+    env.pop("FRAGLINK_SCAN_SPLITS", None)
     if variant:
         env["FRAGLINK_KNN_VARIANT"] = variant
+    if splits:
+        env["FRAGLINK_SCAN_SPLITS"] = str(splits)
     started = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=FRAGLINK_TIMEOUT)
@@ -253,6 +262,8 @@ def finish_case(case):
     sq = case["sides"].get("fraglink/scan", {}).get("qps")
     case["fraglink_vs_best_peer"] = (fq / best) if (fq and best) else None
     case["tensor_core_vs_scan"] = (fq / sq) if (fq and sq) else None
+    oq = case["sides"].get("fraglink/scan-1block", {}).get("qps")
+    case["scan_splits_gain"] = (sq / oq) if (sq and oq) else None
     r = case["fraglink_vs_best_peer"]
     case["goal_met"] = None if (case["goal"] is None or r is None) else r >= case["goal"]
 
@@ -315,8 +326,10 @@ def main():
     load_libraries()
     torch.manual_seed(1234)
     dev = torch.cuda.get_device_name()
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     bandwidth = measure_bandwidth()
-    out = {"device": dev, "torch": torch.__version__, "cupy": cp.__version__ if cp else None,
+    out = {"device": dev, "sm_count": sm_count, "torch": torch.__version__,
+           "cupy": cp.__version__ if cp else None,
            "n": a.n, "dim": a.dim, "batch": BATCH, "bandwidth_gbps": bandwidth / 1e9, "cases": []}
     tmp = tempfile.mkdtemp(prefix="fraglink-peers-")
     for dtype in a.dtypes.split(","):
@@ -380,6 +393,9 @@ def main():
                                                          a.reps)
                 case["sides"]["fraglink/scan"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype,
                                                               a.reps, knn=False)
+                if nq < 2 * sm_count and k <= 256:
+                    case["sides"]["fraglink/scan-1block"] = run_fraglink(
+                        a.fraglink, base, qpath, gt, k, dtype, a.reps, knn=False, splits=1)
                 if nq in variant_nqs and k in variant_ks:
                     for v in knn_variants(a.fraglink, dtype, k, a.dim):
                         case["sides"][f"fraglink[{v}]"] = run_fraglink(
@@ -390,7 +406,8 @@ def main():
                 with open(a.out, "w") as f:
                     json.dump(out, f, indent=1)
                 print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer",
-                                                          "tensor_core_vs_scan", "best_variant", "goal",
+                                                          "tensor_core_vs_scan", "scan_splits_gain",
+                                                          "best_variant", "goal",
                                                           "goal_met")}),
                       flush=True)
         del x, x64, xf, qall
