@@ -122,28 +122,27 @@ fn scan_kernels_match_the_cpu_path_under_emulation() {
                 && param(f, "idx") == idx
                 && (all || (param(f, "veclen") == "1" && param(f, "capacity") == "32"))
         });
-        for (kernel, cap) in kernels {
-            let cap = cap as usize;
+        for (kernel, cap) in &kernels {
+            let (kernel, cap) = (kernel.as_str(), *cap as usize);
             let k = 10.min(cap);
             // One block per query, then 3 row splits (100 rows each: one
             // partial tile, not tile-aligned).
-            check_scan(&exe, &kernel, metric, &base, &queries, k, None, 1);
-            check_scan(&exe, &kernel, metric, &base, &queries, k, None, 3);
+            check_scan(&exe, kernel, metric, &base, &queries, k, None, 1);
+            check_scan(&exe, kernel, metric, &base, &queries, k, None, 3);
             // Full capacity, a filter leaving fewer rows than k for some
             // queries' padding, whole and in 2 splits.
             let filter = Bitset::random(300, 0.5, 3);
             for splits in [1, 2] {
                 let f = Some(filter.clone());
-                check_scan(&exe, &kernel, metric, &base, &queries, cap, f, splits);
+                check_scan(&exe, kernel, metric, &base, &queries, cap, f, splits);
             }
         }
         // More splits than tiles (5 of 60 rows), and a split count that
-        // leaves some splits without a row (7 of 5 rows): all padding there.
+        // leaves some splits without a row (7 of 5 rows): all padding there;
+        // through the program's first kernel.
         let (few, few_queries) = synthetic(60, 48, 3, dtype, 22);
         let (tiny, tiny_queries) = synthetic(5, 48, 2, dtype, 23);
-        let (kernel, _) = &emulated::kernels("scan", |f| {
-            param(f, "dtype") == dtype.name() && param(f, "idx") == idx
-        })[0];
+        let kernel = &kernels[0].0;
         check_scan(&exe, kernel, metric, &few, &few_queries, 10, None, 5);
         check_scan(&exe, kernel, metric, &tiny, &tiny_queries, 10, None, 7);
     });

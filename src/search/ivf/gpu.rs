@@ -399,7 +399,7 @@ impl GpuIvfIndex {
     ) -> Result<Neighbors, IvfGpuError> {
         self.validate(queries, p)?;
         self.check_planner(planner, capacity, p)?;
-        let fixed_splits = splits_from_env()?;
+        let fixed = splits_from_env()?;
         if p.k > capacity as usize {
             return Err(dev_err(PlanError::KTooLarge {
                 k: p.k,
@@ -459,7 +459,7 @@ impl GpuIvfIndex {
                 "desc" => Some(false),
                 _ => None,
             });
-        let splits = match (ascending, fixed_splits) {
+        let splits = match (ascending, fixed) {
             (None, _) => 1,
             (Some(_), Some(n)) => splits::fixed_splits(n, nprobe, k),
             (Some(_), None) => splits::splits(nq, nprobe, k, self.gpu.context().info().sm_count),
