@@ -25,6 +25,7 @@ use fraglink::search::data::{synthetic, Rng};
 use fraglink::search::knn::f16copy;
 use fraglink::search::knn::norms::Norms;
 use fraglink::search::knn::plan::{merge_groups, SharedMemory};
+use fraglink::search::knn::special::SpecialRows;
 use fraglink::search::knn::{choose, choose_variant, KnnPlan, KnnRequest, Precision, Staging};
 use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use half::f16;
@@ -163,8 +164,11 @@ fn prepare(
     let (n, dim, nq) = (c.base.rows(), c.base.dim(), c.queries.rows());
     let plan = plan_of(c, metric, precision);
     let (rows, queries) = (Norms::of(c.base), Norms::of(&c.queries));
+    // Special rows reach these kernels only excluded by the filter (the
+    // scan searches them: knn::special); special queries never.
+    let allowed = |r: usize| c.filter.as_ref().is_none_or(|b| b.get(r));
     assert!(
-        !rows.any_special(metric) && !queries.any_special(metric),
+        (0..n).all(|r| !rows.is_special(r, metric) || !allowed(r)) && !queries.any_special(metric),
         "{}: special vectors go to the scan, not these kernels",
         c.what
     );
@@ -174,18 +178,24 @@ fn prepare(
     write("dataset.bin", c.base.as_bytes());
     write("queries.bin", c.queries.as_bytes());
     if precision == Precision::F16Copy {
-        // The f16 copies the index makes (KnnRows::f16_copy) and the search
-        // uploads with the queries.
-        let copy = |v: &Vectors| {
+        // The f16 copies the index makes (KnnRows::f16_copy: rows special
+        // for every metric as zeros) and the search uploads with the queries.
+        let copy = |v: &Vectors, norms: &Norms| {
             let Vectors::F32(m) = v else {
                 panic!("{}: f16copy takes f32 rows", c.what)
             };
+            let mut data = m.data().to_vec();
+            for (r, row) in data.chunks_mut(dim).enumerate() {
+                if norms.is_special(r, Metric::L2) {
+                    row.fill(0.0);
+                }
+            }
             let bits =
-                f16copy::to_f16_bits(m.data()).unwrap_or_else(|| panic!("{}: no f16 copy", c.what));
+                f16copy::to_f16_bits(&data).unwrap_or_else(|| panic!("{}: no f16 copy", c.what));
             emulated::bytes_of(&bits, u16::to_le_bytes)
         };
-        write("stage_dataset.bin", &copy(c.base));
-        write("stage_queries.bin", &copy(&c.queries));
+        write("stage_dataset.bin", &copy(c.base, &rows));
+        write("stage_queries.bin", &copy(&c.queries, &queries));
     }
     let (ra0, ra1) = rows.aux(metric);
     let (qa0, qa1) = queries.aux(metric);
@@ -265,6 +275,32 @@ fn check(exe: &Path, metric: Metric, precision: Precision, c: &Case<'_>) {
         c.what, plan.tile.name, plan.rerank.name, metric
     );
     emulated::assert_equals_cpu(&found, c.base, &c.queries, &params, &what);
+}
+
+/// `v` with rows the tensor-core bounds do not cover (knn::special): a
+/// NaN (row 5), an infinity (row 17), for f32 a norm above 2^50 (row 100),
+/// a zero vector (row 333, special for cosine only); `None` for integer
+/// rows, which are never special.
+fn with_special_rows(v: &Vectors) -> Option<Vectors> {
+    let dim = v.dim();
+    match v {
+        Vectors::F32(m) => {
+            let mut d = m.data().to_vec();
+            d[5 * dim + 3] = f32::NAN;
+            d[17 * dim] = f32::INFINITY;
+            d[100 * dim + 7] = 1e30;
+            d[333 * dim..334 * dim].fill(0.0);
+            Some(Vectors::f32(d, dim).unwrap())
+        }
+        Vectors::F16(m) => {
+            let mut d = m.data().to_vec();
+            d[5 * dim + 3] = f16::NAN;
+            d[17 * dim] = f16::INFINITY;
+            d[333 * dim..334 * dim].fill(f16::ZERO);
+            Some(Vectors::f16(d, dim).unwrap())
+        }
+        _ => None,
+    }
 }
 
 /// Rows of small integers (many equal distances, duplicate rows), never all
@@ -358,6 +394,16 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     // Enough row tiles for more than MERGE_CHUNKS chunks: the merge level.
     let (big_base, big_queries) = synthetic(2500, odd, 3, dtype, 17);
     let near_base = near_ties(dtype, n, odd, 14);
+    // Rows the bounds do not cover, and the candidate kernel's filter that
+    // skips them (the index's, knn::special): alone and over a user filter.
+    let special = with_special_rows(&base);
+    let skip = |user: &Filter| {
+        special
+            .as_ref()
+            .and_then(|b| SpecialRows::of(&Norms::of(b)).tensor_filter(n, metric, user))
+    };
+    let skip_alone = skip(&Filter::None);
+    let skip_half = skip(&Filter::Bitset(Bitset::random(n, 0.5, 9)));
     let near_queries = near_ties(dtype, 12, odd, 15);
     let label = |s: &str| format!("{dtype:?}/{precision:?}/{metric:?}: {s}");
     let all = [
@@ -538,6 +584,24 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             )
         },
     ];
+    let mut all = Vec::from(all);
+    if let Some(special) = &special {
+        for (filter, nq, k, resident, what) in [
+            (&skip_alone, 20, 10, 12, "special rows skipped, k 10"),
+            (
+                &skip_half,
+                5,
+                100,
+                8,
+                "special rows skipped under a filter, k 100",
+            ),
+        ] {
+            all.push(Case {
+                filter: filter.clone(),
+                ..Case::new(label(what), special, queries.slice_rows(0, nq), k, resident)
+            });
+        }
+    }
     assert!(
         all.iter().any(|c| {
             let p = plan_of(c, metric, precision);

@@ -3,9 +3,10 @@
 //! serves searches through knn_tile + knn_rerank where the planner allows,
 //! and every result equals the CPU path's bit for bit — every dtype ×
 //! metric, k ∈ {1, 10, 100, 200, 300, 1000}, nq ∈ {1, 100, 1000}, filters, duplicate rows
-//! and ties, and the row split of small batches; beyond the candidate
-//! kernels' capacities the two-pass select (knn_dist + knn_select), special
-//! rows included. Without a GPU these tests only compile.
+//! and ties, and the row split of small batches; rows the bounds do not
+//! cover (searched by the scan beside the candidate kernel); beyond the
+//! candidate kernels' capacities the two-pass select (knn_dist +
+//! knn_select). Without a GPU these tests only compile.
 
 use fraglink::gpu::GpuContext;
 use fraglink::search::cpu::search_cpu;
@@ -31,13 +32,28 @@ fn expects_knn(
     nq: usize,
     k: usize,
 ) -> bool {
+    expects_knn_with(gpu, "none", dtype, metric, n, dim, nq, k)
+}
+
+/// [`expects_knn`] for a search whose candidate kernel links `filter`.
+#[allow(clippy::too_many_arguments)]
+fn expects_knn_with(
+    gpu: &GpuSearcher,
+    filter: &str,
+    dtype: DType,
+    metric: Metric,
+    n: usize,
+    dim: usize,
+    nq: usize,
+    k: usize,
+) -> bool {
     let ctx = gpu.context();
     knn::choose(&knn::KnnRequest {
         device: ctx.arch(),
         shared: knn::plan::SharedMemory::of(ctx.limits()),
         dtype,
         metric,
-        filter: "none",
+        filter,
         n_rows: n,
         dim,
         nq,
@@ -206,35 +222,120 @@ fn duplicate_rows_and_ties_go_through_the_exact_reduction() {
     }
 }
 
+/// `base` (f32 or f16, dim 32) with rows the tensor-core bounds do not
+/// cover: a NaN (row 5), an infinity (row 77), for f32 a huge norm (row
+/// 300), and zero vectors (rows 0 and 1999, special for cosine only).
+fn with_special_rows(base: &Vectors) -> Vectors {
+    match base {
+        Vectors::F32(m) => {
+            let mut d = m.data().to_vec();
+            d[5 * 32 + 4] = f32::NAN;
+            d[77 * 32] = f32::NEG_INFINITY;
+            d[300 * 32 + 31] = 2e30;
+            d[..32].fill(0.0);
+            d[1999 * 32..2000 * 32].fill(0.0);
+            Vectors::f32(d, 32).unwrap()
+        }
+        Vectors::F16(m) => {
+            let mut d = m.data().to_vec();
+            d[5 * 32 + 4] = half::f16::NAN;
+            d[77 * 32] = half::f16::NEG_INFINITY;
+            d[..32].fill(half::f16::ZERO);
+            d[1999 * 32..2000 * 32].fill(half::f16::ZERO);
+            Vectors::f16(d, 32).unwrap()
+        }
+        _ => unreachable!("only float rows are special"),
+    }
+}
+
+/// The 100 queries `q` (f32 or f16, dim 32) with a NaN in query 3 and
+/// query 50 all zeros.
+fn with_special_queries(q: &Vectors) -> Vectors {
+    match q {
+        Vectors::F32(m) => {
+            let mut d = m.data().to_vec();
+            d[3 * 32 + 9] = f32::NAN;
+            d[50 * 32..51 * 32].fill(0.0);
+            Vectors::f32(d, 32).unwrap()
+        }
+        Vectors::F16(m) => {
+            let mut d = m.data().to_vec();
+            d[3 * 32 + 9] = half::f16::NAN;
+            d[50 * 32..51 * 32].fill(half::f16::ZERO);
+            Vectors::f16(d, 32).unwrap()
+        }
+        _ => unreachable!("only float queries are special"),
+    }
+}
+
+/// Rows the bounds do not cover stay on the tensor-core path: the
+/// candidate kernel skips them and the scan searches them beside it
+/// (`knn::special`), as many as the filter allows; beyond the candidate
+/// kernels' capacities the two-pass select takes them as before. Queries
+/// the bounds do not cover among others are answered apart (the scan, or
+/// the select). Equal to the CPU path bit for bit, NaN ranking as +inf.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn special_rows_stay_on_the_exact_scan() {
+fn special_rows_join_the_tensor_core_path_through_a_scan_of_their_own() {
     let gpu = searcher();
-    let (base, queries) = synthetic(2000, 32, 10, DType::F32, 3);
-    // A NaN row makes every row set special for the bounds.
-    let Vectors::F32(m) = &base else {
-        unreachable!()
-    };
-    let mut data = m.data().to_vec();
-    data[5] = f32::NAN;
-    let special = Vectors::f32(data, 32).unwrap();
-    // k beyond the scan: the two-pass select, NaN ranking as +inf.
-    for k in [10, 300, 1500] {
-        check(
-            &gpu,
-            &special,
-            &queries,
-            &SearchParams::new(k, Metric::L2),
-            false,
-            &format!("NaN row k {k}"),
-        );
+    for dtype in [DType::F32, DType::F16] {
+        let (base, queries) = synthetic(2000, 32, 100, dtype, 3);
+        let special = with_special_rows(&base);
+        let index = gpu.upload(&special).unwrap();
+        let sparse = Bitset::from_fn(2000, |r| r % 7 == 0 || r == 5 || r == 1999);
+        for metric in [Metric::L2, Metric::InnerProduct, Metric::Cosine] {
+            for filter in [
+                Filter::None,
+                Filter::Bitset(sparse.clone()),
+                Filter::Bitset(Bitset::from_fn(2000, |r| r != 5 && r != 77 && r % 3 != 0)),
+            ] {
+                let rows = fraglink::search::knn::norms::Norms::of(&special);
+                let allowed_special = (0..2000)
+                    .filter(|&r| rows.is_special(r, metric) && filter.allows(r))
+                    .count();
+                for nq in [1, 7, 100] {
+                    // At nq 100 special queries too: a NaN (3), a zero
+                    // vector (50, special for cosine only).
+                    let q = if nq == 100 {
+                        with_special_queries(&queries)
+                    } else {
+                        queries.slice_rows(0, nq)
+                    };
+                    let special_q = fraglink::search::knn::norms::Norms::of(&q);
+                    let special_q = (0..nq).filter(|&i| special_q.is_special(i, metric)).count();
+                    for k in [1, 10, 100, 300, 1500] {
+                        let params = SearchParams::new(k, metric).with_filter(filter.clone());
+                        let what = format!(
+                            "{dtype} {metric} nq {nq} k {k} filter {:?}",
+                            filter.fragment_name()
+                        );
+                        let found = index
+                            .search(&q, &params)
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let want_knn =
+                            expects_knn_with(&gpu, "bitset", dtype, metric, 2000, 32, nq, k);
+                        assert_eq!(found.knn.is_some(), want_knn, "{what}: tensor-core path");
+                        if want_knn {
+                            assert_eq!(found.special_rows, allowed_special, "{what}");
+                            assert_eq!(found.special_queries, special_q, "{what}");
+                        }
+                        let want = search_cpu(&special, &q, &params).unwrap();
+                        assert!(
+                            found.neighbors.bitwise_eq(&want),
+                            "{what}: first difference at {:?}",
+                            found.neighbors.first_difference(&want)
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 
 /// The scan splits a few queries' rows over the SMs (`row_splits`) and
 /// merges each query's splits on the host: the same results as one block
-/// per query. A NaN row keeps these searches on the scan; a sparse filter
-/// leaves most splits without a row allowed.
+/// per query. `GpuIndex::search_scan` keeps these searches on the scan; a
+/// sparse filter leaves most splits without a row allowed.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_few_queries_split_the_scans_rows_and_merge_to_the_cpu_answer() {
@@ -242,20 +343,7 @@ fn a_few_queries_split_the_scans_rows_and_merge_to_the_cpu_answer() {
     let sms = gpu.context().info().sm_count;
     for dtype in [DType::F32, DType::F16] {
         let (base, _) = synthetic(50_000, 40, 1, dtype, 12);
-        // Row 777's first element NaN.
-        let special = match &base {
-            Vectors::F32(m) => {
-                let mut d = m.data().to_vec();
-                d[40 * 777] = f32::NAN;
-                Vectors::f32(d, 40).unwrap()
-            }
-            Vectors::F16(m) => {
-                let mut d = m.data().to_vec();
-                d[40 * 777] = half::f16::NAN;
-                Vectors::f16(d, 40).unwrap()
-            }
-            _ => unreachable!("only float rows hold a NaN"),
-        };
+        let index = gpu.upload(&base).unwrap();
         for nq in [1, 7, 300] {
             let (_, q) = synthetic(1, 40, nq, dtype, 13 + nq as u64);
             for (k, density) in [(1, 0.0), (10, 0.0), (256, 0.0), (10, 0.0005)] {
@@ -267,7 +355,14 @@ fn a_few_queries_split_the_scans_rows_and_merge_to_the_cpu_answer() {
                 };
                 let params = SearchParams::new(k, Metric::L2).with_filter(filter);
                 let what = format!("{dtype} nq {nq} k {k} filter {density} splits {splits}");
-                check(&gpu, &special, &q, &params, false, &what);
+                let found = index.search_scan(&q, &params).unwrap();
+                assert!(found.knn.is_none() && found.select.is_none(), "{what}");
+                let want = search_cpu(&base, &q, &params).unwrap();
+                assert!(
+                    found.neighbors.bitwise_eq(&want),
+                    "{what}: first difference at {:?}",
+                    found.neighbors.first_difference(&want)
+                );
             }
         }
     }

@@ -109,6 +109,17 @@ pub struct GpuSearch {
     /// The two-pass select that served a `k` beyond the scan where the
     /// tensor-core path could not ([`crate::search::knn::select`]).
     pub select: Option<crate::search::knn::SelectPlan>,
+    /// Rows the tensor-core bounds do not cover (a non-finite element, a
+    /// huge norm; for cosine a tiny one) that the exact scan searched
+    /// beside that path, as many as the filter allows
+    /// ([`crate::search::knn::special`]); 0 on the other paths.
+    pub special_rows: usize,
+    /// Queries the tensor-core bounds do not cover (as for rows, or a zero
+    /// query for cosine) that the scan, or beyond its capacities the
+    /// two-pass select, answered apart while that path served the others;
+    /// 0 elsewhere (a search of only such queries takes the scan or the
+    /// select whole).
+    pub special_queries: usize,
     /// [`GpuIndex::search`]: query upload, launches, result download.
     /// [`GpuSearcher::search`]: the base's upload as well.
     pub elapsed: Duration,
@@ -218,9 +229,10 @@ impl GpuSearcher {
         let started = Instant::now();
         let shape = IndexShape::of(base);
         // Every check before the upload. Whether a row is special for the
-        // tensor-core bounds shows only once the index has the rows: such a
-        // search goes to the scan or the select there, or fails with the
-        // scan's error (and the router takes it to the CPU).
+        // tensor-core bounds shows only once the index has the rows: such
+        // rows add a scan of their own there, or (more of them than the
+        // index copies aside) send the search to the scan or the select, or
+        // it fails with the scan's error (and the router takes it to the CPU).
         let kernels = self.kernels_for(&shape, queries, params)?;
         if queries.rows() == 0 {
             // Nothing to launch: link and load what a search would, upload
@@ -242,6 +254,8 @@ impl GpuSearcher {
                 linked,
                 knn,
                 select,
+                special_rows: 0,
+                special_queries: 0,
                 elapsed: started.elapsed(),
             });
         }
@@ -531,6 +545,16 @@ pub(crate) enum DeviceVectors {
 }
 
 impl DeviceVectors {
+    /// Bytes on the device.
+    pub(crate) fn size_bytes(&self) -> u64 {
+        match self {
+            DeviceVectors::F32(b) => b.len() as u64 * 4,
+            DeviceVectors::F16(b) => b.len() as u64 * 2,
+            DeviceVectors::I8(b) => b.len() as u64,
+            DeviceVectors::U8(b) => b.len() as u64,
+        }
+    }
+
     /// Elements `elems` of the buffer as the scan's pointer argument
     /// `name`, its alignment checked (typed) from the offset here and from
     /// the real address by the launcher.

@@ -16,11 +16,17 @@
 //! margin, then an exact re-rank ([`crate::search::knn`]). A search takes
 //! that path when the device, the workload and the data allow it
 //! ([`crate::search::knn::choose`]: TF32 needs sm_80, k up to the largest
-//! capacity the device's shared memory holds (1024 on an H100), no
-//! "special" row or query, `FRAGLINK_GPU_KNN` not off) and the exact scan
+//! capacity the device's shared memory holds (1024 on an H100),
+//! `FRAGLINK_GPU_KNN` not off) and the exact scan
 //! otherwise (k ≤ 256; beyond it the two-pass select of
 //! [`crate::search::knn::select`] up to its `MAX_SLICES` slices, else an error
-//! that sends the search to the CPU path); all give the same results. A bitset filter is a search parameter: it is
+//! that sends the search to the CPU path); all give the same results. Rows
+//! the tensor-core bounds do not cover ("special": a non-finite element, a
+//! huge norm, for cosine a tiny one) are copied aside at upload (up to
+//! [`MAX_SPECIAL_ROWS`](crate::search::knn::special::MAX_SPECIAL_ROWS)):
+//! the candidate kernel skips them and the scan searches that copy beside
+//! it ([`crate::search::knn::special`]); queries it does not cover are
+//! answered apart, by the scan (or the select) over every row. A bitset filter is a search parameter: it is
 //! uploaded when it first appears and kept while the following searches pass
 //! the same bits (query batches of one search do), replaced when they differ.
 //!
@@ -56,9 +62,25 @@ use super::gpu::{
 use super::knn::gpu::{enabled_by_env, f16copy_refused, variant_by_env, KnnRows, KnnSearch};
 use super::knn::norms::Norms;
 use super::knn::select::SelectSearch;
+use super::knn::special::{self, SpecialRows};
 use super::knn::{choose_select, f16copy, KnnPlan, Precision};
 use super::plan::{plan, ScanPlan};
-use super::{DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
+use super::{Bitset, DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
+
+/// The exact scan over an index's special rows that one tensor-core search
+/// adds ([`GpuIndex::special_scan`]).
+struct SpecialScan<'a> {
+    rows: &'a SpecialRows,
+    copy: &'a DeviceVectors,
+    plan: ScanPlan,
+    /// The filter over the copy: the rows special for the metric that the
+    /// search's filter allows.
+    bits: Bitset,
+    /// The search's `k`, at most `allowed`.
+    k: usize,
+    /// How many of the rows the search's filter allows.
+    allowed: usize,
+}
 
 /// What a search needs to know of the base: element type and shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -280,7 +302,7 @@ impl GpuIndex {
     /// (a `knn_tile_*` fragment) instead of the planner's pick, for
     /// benchmarks and tests that compare variants. Where the tensor-core
     /// path serves the search at all (module docs: shape, k and device in
-    /// its range, no special row or query), a variant that cannot (another
+    /// its range, some query it covers), a variant that cannot (another
     /// dtype, a capacity below k, more shared memory than the device has)
     /// is an error naming it; elsewhere the scan (or, beyond its k of 256,
     /// the two-pass select) serves the search as without a variant. `None`:
@@ -312,8 +334,7 @@ impl GpuIndex {
             Err(e) if !beyond_scan(&e) => return Err(e),
             other => other,
         };
-        let (nq, k) = (queries.rows(), params.k);
-        if nq > 0 || scan.is_err() {
+        if queries.rows() > 0 || scan.is_err() {
             let plan = scan.as_ref().ok();
             if let Some(found) = self.search_knn(queries, params, plan, variant, base)? {
                 return Ok(GpuSearch {
@@ -333,7 +354,35 @@ impl GpuIndex {
                 });
             }
         }
-        let p = scan?;
+        self.scan_with(queries, params, scan?, started)
+    }
+
+    /// Exact k-NN of `queries` through the scan kernel, whatever path
+    /// [`Self::search`] would take: the reference the tensor-core path and
+    /// the select equal bit for bit, for tests and benchmarks that compare
+    /// them (`FRAGLINK_GPU_KNN=0` does the same for a whole process). `k`
+    /// up to the scan's largest capacity (256); bad input is the scan
+    /// planner's error, naming the value.
+    pub fn search_scan(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+    ) -> Result<GpuSearch, GpuSearchError> {
+        let started = Instant::now();
+        let p = self.shape.plan(queries, params)?;
+        self.scan_with(queries, params, p, started)
+    }
+
+    /// The scan `p` over the resident rows (module docs); `elapsed` from
+    /// `started`.
+    fn scan_with(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+        p: ScanPlan,
+        started: Instant,
+    ) -> Result<GpuSearch, GpuSearchError> {
+        let (nq, k) = (queries.rows(), params.k);
         let linked = p.planner().link_for(self.gpu.context().arch())?;
         let launcher = self.gpu.launcher(&linked)?;
         let neighbors = if nq == 0 {
@@ -364,6 +413,8 @@ impl GpuIndex {
             linked,
             knn: None,
             select: None,
+            special_rows: 0,
+            special_queries: 0,
             elapsed: started.elapsed(),
         })
     }
@@ -410,12 +461,16 @@ impl GpuIndex {
             linked,
             knn: None,
             select: Some(sp),
+            special_rows: 0,
+            special_queries: 0,
             elapsed: Duration::ZERO,
         }))
     }
 
     /// The tensor-core path, when it can serve this search (module docs):
     /// `None` leaves it to the scan. `plan` is the validated scan plan.
+    /// Rows special for the metric are skipped by the candidate kernel and
+    /// searched by the scan beside it ([`crate::search::knn::special`]).
     fn search_knn(
         &self,
         queries: &Vectors,
@@ -427,13 +482,49 @@ impl GpuIndex {
         let Some(rows) = self.knn.as_ref() else {
             return Ok(None);
         };
-        let Some(aux) = rows.aux(params.metric) else {
+        let Some(rows_for) = rows.rows_for(params.metric) else {
             return Ok(None);
         };
         if !enabled_by_env()? {
             return Ok(None);
         }
-        let request = self.gpu.knn_request(&self.shape, params, queries.rows());
+        let (special, tensor_params) = match rows_for.special {
+            None => (None, None),
+            Some((s, copy)) => {
+                let Some(part) = self.special_scan(s, copy, queries, params)? else {
+                    return Ok(None);
+                };
+                // Some: rows_for gives only rows special for the metric.
+                let Some(skip) = s.tensor_filter(self.shape.rows, params.metric, &params.filter)
+                else {
+                    return Ok(None);
+                };
+                let p = SearchParams {
+                    filter: Filter::Bitset(skip),
+                    ..params.clone()
+                };
+                (part, Some(p))
+            }
+        };
+        let tensor_params = tensor_params.as_ref().unwrap_or(params);
+        // Queries the bounds do not cover take the scan (or the select)
+        // apart, over every row; the others this path.
+        let qnorms = Norms::of(queries);
+        let (normal, special_q) = special::split_queries(&qnorms, params.metric);
+        if normal.is_empty() && !special_q.is_empty() {
+            return Ok(None);
+        }
+        // What this path searches: every query, or those the bounds cover.
+        let gathered;
+        let gathered_norms;
+        let (tq, tq_norms) = if special_q.is_empty() {
+            (queries, &qnorms)
+        } else {
+            gathered = queries.gather_rows(&normal);
+            gathered_norms = Norms::of(&gathered);
+            (&gathered, &gathered_norms)
+        };
+        let request = self.gpu.knn_request(&self.shape, tensor_params, tq.rows());
         let kp = super::knn::choose_named(&request, variant).map_err(|reason| {
             GpuSearchError::KnnVariant {
                 value: variant.unwrap_or_default().to_owned(),
@@ -443,36 +534,129 @@ impl GpuIndex {
         let Some(kp) = kp else {
             return Ok(None);
         };
-        let qnorms = Norms::of(queries);
-        if qnorms.any_special(params.metric) {
-            return Ok(None);
-        }
         let staged = if kp.precision == Precision::F16Copy {
-            Some(self.f16_copies(rows, queries, &kp, base)?)
+            Some(self.f16_copies(rows, tq, &kp, base)?)
         } else {
             None
         };
-        let bits = self.resident_bits(&params.filter)?;
+        let bits = self.resident_bits(&tensor_params.filter)?;
         let search = KnnSearch {
             gpu: &self.gpu,
             plan: &kp,
             data: &self.data,
             staged: staged.as_ref().map(|(r, q)| (&**r, &q[..])),
-            rows: aux,
+            rows: rows_for.aux,
             n_rows: self.shape.rows,
             dim: self.shape.dim,
             bits: bits.as_deref(),
             k: params.k,
         };
-        let (neighbors, linked) = search.run(queries, &qnorms, params.metric)?;
+        let (mut neighbors, linked) = search.run(tq, tq_norms, params.metric)?;
+        let mut special_rows = 0;
+        if let Some(part) = special {
+            neighbors = self.run_special_scan(&part, tq, &neighbors)?;
+            special_rows = part.allowed;
+        }
+        if !special_q.is_empty() {
+            let apart = self.search_exact(&queries.gather_rows(&special_q), params)?;
+            neighbors =
+                special::join_queries([(&normal, &neighbors), (&special_q, &apart.neighbors)]);
+        }
         Ok(Some(GpuSearch {
             neighbors,
             plan: plan.cloned(),
             linked,
             knn: Some(kp),
             select: None,
+            special_rows,
+            special_queries: special_q.len(),
             elapsed: Duration::ZERO,
         }))
+    }
+
+    /// The scan, or beyond its capacities the two-pass select, over every
+    /// row: the path of queries the tensor-core bounds do not cover. An
+    /// error where neither serves the search (the router takes it to the
+    /// CPU).
+    fn search_exact(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+    ) -> Result<GpuSearch, GpuSearchError> {
+        let scan = match self.shape.plan(queries, params) {
+            Err(e) if !beyond_scan(&e) => return Err(e),
+            other => other,
+        };
+        if scan.is_err() {
+            if let Some(found) = self.search_select(queries, params)? {
+                return Ok(found);
+            }
+        }
+        self.scan_with(queries, params, scan?, Instant::now())
+    }
+
+    /// The scan over the rows `special` (copied aside as `copy`) that a
+    /// tensor-core search of `queries` adds: `Ok(None)` when the scan cannot
+    /// take it (more of them allowed than its largest capacity, with `k`
+    /// beyond it too), which leaves the whole search to the scan;
+    /// `Ok(Some(None))` when the filter allows none of them.
+    fn special_scan<'s>(
+        &self,
+        special: &'s SpecialRows,
+        copy: &'s DeviceVectors,
+        queries: &Vectors,
+        params: &SearchParams,
+    ) -> Result<Option<Option<SpecialScan<'s>>>, GpuSearchError> {
+        let (bits, allowed) = special.local_filter(params.metric, &params.filter);
+        if allowed == 0 {
+            return Ok(Some(None));
+        }
+        let k = params.k.min(allowed);
+        // The planner checks the filter's length: a copy of the few words.
+        let p = SearchParams::new(k, params.metric).with_filter(Filter::Bitset(bits.clone()));
+        let shape = IndexShape {
+            rows: special.ids().len(),
+            ..self.shape
+        };
+        match shape.plan(queries, &p) {
+            Ok(plan) => Ok(Some(Some(SpecialScan {
+                rows: special,
+                copy,
+                plan,
+                bits,
+                k,
+                allowed,
+            }))),
+            Err(e) if beyond_scan(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs `part` for `queries` and merges its results into `main` (the
+    /// tensor-core path's over the other rows).
+    fn run_special_scan(
+        &self,
+        part: &SpecialScan<'_>,
+        queries: &Vectors,
+        main: &Neighbors,
+    ) -> Result<Neighbors, GpuSearchError> {
+        let linked = part.plan.planner().link_for(self.gpu.context().arch())?;
+        let launcher = self.gpu.launcher(&linked)?;
+        let (t, pool) = (self.gpu.transfer(), self.gpu.pool());
+        let d_queries = upload_vectors(t, pool, queries)?;
+        let d_bits = t.upload_new(pool, &part.bits.words)?;
+        let found = self.gpu.scan(
+            &part.plan,
+            &launcher,
+            part.copy,
+            part.rows.ids().len(),
+            self.shape.dim,
+            &d_queries,
+            queries.rows(),
+            Some(&d_bits),
+            part.k,
+        )?;
+        Ok(special::merge(main, &found, part.rows.ids()))
     }
 
     /// An f16copy plan's operands: the queries' f16 bits (rounded here, on
@@ -498,7 +682,13 @@ impl GpuIndex {
             _ => None,
         };
         let row_copies = rows
-            .f16_copy(self.gpu.transfer(), self.gpu.pool(), &self.data, host)?
+            .f16_copy(
+                self.gpu.transfer(),
+                self.gpu.pool(),
+                &self.data,
+                self.shape.dim,
+                host,
+            )?
             .ok_or_else(|| f16copy_refused(kp, "the rows"))?;
         Ok((row_copies, query_bits))
     }

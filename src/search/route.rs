@@ -112,8 +112,9 @@ pub struct Routed {
     /// a search whose kernels this searcher made ready before. A link can
     /// still happen inside the search, and count in `seconds`: a kernel
     /// evicted from the memory cache since, a batch halved after running out
-    /// of memory (another tile), a special row or query that sends the
-    /// index to the scan or the select, `FRAGLINK_GPU_KNN` or
+    /// of memory (another tile), special queries (the scan or the select
+    /// answers them), special rows (a scan of their own, and the candidate
+    /// kernel's filtered variant), `FRAGLINK_GPU_KNN` or
     /// `FRAGLINK_KNN_VARIANT` changed while the process runs.
     pub link_seconds: f64,
     /// The GPU kernel that served the search (its last batch): the
@@ -619,6 +620,25 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Vectors {
+    /// Rows `rows` (each below [`rows`](Self::rows)), in that order, as new
+    /// vectors.
+    pub fn gather_rows(&self, rows: &[u32]) -> Vectors {
+        fn pick<T: Clone>(m: &super::Matrix<T>, rows: &[u32]) -> super::Matrix<T> {
+            let d = m.dim();
+            let mut data = Vec::with_capacity(rows.len() * d);
+            for &r in rows {
+                data.extend_from_slice(m.row(r as usize));
+            }
+            super::Matrix::new(data, rows.len(), d).expect("rows of a valid matrix are valid")
+        }
+        match self {
+            Vectors::F32(m) => Vectors::F32(pick(m, rows)),
+            Vectors::F16(m) => Vectors::F16(pick(m, rows)),
+            Vectors::I8(m) => Vectors::I8(pick(m, rows)),
+            Vectors::U8(m) => Vectors::U8(pick(m, rows)),
+        }
+    }
+
     /// Rows `start..end` as new vectors (query batches).
     pub fn slice_rows(&self, start: usize, end: usize) -> Vectors {
         fn cut<T: Clone>(m: &super::Matrix<T>, start: usize, end: usize) -> super::Matrix<T> {

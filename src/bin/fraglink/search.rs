@@ -501,8 +501,9 @@ pub fn run(a: &SearchArgs) -> ExitCode {
 /// and the names of every fragment they link: the library's rule
 /// ([`SearchKernels::decide`], `FRAGLINK_KNN_VARIANT` honoured), so the plan
 /// line names what a search would run (rows or queries special for the
-/// tensor-core bounds can still send it to the scan or the select at run
-/// time: the report's `gpu_kernel` names what ran); else why none.
+/// tensor-core bounds can still change that at run time: special queries
+/// take the scan or the select, special rows add a scan of their own; the
+/// report's `gpu_kernel` names what ran); else why none.
 fn gpu_plan(
     base: &Vectors,
     queries: &Vectors,

@@ -3,8 +3,10 @@
 //! rows) and one search through the two kernels (fragments/README.md, "The
 //! tensor-core k-NN kernels"): candidates per (query tile, row chunk), then
 //! merge and exact re-rank per query. Results equal the scan's and the CPU
-//! path's bit for bit; searches the bounds do not cover never get here
-//! ([`KnnRows::aux`], [`super::choose`]).
+//! path's bit for bit. Rows the bounds do not cover are skipped here and
+//! searched by the exact scan beside it ([`super::special`],
+//! `KnnRows::rows_for`); queries the bounds do not cover never get here
+//! ([`super::choose`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +19,7 @@ use crate::search::{Metric, Neighbors, Vectors};
 use super::f16copy;
 use super::norms::Norms;
 use super::plan::{KnnPlan, Precision, KNN_BLOCK};
+use super::special::{SpecialRows, MAX_SPECIAL_ROWS};
 
 /// Queries per launch pair: bounds the candidate buffers
 /// (`batch × chunks × capacity × 12` bytes, about 19 MB at 4096 × 3 × 128).
@@ -30,9 +33,13 @@ pub struct KnnRows {
     norm: Option<GpuBuffer<f32>>,
     /// 1/|x| (floats only): cosine's aux0/aux1.
     inv: Option<GpuBuffer<f32>>,
-    /// Some row is special for every metric / for cosine (knn_bounds.cuh).
-    special: bool,
-    special_cosine: bool,
+    /// The rows special for some metric (knn_bounds.cuh): the candidate
+    /// kernel skips them, the scan searches them over `special_copy`.
+    special: SpecialRows,
+    /// Those rows, copied aside at upload; `None` without special rows or
+    /// with more than [`MAX_SPECIAL_ROWS`] (searches they are special for
+    /// then leave this path for the scan).
+    special_copy: Option<DeviceVectors>,
     /// The rows' f16 copies for [`Precision::F16Copy`], made by the first
     /// search that asks ([`Self::f16_copy`]): `Some(None)` when some element
     /// has no finite f16 (the precision cannot serve these rows).
@@ -46,8 +53,7 @@ const F16_COPY_STEP: usize = 1 << 24;
 impl std::fmt::Debug for KnnRows {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KnnRows")
-            .field("special", &self.special)
-            .field("special_cosine", &self.special_cosine)
+            .field("special_rows", &self.special.ids().len())
             .finish_non_exhaustive()
     }
 }
@@ -67,6 +73,14 @@ impl KnnRows {
             return Ok(None);
         }
         let norms = Norms::of(base);
+        let special = SpecialRows::of(&norms);
+        let n_special = special.ids().len();
+        let special_copy = if n_special > 0 && n_special <= MAX_SPECIAL_ROWS {
+            let rows = base.gather_rows(special.ids());
+            Some(crate::search::gpu::upload_vectors(t, pool, &rows)?)
+        } else {
+            None
+        };
         let (sq, norm) = norms.aux(Metric::L2);
         let sq = t.upload_new(pool, &sq)?;
         let (norm, inv) = match &norms {
@@ -80,15 +94,17 @@ impl KnnRows {
             sq,
             norm,
             inv,
-            special: norms.any_special(Metric::L2),
-            special_cosine: norms.any_special(Metric::Cosine),
+            special,
+            special_copy,
             f16: Mutex::new(None),
         }))
     }
 
-    /// Device bytes held (the f16 copies included, once made).
+    /// Device bytes held (the special rows' copy included, and the f16
+    /// copies once made).
     pub fn device_bytes(&self) -> u64 {
         let n = self.sq.len() as u64 * 4;
+        let special = self.special_copy.as_ref().map_or(0, |v| v.size_bytes());
         let copy = match &*self.f16.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(Some(v)) => match &**v {
                 DeviceVectors::F16(b) => b.len() as u64 * 2,
@@ -96,7 +112,7 @@ impl KnnRows {
             },
             _ => 0,
         };
-        n * (1 + u64::from(self.norm.is_some()) + u64::from(self.inv.is_some())) + copy
+        n * (1 + u64::from(self.norm.is_some()) + u64::from(self.inv.is_some())) + copy + special
     }
 
     /// The f16 copies of the f32 `rows` ([`f16copy`]) for
@@ -104,13 +120,15 @@ impl KnnRows {
     /// [`F16_COPY_STEP`] elements, each rounded on the host from `host`, the
     /// same rows where the caller still holds them, else read back from the
     /// device, and uploaded; half the rows' bytes stay resident beside
-    /// them), then kept. `None` when some element has no finite f16, or the
-    /// rows are not f32.
+    /// them), then kept. The rows special for every metric are copied as
+    /// zeros: the candidate kernel skips them. `None` when some other
+    /// element has no finite f16, or the rows are not f32.
     pub(crate) fn f16_copy(
         &self,
         t: &Transfer,
         pool: &MemoryPool,
         rows: &DeviceVectors,
+        dim: usize,
         host: Option<&[f32]>,
     ) -> Result<Option<Arc<DeviceVectors>>, GpuError> {
         let mut kept = self.f16.lock().unwrap_or_else(|p| p.into_inner());
@@ -133,7 +151,8 @@ impl KnnRows {
                     &read_back[..]
                 }
             };
-            let Some(bits) = f16copy::to_f16_bits(values) else {
+            let skipped = zero_rows(values, at, dim, self.special.every_metric());
+            let Some(bits) = f16copy::to_f16_bits(skipped.as_deref().unwrap_or(values)) else {
                 fits = false;
                 break;
             };
@@ -144,19 +163,57 @@ impl KnnRows {
         Ok(made)
     }
 
-    /// The `(row_aux0, row_aux1)` buffers for `metric`, `None` when some row
-    /// is special for it.
-    pub fn aux(&self, metric: Metric) -> Option<(&GpuBuffer<f32>, &GpuBuffer<f32>)> {
-        if self.special || (metric == Metric::Cosine && self.special_cosine) {
-            return None;
-        }
-        match (metric, &self.norm, &self.inv) {
-            (_, None, _) | (_, _, None) => Some((&self.sq, &self.sq)),
-            (Metric::L2, Some(n), _) => Some((&self.sq, n)),
-            (Metric::InnerProduct, Some(n), _) => Some((n, n)),
-            (Metric::Cosine, _, Some(i)) => Some((i, i)),
-        }
+    /// What a search by `metric` reads beside the rows: the
+    /// `(row_aux0, row_aux1)` buffers, and the rows special for `metric`
+    /// with their copy where there are any. `None` when more rows are
+    /// special for `metric` than the index copied aside
+    /// ([`MAX_SPECIAL_ROWS`]).
+    pub(crate) fn rows_for(&self, metric: Metric) -> Option<RowsFor<'_>> {
+        let special = match &self.special_copy {
+            _ if self.special.count(metric) == 0 => None,
+            Some(copy) => Some((&self.special, copy)),
+            None => return None,
+        };
+        let aux = match (metric, &self.norm, &self.inv) {
+            (_, None, _) | (_, _, None) => (&self.sq, &self.sq),
+            (Metric::L2, Some(n), _) => (&self.sq, n),
+            (Metric::InnerProduct, Some(n), _) => (n, n),
+            (Metric::Cosine, _, Some(i)) => (i, i),
+        };
+        Some(RowsFor { aux, special })
     }
+}
+
+/// [`KnnRows::rows_for`] one metric.
+pub(crate) struct RowsFor<'a> {
+    /// The candidate kernel's `(row_aux0, row_aux1)`.
+    pub aux: (&'a GpuBuffer<f32>, &'a GpuBuffer<f32>),
+    /// The rows special for the metric and their copy, for the scan.
+    pub special: Option<(&'a SpecialRows, &'a DeviceVectors)>,
+}
+
+/// `values`, elements `at..` of rows of `dim`, with the elements of `rows`
+/// (ascending) set to zero; `None` when none of them falls in `values`.
+fn zero_rows(
+    values: &[f32],
+    at: usize,
+    dim: usize,
+    rows: impl Iterator<Item = u32>,
+) -> Option<Vec<f32>> {
+    let end = at + values.len();
+    let mut out: Option<Vec<f32>> = None;
+    for r in rows {
+        let (lo, hi) = (r as usize * dim, (r as usize + 1) * dim);
+        if hi <= at {
+            continue;
+        }
+        if lo >= end {
+            break;
+        }
+        let v = out.get_or_insert_with(|| values.to_vec());
+        v[lo.max(at) - at..hi.min(end) - at].fill(0.0);
+    }
+    out
 }
 
 /// One candidate list per (query, chunk) slot, in knn_tile's output format
@@ -429,4 +486,43 @@ pub fn variant_by_env() -> Option<String> {
         .ok()
         .map(|v| v.trim().to_owned())
         .filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows of 3 cut into steps of 4 elements: a special row's elements are
+    /// zeroed in every step it crosses, and steps without one are left alone.
+    #[test]
+    fn special_rows_are_zeroed_across_copy_steps() {
+        let all: Vec<f32> = (1..=18).map(|v| v as f32).collect();
+        let special = [1u32, 4];
+        let mut joined = Vec::new();
+        let mut untouched = 0;
+        for at in (0..all.len()).step_by(4) {
+            let part = &all[at..(at + 4).min(all.len())];
+            match zero_rows(part, at, 3, special.iter().copied()) {
+                Some(v) => joined.extend(v),
+                None => {
+                    untouched += 1;
+                    joined.extend_from_slice(part);
+                }
+            }
+        }
+        let want: Vec<f32> = all
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                if special.contains(&(i as u32 / 3)) {
+                    0.0
+                } else {
+                    v
+                }
+            })
+            .collect();
+        assert_eq!(joined, want);
+        // Steps 8..12 (rows 2 and 3) and 16..18 (row 5) hold no special row.
+        assert_eq!(untouched, 2);
+    }
 }

@@ -51,13 +51,31 @@ impl Norms {
     /// Whether some vector is special for `metric` (the kernel cannot take
     /// the search).
     pub fn any_special(&self, metric: Metric) -> bool {
+        (0..self.len()).any(|i| self.is_special(i, metric))
+    }
+
+    /// Whether vector `i` is special for `metric`.
+    pub fn is_special(&self, i: usize, metric: Metric) -> bool {
         match self {
             Norms::Int(_) => false,
-            Norms::Float(sq) => sq.iter().any(|s| match s {
+            Norms::Float(sq) => match sq[i] {
                 None => true,
-                Some(s) => metric == Metric::Cosine && *s < MIN_SQ_COSINE,
-            }),
+                Some(s) => metric == Metric::Cosine && s < MIN_SQ_COSINE,
+            },
         }
+    }
+
+    /// How many vectors.
+    pub fn len(&self) -> usize {
+        match self {
+            Norms::Int(v) => v.len(),
+            Norms::Float(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no vectors.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The kernel's `(aux0, aux1)` arrays for `metric` (knn_bounds.cuh;
