@@ -233,7 +233,8 @@ search_step() {
 # H100: i8 of dim 4, whose many equal distances take the select over the ties'
 # ids, and half the rows filtered out, whose excluded rows end the query), and
 # IVF-Flat (k 10, and k 1000: capacity 1024, whose top-k sorts once per 8 tiles
-# with candidates). memcheck on each; racecheck and
+# with candidates), and rows and queries special for the tensor-core bounds
+# (special_data below). memcheck on each; racecheck and
 # synccheck where blocks exchange through shared memory; initcheck on two.
 sanitize_cases="\
 tile-f32 memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 70 --k 10
@@ -246,13 +247,39 @@ select memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 5
 select-slices memcheck,racecheck,synccheck FRAGLINK_GPU_KNN=1 --dtype i8 --dim 4 --n 20000 --nq 2 --k 17000
 select-slices-filter memcheck FRAGLINK_GPU_KNN=1 --filter bitset:0.5 --n 20000 --dim 16 --nq 2 --k 17000
 ivf-i8 memcheck,racecheck FRAGLINK_GPU_KNN=1 --ivf-flat --nlist 32 --nprobe 8 --dtype i8 --filter bitset:0.5 --n 6000 --nq 20 --k 10
-ivf-k1000 memcheck,racecheck FRAGLINK_GPU_KNN=1 --ivf-flat --nlist 32 --nprobe 8 --n 6000 --nq 4 --k 1000"
+ivf-k1000 memcheck,racecheck FRAGLINK_GPU_KNN=1 --ivf-flat --nlist 32 --nprobe 8 --n 6000 --nq 4 --k 1000
+special memcheck,racecheck FRAGLINK_GPU_KNN=1 --base @WORK@/special-base.fvecs --queries @WORK@/special-queries.fvecs --metric cosine --k 10"
+
+# The `special` case's files (fvecs, dim 32, seeded): 6000 rows of which row 5
+# holds a NaN, row 77 an infinity, row 300 a huge norm and rows 0 and 1999 are
+# zero vectors (special for the tensor-core bounds: the candidate kernel skips
+# them and a scan searches them beside it), and 40 queries of which query 3
+# holds a NaN and query 10 is zero (answered apart by the scan).
+special_data() {
+  "$py" - "$1" <<'PY'
+import random, struct, sys
+def fvecs(path, rows):
+    with open(path, "wb") as f:
+        for r in rows:
+            f.write(struct.pack("<i%df" % len(r), len(r), *r))
+rnd = random.Random(7)
+base = [[rnd.gauss(0, 1) for _ in range(32)] for _ in range(6000)]
+base[5][4] = float("nan"); base[77][0] = float("-inf"); base[300][31] = 2e30
+base[0] = [0.0] * 32; base[1999] = [0.0] * 32
+queries = [[rnd.gauss(0, 1) for _ in range(32)] for _ in range(40)]
+queries[3][9] = float("nan"); queries[10] = [0.0] * 32
+fvecs(sys.argv[1] + "/special-base.fvecs", base)
+fvecs(sys.argv[1] + "/special-queries.fvecs", queries)
+PY
+}
 
 sanitize_step() {
   local t0=$SECONDS status=done failed=0 name tools envs args tool log line rc
   echo "== compute-sanitizer ($(left) s left)"
   : >"$logs/sanitize.jsonl"
+  special_data "$work"
   while read -r name tools envs args; do
+    args=${args//@WORK@/$work}
     for tool in ${tools//,/ }; do
       if [ "$(left)" -le 15 ]; then status=stopped; break 2; fi
       log=$logs/sanitize-$name-$tool.txt

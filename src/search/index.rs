@@ -54,6 +54,7 @@ use std::time::{Duration, Instant};
 
 use crate::gpu::launch::ScanArgError;
 use crate::gpu::{GpuBuffer, GpuError};
+use crate::link::LinkRuntime;
 
 use super::gpu::{
     beyond_scan, upload_vectors, DeviceVectors, GpuSearch, GpuSearchError, GpuSearcher,
@@ -534,6 +535,12 @@ impl GpuIndex {
         let Some(kp) = kp else {
             return Ok(None);
         };
+        if let Some(part) = &special {
+            // The scan of the special rows links with the pair, all three at
+            // once when cold (the launches below then find them in memory).
+            let plans = [kp.tile_planner(), kp.rerank_planner(), part.plan.planner()];
+            LinkRuntime::global()?.link_all(&plans.each_ref(), self.gpu.context().arch())?;
+        }
         let staged = if kp.precision == Precision::F16Copy {
             Some(self.f16_copies(rows, tq, &kp, base)?)
         } else {
