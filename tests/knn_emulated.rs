@@ -25,7 +25,6 @@ use fraglink::search::data::{synthetic, Rng};
 use fraglink::search::knn::f16copy;
 use fraglink::search::knn::norms::Norms;
 use fraglink::search::knn::plan::{merge_groups, SharedMemory};
-use fraglink::search::knn::special::SpecialRows;
 use fraglink::search::knn::{choose, choose_variant, KnnPlan, KnnRequest, Precision, Staging};
 use fraglink::search::{Bitset, DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 use half::f16;
@@ -398,9 +397,10 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     // skips them (the index's, knn::special): alone and over a user filter.
     let special = with_special_rows(&base);
     let skip = |user: &Filter| {
-        special
-            .as_ref()
-            .and_then(|b| SpecialRows::of(&Norms::of(b)).tensor_filter(n, metric, user))
+        special.as_ref().map(|b| {
+            let norms = Norms::of(b);
+            Bitset::from_fn(n, |r| user.allows(r) && !norms.is_special(r, metric))
+        })
     };
     let skip_alone = skip(&Filter::None);
     let skip_half = skip(&Filter::Bitset(Bitset::random(n, 0.5, 9)));

@@ -332,6 +332,46 @@ fn special_rows_join_the_tensor_core_path_through_a_scan_of_their_own() {
     }
 }
 
+/// Where the scan cannot take the special rows (more of them allowed than
+/// its 256, k beyond that too), or every query is special, the whole search
+/// leaves the tensor-core path for the two-pass select, still exact.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn special_rows_or_queries_beyond_the_scan_take_the_select() {
+    let gpu = searcher();
+    let (base, queries) = synthetic(3000, 32, 20, DType::F32, 4);
+    let Vectors::F32(m) = &base else {
+        unreachable!()
+    };
+    // 400 zero vectors: special for cosine only.
+    let mut d = m.data().to_vec();
+    d[..400 * 32].fill(0.0);
+    let zeros = Vectors::f32(d, 32).unwrap();
+    let index = gpu.upload(&zeros).unwrap();
+    let Vectors::F32(q) = &queries else {
+        unreachable!()
+    };
+    let nan_queries = Vectors::f32(q.data().iter().map(|_| f32::NAN).collect(), 32).unwrap();
+    for (what, metric, qs, want_knn) in [
+        ("400 zero rows, cosine", Metric::Cosine, &queries, false),
+        ("400 zero rows, l2 (not special)", Metric::L2, &queries, true),
+        ("only NaN queries", Metric::L2, &nan_queries, false),
+    ] {
+        let params = SearchParams::new(300, metric);
+        let found = index.search(qs, &params).unwrap();
+        let select = expects_select(&gpu, DType::F32, metric, 3000, 300);
+        let knn = want_knn && expects_knn(&gpu, DType::F32, metric, 3000, 32, 20, 300);
+        assert_eq!(found.knn.is_some(), knn, "{what}");
+        assert_eq!(found.select.is_some(), !knn && select, "{what}");
+        let want = search_cpu(&zeros, qs, &params).unwrap();
+        assert!(
+            found.neighbors.bitwise_eq(&want),
+            "{what}: first difference at {:?}",
+            found.neighbors.first_difference(&want)
+        );
+    }
+}
+
 /// The scan splits a few queries' rows over the SMs (`row_splits`) and
 /// merges each query's splits on the host: the same results as one block
 /// per query. `GpuIndex::search_scan` keeps these searches on the scan; a

@@ -23,7 +23,7 @@
 //! that sends the search to the CPU path); all give the same results. Rows
 //! the tensor-core bounds do not cover ("special": a non-finite element, a
 //! huge norm, for cosine a tiny one) are copied aside at upload (up to
-//! [`MAX_SPECIAL_ROWS`](crate::search::knn::special::MAX_SPECIAL_ROWS)):
+//! [`MAX_SPECIAL_BYTES`](crate::search::knn::special::MAX_SPECIAL_BYTES)):
 //! the candidate kernel skips them and the scan searches that copy beside
 //! it ([`crate::search::knn::special`]); queries it does not cover are
 //! answered apart, by the scan (or the select) over every row. A bitset filter is a search parameter: it is
@@ -67,6 +67,17 @@ use super::knn::special::{self, SpecialRows};
 use super::knn::{choose_select, f16copy, KnnPlan, Precision};
 use super::plan::{plan, ScanPlan};
 use super::{Bitset, DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
+
+/// What the special rows of an index add to one tensor-core search
+/// ([`GpuIndex::special_scan`]).
+enum SpecialPart<'a> {
+    /// The filter allows none of them.
+    Nothing,
+    /// The scan over their copy.
+    Scan(SpecialScan<'a>),
+    /// The scan cannot take them: the search leaves the tensor-core path.
+    Unable,
+}
 
 /// The exact scan over an index's special rows that one tensor-core search
 /// adds ([`GpuIndex::special_scan`]).
@@ -217,6 +228,8 @@ pub struct GpuIndex {
     knn: Option<KnnRows>,
     upload: Duration,
     bits: Mutex<Option<ResidentBits>>,
+    /// The candidate kernel's filter where special rows are skipped.
+    skip_bits: Mutex<Option<ResidentBits>>,
 }
 
 impl std::fmt::Debug for GpuIndex {
@@ -243,6 +256,7 @@ impl GpuIndex {
             knn,
             upload: started.elapsed(),
             bits: Mutex::new(None),
+            skip_bits: Mutex::new(None),
         })
     }
 
@@ -344,9 +358,19 @@ impl GpuIndex {
                 });
             }
         }
-        // Beyond the scan with the tensor-core path unable: the two-pass
-        // select, where it serves the shape (else the error, and the router
-        // takes the search to the CPU).
+        self.search_exact(queries, params, scan, started)
+    }
+
+    /// The scan `scan` (validated for `queries`) or, beyond its capacities,
+    /// the two-pass select where it serves the shape; else the scan
+    /// planner's error, and the router takes the search to the CPU.
+    fn search_exact(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+        scan: Result<ScanPlan, GpuSearchError>,
+        started: Instant,
+    ) -> Result<GpuSearch, GpuSearchError> {
         if scan.is_err() {
             if let Some(found) = self.search_select(queries, params)? {
                 return Ok(GpuSearch {
@@ -471,7 +495,8 @@ impl GpuIndex {
     /// The tensor-core path, when it can serve this search (module docs):
     /// `None` leaves it to the scan. `plan` is the validated scan plan.
     /// Rows special for the metric are skipped by the candidate kernel and
-    /// searched by the scan beside it ([`crate::search::knn::special`]).
+    /// searched by the scan beside it, queries special for it answered
+    /// apart by the scan or the select ([`crate::search::knn::special`]).
     fn search_knn(
         &self,
         queries: &Vectors,
@@ -489,41 +514,57 @@ impl GpuIndex {
         if !enabled_by_env()? {
             return Ok(None);
         }
-        let (special, tensor_params) = match rows_for.special {
-            None => (None, None),
-            Some((s, copy)) => {
-                let Some(part) = self.special_scan(s, copy, queries, params)? else {
-                    return Ok(None);
-                };
-                // Some: rows_for gives only rows special for the metric.
-                let Some(skip) = s.tensor_filter(self.shape.rows, params.metric, &params.filter)
-                else {
-                    return Ok(None);
-                };
-                let p = SearchParams {
-                    filter: Filter::Bitset(skip),
-                    ..params.clone()
-                };
-                (part, Some(p))
-            }
-        };
-        let tensor_params = tensor_params.as_ref().unwrap_or(params);
-        // Queries the bounds do not cover take the scan (or the select)
-        // apart, over every row; the others this path.
+        // Everything that can send the search elsewhere is decided before
+        // anything launches: special queries, then special rows.
         let qnorms = Norms::of(queries);
         let (normal, special_q) = special::split_queries(&qnorms, params.metric);
-        if normal.is_empty() && !special_q.is_empty() {
-            return Ok(None);
-        }
+        let apart = match special_q.len() {
+            0 => None,
+            n if n == queries.rows() => return Ok(None),
+            _ => {
+                let q = queries.gather_rows(&special_q);
+                if !self.exact_serves(&q, params) {
+                    return Ok(None);
+                }
+                Some(q)
+            }
+        };
         // What this path searches: every query, or those the bounds cover.
         let gathered;
         let gathered_norms;
-        let (tq, tq_norms) = if special_q.is_empty() {
-            (queries, &qnorms)
-        } else {
-            gathered = queries.gather_rows(&normal);
-            gathered_norms = Norms::of(&gathered);
-            (&gathered, &gathered_norms)
+        let (tq, tq_norms) = match apart {
+            None => (queries, &qnorms),
+            Some(_) => {
+                gathered = queries.gather_rows(&normal);
+                gathered_norms = qnorms.gather(&normal);
+                (&gathered, &gathered_norms)
+            }
+        };
+        let (special_scan, skip) = match rows_for.special {
+            None => (None, None),
+            Some((s, copy)) => match self.special_scan(s, copy, tq, params)? {
+                SpecialPart::Unable => return Ok(None),
+                // The search's filter already leaves them out.
+                SpecialPart::Nothing => (None, None),
+                SpecialPart::Scan(part) => (
+                    Some(part),
+                    Some(s.tensor_filter(self.shape.rows, params.metric, &params.filter)),
+                ),
+            },
+        };
+        // The candidate kernel's filter: the search's, less the special rows.
+        let skipping = skip.is_some();
+        let tensor_params;
+        let tensor_params = match skip {
+            None => params,
+            Some(bits) => {
+                tensor_params = SearchParams {
+                    k: params.k,
+                    metric: params.metric,
+                    filter: Filter::Bitset(bits),
+                };
+                &tensor_params
+            }
         };
         let request = self.gpu.knn_request(&self.shape, tensor_params, tq.rows());
         let kp = super::knn::choose_named(&request, variant).map_err(|reason| {
@@ -535,7 +576,7 @@ impl GpuIndex {
         let Some(kp) = kp else {
             return Ok(None);
         };
-        if let Some(part) = &special {
+        if let Some(part) = &special_scan {
             // The scan of the special rows links with the pair, all three at
             // once when cold (the launches below then find them in memory).
             let plans = [kp.tile_planner(), kp.rerank_planner(), part.plan.planner()];
@@ -546,7 +587,10 @@ impl GpuIndex {
         } else {
             None
         };
-        let bits = self.resident_bits(&tensor_params.filter)?;
+        let bits = match &tensor_params.filter {
+            Filter::Bitset(b) if skipping => Some(self.resident(&self.skip_bits, b)?),
+            f => self.resident_bits(f)?,
+        };
         let search = KnnSearch {
             gpu: &self.gpu,
             plan: &kp,
@@ -560,63 +604,57 @@ impl GpuIndex {
         };
         let (mut neighbors, linked) = search.run(tq, tq_norms, params.metric)?;
         let mut special_rows = 0;
-        if let Some(part) = special {
+        if let Some(part) = special_scan {
             neighbors = self.run_special_scan(&part, tq, &neighbors)?;
             special_rows = part.allowed;
         }
-        if !special_q.is_empty() {
-            let apart = self.search_exact(&queries.gather_rows(&special_q), params)?;
+        let mut select = None;
+        if let Some(q) = &apart {
+            let scan = self.shape.plan(q, params);
+            let found = self.search_exact(q, params, scan, Instant::now())?;
             neighbors =
-                special::join_queries([(&normal, &neighbors), (&special_q, &apart.neighbors)]);
+                special::join_queries([(&normal, &neighbors), (&special_q, &found.neighbors)]);
+            select = found.select;
         }
         Ok(Some(GpuSearch {
             neighbors,
             plan: plan.cloned(),
             linked,
             knn: Some(kp),
-            select: None,
+            select,
             special_rows,
             special_queries: special_q.len(),
             elapsed: Duration::ZERO,
         }))
     }
 
-    /// The scan, or beyond its capacities the two-pass select, over every
-    /// row: the path of queries the tensor-core bounds do not cover. An
-    /// error where neither serves the search (the router takes it to the
-    /// CPU).
-    fn search_exact(
-        &self,
-        queries: &Vectors,
-        params: &SearchParams,
-    ) -> Result<GpuSearch, GpuSearchError> {
-        let scan = match self.shape.plan(queries, params) {
-            Err(e) if !beyond_scan(&e) => return Err(e),
-            other => other,
-        };
-        if scan.is_err() {
-            if let Some(found) = self.search_select(queries, params)? {
-                return Ok(found);
+    /// Whether the scan or the select can answer `queries` over every row
+    /// (bad input counts as served: the search names it).
+    fn exact_serves(&self, queries: &Vectors, params: &SearchParams) -> bool {
+        match self.shape.plan(queries, params) {
+            Err(e) if beyond_scan(&e) => {
+                let request = self.gpu.knn_request(&self.shape, params, queries.rows());
+                choose_select(&request).is_some()
             }
+            _ => true,
         }
-        self.scan_with(queries, params, scan?, Instant::now())
     }
 
     /// The scan over the rows `special` (copied aside as `copy`) that a
-    /// tensor-core search of `queries` adds: `Ok(None)` when the scan cannot
-    /// take it (more of them allowed than its largest capacity, with `k`
-    /// beyond it too), which leaves the whole search to the scan;
-    /// `Ok(Some(None))` when the filter allows none of them.
+    /// tensor-core search of `queries` adds, as many as the search's filter
+    /// allows: nothing to add where it allows none, unable where the scan
+    /// cannot take them (more allowed than its largest capacity, with `k`
+    /// beyond it too: the whole search then takes the scan or the select).
     fn special_scan<'s>(
         &self,
         special: &'s SpecialRows,
         copy: &'s DeviceVectors,
         queries: &Vectors,
         params: &SearchParams,
-    ) -> Result<Option<Option<SpecialScan<'s>>>, GpuSearchError> {
+    ) -> Result<SpecialPart<'s>, GpuSearchError> {
         let (bits, allowed) = special.local_filter(params.metric, &params.filter);
         if allowed == 0 {
-            return Ok(Some(None));
+            return Ok(SpecialPart::Nothing);
         }
         let k = params.k.min(allowed);
         // The planner checks the filter's length: a copy of the few words.
@@ -626,15 +664,15 @@ impl GpuIndex {
             ..self.shape
         };
         match shape.plan(queries, &p) {
-            Ok(plan) => Ok(Some(Some(SpecialScan {
+            Ok(plan) => Ok(SpecialPart::Scan(SpecialScan {
                 rows: special,
                 copy,
                 plan,
                 bits,
                 k,
                 allowed,
-            }))),
-            Err(e) if beyond_scan(&e) => Ok(None),
+            })),
+            Err(e) if beyond_scan(&e) => Ok(SpecialPart::Unable),
             Err(e) => Err(e),
         }
     }
@@ -705,19 +743,31 @@ impl GpuIndex {
     /// next search. A search still using the previous bits holds its own
     /// `Arc`, and every use is ordered on the searcher's one stream.
     fn resident_bits(&self, filter: &Filter) -> Result<Option<Arc<GpuBuffer<u32>>>, GpuError> {
-        let Filter::Bitset(b) = filter else {
-            return Ok(None);
-        };
-        let mut kept = self.bits.lock().unwrap_or_else(|p| p.into_inner());
+        match filter {
+            Filter::Bitset(b) => Ok(Some(self.resident(&self.bits, b)?)),
+            Filter::None => Ok(None),
+        }
+    }
+
+    /// The device copy of `b` kept in `slot`: the kept one when the words
+    /// are the same, else a fresh upload kept instead. Two slots (the
+    /// search's filter, and the candidate kernel's that skips special rows)
+    /// so that a search using both does not upload each in turn.
+    fn resident(
+        &self,
+        slot: &Mutex<Option<ResidentBits>>,
+        b: &Bitset,
+    ) -> Result<Arc<GpuBuffer<u32>>, GpuError> {
+        let mut kept = slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(r) = kept.as_ref().filter(|r| r.words == b.words) {
-            return Ok(Some(r.buf.clone()));
+            return Ok(r.buf.clone());
         }
         let buf = Arc::new(self.gpu.transfer().upload_new(self.gpu.pool(), &b.words)?);
         *kept = Some(ResidentBits {
             words: b.words.clone(),
             buf: buf.clone(),
         });
-        Ok(Some(buf))
+        Ok(buf)
     }
 }
 

@@ -622,12 +622,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Vectors {
     /// Rows `rows` (each below [`rows`](Self::rows)), in that order, as new
     /// vectors.
-    pub fn gather_rows(&self, rows: &[u32]) -> Vectors {
-        fn pick<T: Clone>(m: &super::Matrix<T>, rows: &[u32]) -> super::Matrix<T> {
+    pub(crate) fn gather_rows(&self, rows: &[usize]) -> Vectors {
+        fn pick<T: Clone>(m: &super::Matrix<T>, rows: &[usize]) -> super::Matrix<T> {
             let d = m.dim();
             let mut data = Vec::with_capacity(rows.len() * d);
             for &r in rows {
-                data.extend_from_slice(m.row(r as usize));
+                data.extend_from_slice(m.row(r));
             }
             super::Matrix::new(data, rows.len(), d).expect("rows of a valid matrix are valid")
         }

@@ -83,7 +83,7 @@ pub fn splits(nq: usize, parts: usize, k: usize, sm_count: u32) -> usize {
 /// so padding (id -1) goes after every row; -0 and +0 are one distance. The
 /// kernel writes no NaN; should one come (a buffer a refused launch left
 /// unwritten), it sorts after every number, so the order stays total.
-fn key_order(ascending: bool) -> impl Fn(&(f32, i64), &(f32, i64)) -> Ordering {
+pub(crate) fn key_order(ascending: bool) -> impl Fn(&(f32, i64), &(f32, i64)) -> Ordering {
     move |a, b| {
         let by_id = (a.1 as u64).cmp(&(b.1 as u64));
         let (a_nan, b_nan) = (a.0.is_nan(), b.0.is_nan());

@@ -6,7 +6,7 @@
 //! path's bit for bit. Rows the bounds do not cover are skipped here and
 //! searched by the exact scan beside it ([`super::special`],
 //! `KnnRows::rows_for`); queries the bounds do not cover never get here
-//! ([`super::choose`]).
+//! (the index answers them apart: `GpuIndex::search`).
 
 use std::sync::{Arc, Mutex};
 
@@ -19,7 +19,7 @@ use crate::search::{Metric, Neighbors, Vectors};
 use super::f16copy;
 use super::norms::Norms;
 use super::plan::{KnnPlan, Precision, KNN_BLOCK};
-use super::special::{SpecialRows, MAX_SPECIAL_ROWS};
+use super::special::SpecialRows;
 
 /// Queries per launch pair: bounds the candidate buffers
 /// (`batch × chunks × capacity × 12` bytes, about 19 MB at 4096 × 3 × 128).
@@ -34,12 +34,13 @@ pub struct KnnRows {
     /// 1/|x| (floats only): cosine's aux0/aux1.
     inv: Option<GpuBuffer<f32>>,
     /// The rows special for some metric (knn_bounds.cuh): the candidate
-    /// kernel skips them, the scan searches them over `special_copy`.
+    /// kernel skips them, the scan searches them over `copied`.
     special: SpecialRows,
-    /// Those rows, copied aside at upload; `None` without special rows or
-    /// with more than [`MAX_SPECIAL_ROWS`] (searches they are special for
-    /// then leave this path for the scan).
-    special_copy: Option<DeviceVectors>,
+    /// Those of them copied aside at upload ([`SpecialRows::copyable`],
+    /// within [`MAX_SPECIAL_BYTES`](super::special::MAX_SPECIAL_BYTES)), and the copy; `None` without special
+    /// rows, or where none fit or the device had no memory for them
+    /// (searches they are special for then leave this path for the scan).
+    copied: Option<(SpecialRows, DeviceVectors)>,
     /// The rows' f16 copies for [`Precision::F16Copy`], made by the first
     /// search that asks ([`Self::f16_copy`]): `Some(None)` when some element
     /// has no finite f16 (the precision cannot serve these rows).
@@ -54,6 +55,7 @@ impl std::fmt::Debug for KnnRows {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KnnRows")
             .field("special_rows", &self.special.ids().len())
+            .field("copied", &self.copied.as_ref().map(|(c, _)| c.ids().len()))
             .finish_non_exhaustive()
     }
 }
@@ -74,12 +76,18 @@ impl KnnRows {
         }
         let norms = Norms::of(base);
         let special = SpecialRows::of(&norms);
-        let n_special = special.ids().len();
-        let special_copy = if n_special > 0 && n_special <= MAX_SPECIAL_ROWS {
-            let rows = base.gather_rows(special.ids());
-            Some(crate::search::gpu::upload_vectors(t, pool, &rows)?)
-        } else {
+        let copyable = special.copyable(base.dim() * base.dtype().size());
+        let copied = if copyable.ids().is_empty() {
             None
+        } else {
+            let ids: Vec<usize> = copyable.ids().iter().map(|&r| r as usize).collect();
+            match crate::search::gpu::upload_vectors(t, pool, &base.gather_rows(&ids)) {
+                Ok(copy) => Some((copyable, copy)),
+                // The copy is an optimisation: without it those searches
+                // take the scan, as they did before there was one.
+                Err(GpuError::OutOfMemory { .. }) => None,
+                Err(e) => return Err(e),
+            }
         };
         let (sq, norm) = norms.aux(Metric::L2);
         let sq = t.upload_new(pool, &sq)?;
@@ -95,7 +103,7 @@ impl KnnRows {
             norm,
             inv,
             special,
-            special_copy,
+            copied,
             f16: Mutex::new(None),
         }))
     }
@@ -104,7 +112,7 @@ impl KnnRows {
     /// copies once made).
     pub fn device_bytes(&self) -> u64 {
         let n = self.sq.len() as u64 * 4;
-        let special = self.special_copy.as_ref().map_or(0, |v| v.size_bytes());
+        let special = self.copied.as_ref().map_or(0, |(_, v)| v.size_bytes());
         let copy = match &*self.f16.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(Some(v)) => match &**v {
                 DeviceVectors::F16(b) => b.len() as u64 * 2,
@@ -165,14 +173,14 @@ impl KnnRows {
 
     /// What a search by `metric` reads beside the rows: the
     /// `(row_aux0, row_aux1)` buffers, and the rows special for `metric`
-    /// with their copy where there are any. `None` when more rows are
-    /// special for `metric` than the index copied aside
-    /// ([`MAX_SPECIAL_ROWS`]).
+    /// with their copy where there are any. `None` when the index did not
+    /// copy all of those aside ([`MAX_SPECIAL_BYTES`](super::special::MAX_SPECIAL_BYTES)).
     pub(crate) fn rows_for(&self, metric: Metric) -> Option<RowsFor<'_>> {
-        let special = match &self.special_copy {
-            _ if self.special.count(metric) == 0 => None,
-            Some(copy) => Some((&self.special, copy)),
-            None => return None,
+        let n = self.special.count(metric);
+        let special = match &self.copied {
+            _ if n == 0 => None,
+            Some((rows, copy)) if rows.count(metric) == n => Some((rows, copy)),
+            _ => return None,
         };
         let aux = match (metric, &self.norm, &self.inv) {
             (_, None, _) | (_, _, None) => (&self.sq, &self.sq),

@@ -65,6 +65,14 @@ impl Norms {
         }
     }
 
+    /// Vectors `rows`' norms, in that order.
+    pub(crate) fn gather(&self, rows: &[usize]) -> Norms {
+        match self {
+            Norms::Int(v) => Norms::Int(rows.iter().map(|&r| v[r]).collect()),
+            Norms::Float(v) => Norms::Float(rows.iter().map(|&r| v[r]).collect()),
+        }
+    }
+
     /// How many vectors.
     pub fn len(&self) -> usize {
         match self {
@@ -79,8 +87,10 @@ impl Norms {
     }
 
     /// The kernel's `(aux0, aux1)` arrays for `metric` (knn_bounds.cuh;
-    /// integers: the squared norm's u32 bits in aux0, aux1 unused). Only
-    /// meaningful when no vector is special.
+    /// integers: the squared norm's u32 bits in aux0, aux1 unused). A
+    /// special vector's entries are placeholders (those of a zero vector):
+    /// the candidate kernel never reads them, special rows being skipped by
+    /// its filter and special queries searched apart (`knn::special`).
     pub fn aux(&self, metric: Metric) -> (Vec<f32>, Vec<f32>) {
         match self {
             Norms::Int(sq) => (

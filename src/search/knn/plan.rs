@@ -9,7 +9,8 @@
 //! - `k` ≤ the largest capacity whose shared memory fits the device (1024 on
 //!   an H100, 512 on an A100, 256 on sm_86); the smallest capacity ≥ k is
 //!   used — beyond the scan's largest (256) a search it cannot serve (a
-//!   special row or query, a larger k) goes to the two-pass select
+//!   larger k; special queries, or special rows it cannot take:
+//!   [`super::special`]) goes to the two-pass select
 //!   ([`super::select`]), or the CPU where that cannot serve it either;
 //! - row ids are u32 (`n_rows < 2³² − 1`), `1 ≤ dim ≤ 2¹⁷` (knn_bounds.cuh),
 //!   u8 `dim ≤ 32896` (the s32 accumulator stays exact, and the exact squared

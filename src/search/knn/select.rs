@@ -1,6 +1,8 @@
 //! The two-pass select: exact GPU k-NN for a `k` beyond the candidate
-//! kernels' capacities, or a search their bounds cannot take (a special row
-//! or query) with `k` beyond the scan's (fragments/knn_select.cuh).
+//! kernels' capacities, or a search their bounds cannot take (special
+//! queries, special rows beyond what the index copies aside, or more of
+//! them allowed than the scan's capacities: [`super::special`]) with `k`
+//! beyond the scan's (fragments/knn_select.cuh).
 //!
 //! Per batch of queries, `knn_dist` (× metric × filter) writes the exact
 //! distance matrix (the in-order fold of the scan and the CPU path) and
