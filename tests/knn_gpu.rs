@@ -354,7 +354,12 @@ fn special_rows_or_queries_beyond_the_scan_take_the_select() {
     let nan_queries = Vectors::f32(q.data().iter().map(|_| f32::NAN).collect(), 32).unwrap();
     for (what, metric, qs, want_knn) in [
         ("400 zero rows, cosine", Metric::Cosine, &queries, false),
-        ("400 zero rows, l2 (not special)", Metric::L2, &queries, true),
+        (
+            "400 zero rows, l2 (not special)",
+            Metric::L2,
+            &queries,
+            true,
+        ),
         ("only NaN queries", Metric::L2, &nan_queries, false),
     ] {
         let params = SearchParams::new(300, metric);
