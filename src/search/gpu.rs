@@ -100,14 +100,15 @@ pub struct GpuSearch {
     /// capacities (256) and another path served the search alone.
     pub plan: Option<ScanPlan>,
     /// The link of the kernel that ran: the scan, the tensor-core
-    /// candidate kernel when `knn` is set, the distance kernel when
+    /// candidate kernel when `knn` is set, else the distance kernel when
     /// `select` is.
     pub linked: Linked,
     /// The tensor-core candidates + exact re-rank variant that served the
     /// search ([`crate::search::knn`]), `None` when another path did.
     pub knn: Option<crate::search::knn::KnnPlan>,
     /// The two-pass select that served a `k` beyond the scan where the
-    /// tensor-core path could not ([`crate::search::knn::select`]).
+    /// tensor-core path could not ([`crate::search::knn::select`]); beside
+    /// `knn`, the select that answered the special queries apart.
     pub select: Option<crate::search::knn::SelectPlan>,
     /// Rows the tensor-core bounds do not cover (a non-finite element, a
     /// huge norm; for cosine a tiny one) that the exact scan searched

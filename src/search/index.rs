@@ -493,7 +493,8 @@ impl GpuIndex {
     }
 
     /// The tensor-core path, when it can serve this search (module docs):
-    /// `None` leaves it to the scan. `plan` is the validated scan plan.
+    /// `None` leaves it to the scan or the select. `plan` is the validated
+    /// scan plan.
     /// Rows special for the metric are skipped by the candidate kernel and
     /// searched by the scan beside it, queries special for it answered
     /// apart by the scan or the select ([`crate::search::knn::special`]).

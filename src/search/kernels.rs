@@ -3,16 +3,16 @@
 //! for the router (is this configuration linked yet? [`Searcher`]), the
 //! CLI's plan line and [`GpuSearcher::search`] (its checks before the
 //! upload, and what it loads for a search without queries). There a bad
-//! `FRAGLINK_GPU_KNN` or `FRAGLINK_KNN_VARIANT` is an error even where a
-//! special query would have sent the index to the scan.
+//! `FRAGLINK_GPU_KNN` or `FRAGLINK_KNN_VARIANT` is an error even where
+//! special rows or queries would have sent the index to the scan.
 //!
 //! The order is the index's ([`GpuIndex::search`]): the tensor-core path
 //! where `FRAGLINK_GPU_KNN` allows it and a variant serves the search
 //! (`FRAGLINK_KNN_VARIANT` names one), else the scan, else, beyond the
 //! scan's capacities, the two-pass select. A resident index, which knows the
 //! rows and queries, may still leave the tensor-core path for the scan or
-//! the select (only special queries; more special rows than it copies
-//! aside), or add to it (special rows: the candidate kernel's bitset
+//! the select (only special queries; special rows it did not copy aside, or
+//! more of them allowed than the scan's 256 with `k` beyond it), or add to it (special rows: the candidate kernel's bitset
 //! variant and the scan over those rows; special queries among others: the
 //! scan or the select for them); such a search links those kernels itself.
 //!

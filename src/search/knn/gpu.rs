@@ -39,7 +39,8 @@ pub struct KnnRows {
     /// Those of them copied aside at upload ([`SpecialRows::copyable`],
     /// within [`MAX_SPECIAL_BYTES`](super::special::MAX_SPECIAL_BYTES)), and the copy; `None` without special
     /// rows, or where none fit or the device had no memory for them
-    /// (searches they are special for then leave this path for the scan).
+    /// (searches they are special for then leave this path for the scan or
+    /// the select).
     copied: Option<(SpecialRows, DeviceVectors)>,
     /// The rows' f16 copies for [`Precision::F16Copy`], made by the first
     /// search that asks ([`Self::f16_copy`]): `Some(None)` when some element

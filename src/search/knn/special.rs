@@ -26,7 +26,8 @@
 //! vectors in a million thus cost one small scan beside the tensor-core
 //! path, where before they sent every search to the scan.
 //! Rows beyond what the index copies aside ([`MAX_SPECIAL_BYTES`]) keep the
-//! old rule: the scan serves the searches they are special for.
+//! old rule: the scan (or beyond its k the select) serves the searches they
+//! are special for.
 
 use rayon::prelude::*;
 
@@ -37,7 +38,8 @@ use super::norms::Norms;
 
 /// The most bytes of special rows an index copies aside for the scan (64
 /// MiB: 131 072 rows of 128 f32). Where the rows special for a metric take
-/// more, searches by that metric leave the tensor-core path for the scan.
+/// more, searches by that metric leave the tensor-core path for the scan or
+/// the select.
 pub const MAX_SPECIAL_BYTES: usize = 64 << 20;
 
 /// Rows of an index that are special for some metric, ascending: all of
@@ -220,6 +222,7 @@ pub(crate) fn split_queries(norms: &Norms, metric: Metric) -> (Vec<usize>, Vec<u
 pub(crate) fn join_queries(parts: [(&[usize], &Neighbors); 2]) -> Neighbors {
     let nq = parts.iter().map(|(q, _)| q.len()).sum::<usize>();
     let k = parts[0].1.k;
+    debug_assert!(parts.iter().all(|(q, n)| n.k == k && n.nq == q.len()));
     let mut ids = vec![Neighbors::PAD_ID; nq * k];
     let mut distances = vec![f32::INFINITY; nq * k];
     for (queries, found) in parts {
