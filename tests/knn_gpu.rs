@@ -377,6 +377,43 @@ fn special_rows_or_queries_beyond_the_scan_take_the_select() {
     }
 }
 
+/// More special rows than an index copies aside (64 MiB): 600 000 zero
+/// vectors of 32 f32 (77 MB, special for cosine only) and 3 NaN rows. The
+/// copy keeps the NaN rows alone, so l2 stays on the tensor-core path
+/// beside a scan of those 3, and cosine leaves it for the scan.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn special_rows_beyond_the_copy_cap_leave_only_the_metric_they_exceed() {
+    let gpu = searcher();
+    let (n, dim) = (650_000, 32);
+    let (base, queries) = synthetic(n, dim, 5, DType::F32, 6);
+    let Vectors::F32(m) = &base else {
+        unreachable!()
+    };
+    let mut d = m.data().to_vec();
+    d[..600_000 * dim].fill(0.0);
+    for r in [3, 600_001, 649_999] {
+        d[r * dim + 1] = f32::NAN;
+    }
+    let base = Vectors::f32(d, dim).unwrap();
+    let index = gpu.upload(&base).unwrap();
+    for (metric, want_knn) in [(Metric::L2, true), (Metric::Cosine, false)] {
+        let params = SearchParams::new(10, metric);
+        let found = index.search(&queries, &params).unwrap();
+        let knn = want_knn && expects_knn_with(&gpu, "bitset", DType::F32, metric, n, dim, 5, 10);
+        assert_eq!(found.knn.is_some(), knn, "{metric}");
+        if knn {
+            assert_eq!(found.special_rows, 3, "{metric}");
+        }
+        let want = search_cpu(&base, &queries, &params).unwrap();
+        assert!(
+            found.neighbors.bitwise_eq(&want),
+            "{metric}: first difference at {:?}",
+            found.neighbors.first_difference(&want)
+        );
+    }
+}
+
 /// The scan splits a few queries' rows over the SMs (`row_splits`) and
 /// merges each query's splits on the host: the same results as one block
 /// per query. `GpuIndex::search_scan` keeps these searches on the scan; a
