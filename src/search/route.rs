@@ -122,6 +122,13 @@ pub struct Routed {
     /// (`scan_*`) or the two-pass select's distance kernel (`knn_dist_*`);
     /// `None` on the CPU.
     pub gpu_kernel: Option<&'static str>,
+    /// On the tensor-core path: rows its bounds do not cover that the scan
+    /// searched beside it, and queries the scan or the select answered
+    /// apart ([`GpuSearch`](super::gpu::GpuSearch)'s `special_rows` and
+    /// `special_queries`; the rows of the last batch, the queries of all).
+    /// 0 elsewhere.
+    pub special_rows: usize,
+    pub special_queries: usize,
 }
 
 /// Searches on the best target.
@@ -366,11 +373,13 @@ impl Searcher {
         queries: &Vectors,
         params: &SearchParams,
         batch: usize,
-        kernel: &std::cell::Cell<Option<&'static str>>,
+        ran: &GpuRan,
     ) -> Result<Neighbors, GpuSearchError> {
+        // A retry (smaller batches) searches every query again.
+        ran.special_queries.set(0);
         let search = |part: &Vectors| {
             let found = index.search(part, params)?;
-            kernel.set(
+            ran.kernel.set(
                 found
                     .knn
                     .as_ref()
@@ -378,6 +387,9 @@ impl Searcher {
                     .or(found.select.as_ref().map(|s| s.dist.name))
                     .or(found.plan.as_ref().map(|p| p.scan.name)),
             );
+            ran.special_rows.set(found.special_rows);
+            ran.special_queries
+                .set(ran.special_queries.get() + found.special_queries);
             Ok::<_, GpuSearchError>(found.neighbors)
         };
         let nq = queries.rows();
@@ -401,6 +413,15 @@ impl Searcher {
         }
         Ok(out)
     }
+}
+
+/// What the GPU path ran for [`Routed`]: its last batch's kernel and
+/// special rows, the special queries of every batch.
+#[derive(Default)]
+struct GpuRan {
+    kernel: std::cell::Cell<Option<&'static str>>,
+    special_rows: std::cell::Cell<usize>,
+    special_queries: std::cell::Cell<usize>,
 }
 
 /// Why a GPU try failed: the base's upload (not retried with smaller query
@@ -545,7 +566,7 @@ impl SearchIndex<'_> {
         };
         let started = Instant::now();
         let nq = queries.rows();
-        let kernel = std::cell::Cell::new(None);
+        let ran = GpuRan::default();
         let result = run_with_fallback(
             choice.target,
             &choice.reason,
@@ -561,16 +582,14 @@ impl SearchIndex<'_> {
                     return Err(GpuTry::Search(e));
                 }
                 match gpu {
-                    Some(Ok(index)) => {
-                        Searcher::gpu_batched(index, queries, params, batch, &kernel)
-                            .map(Ok)
-                            .map_err(|e| {
-                                if e.is_context_lost() {
-                                    let _ = s.lost.set(e.to_string());
-                                }
-                                GpuTry::Search(e)
-                            })
-                    }
+                    Some(Ok(index)) => Searcher::gpu_batched(index, queries, params, batch, &ran)
+                        .map(Ok)
+                        .map_err(|e| {
+                            if e.is_context_lost() {
+                                let _ = s.lost.set(e.to_string());
+                            }
+                            GpuTry::Search(e)
+                        }),
                     Some(Err(e)) => Err(GpuTry::Upload(e)),
                     None => Err(GpuTry::NoGpu),
                 }
@@ -595,8 +614,16 @@ impl SearchIndex<'_> {
             upload_seconds: upload.as_secs_f64(),
             link_seconds,
             gpu_kernel: match result.target_used {
-                Target::Gpu => kernel.get(),
+                Target::Gpu => ran.kernel.get(),
                 Target::Cpu => None,
+            },
+            special_rows: match result.target_used {
+                Target::Gpu => ran.special_rows.get(),
+                Target::Cpu => 0,
+            },
+            special_queries: match result.target_used {
+                Target::Gpu => ran.special_queries.get(),
+                Target::Cpu => 0,
             },
         })
     }

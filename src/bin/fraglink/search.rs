@@ -402,6 +402,8 @@ pub fn run(a: &SearchArgs) -> ExitCode {
             "fell_back": routed.fell_back,
             "fragments": fragments,
             "gpu_kernel": routed.gpu_kernel,
+            "special_rows": routed.special_rows,
+            "special_queries": routed.special_queries,
             "link": link.as_ref().map(link_json),
             "plan_error": gpu_plan.as_ref().err().map(|e| e.to_string()),
             "qps": qps,
@@ -440,7 +442,23 @@ pub fn run(a: &SearchArgs) -> ExitCode {
         if routed.fell_back { " (fell back)" } else { "" }
     );
     if let Some(k) = routed.gpu_kernel {
-        println!("ran        {k}");
+        let mut apart = Vec::new();
+        if routed.special_rows > 0 {
+            apart.push(format!(
+                "the scan over {} special rows beside it",
+                routed.special_rows
+            ));
+        }
+        if routed.special_queries > 0 {
+            apart.push(format!(
+                "{} special queries answered apart",
+                routed.special_queries
+            ));
+        }
+        match apart.is_empty() {
+            true => println!("ran        {k}"),
+            false => println!("ran        {k} ({})", apart.join("; ")),
+        }
     }
     match (&gpu_plan, &link) {
         (Ok(_), Some(l)) => {
