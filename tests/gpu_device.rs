@@ -131,15 +131,13 @@ fn linked_scan_passes_the_launcher_checks_without_a_gpu() {
             (16..=255).contains(&res.registers),
             "{arch}: no register count in the log:\n{log}"
         );
-        // Static shared memory: 4 queries × S × (4 + sizeof(u32)), S = 256.
-        assert_eq!(res.static_shared_bytes, 8192, "{arch}:\n{log}");
-        // The launch the README prescribes (block 128, a block per 4
-        // queries) fits.
+        // Static shared memory: S × (4 + sizeof(u32)) with S = 256.
+        assert_eq!(res.static_shared_bytes, 2048, "{arch}:\n{log}");
+        // The launch the README prescribes (block 128, grid = queries) fits.
         for nq in [1u64, 7, 100_000] {
-            let blocks = nq.div_ceil(4);
-            let cfg = LaunchConfig::for_kernel(&res, blocks * u64::from(SCAN_BLOCK), SCAN_BLOCK)
+            let cfg = LaunchConfig::for_kernel(&res, nq * u64::from(SCAN_BLOCK), SCAN_BLOCK)
                 .unwrap_or_else(|e| panic!("{arch}: {e}"));
-            assert_eq!(cfg.grid, (blocks as u32, 1, 1));
+            assert_eq!(cfg.grid, (nq as u32, 1, 1));
             assert_eq!(cfg.block, (SCAN_BLOCK, 1, 1));
         }
         // More threads than the kernel's launch bound are refused.

@@ -87,10 +87,9 @@ fn real_links_have_the_entry_and_sane_resources() {
             "{arch}: {res:?}"
         );
         assert_eq!(res.stack_bytes, 0, "{arch}: {res:?}");
-        // fragments/README.md: capacity 128 → S = 256 slots × (4 + 4) bytes
-        // for each of the block's 4 queries.
+        // fragments/README.md: capacity 128 → S = 256 slots × (4 + 4) bytes.
         if let Some(smem) = res.shared_bytes {
-            assert_eq!(smem, 8192, "{arch}: {res:?}");
+            assert_eq!(smem, 2048, "{arch}: {res:?}");
         }
         // The block-wide top-k synchronises.
         assert!(res.barriers.unwrap_or(1) >= 1, "{arch}: {res:?}");
@@ -175,9 +174,9 @@ fn device_functions_are_listed_but_are_not_kernels() {
         assert!(!other.entry_is_kernel, "{f} is a device function");
     }
     let res = entry_resources(&log, "scan_f16_i64_v8_k256").unwrap();
-    // capacity 256 → S = 512 slots × (4 + 8) bytes, for each of 4 queries.
+    // capacity 256 → S = 512 slots × (4 + 8) bytes.
     if let Some(smem) = res.shared_bytes {
-        assert_eq!(smem, 24576, "{res:?}");
+        assert_eq!(smem, 6144, "{res:?}");
     }
     assert_eq!(
         (res.spill_stores, res.spill_loads, res.stack_bytes),

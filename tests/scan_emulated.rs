@@ -106,7 +106,7 @@ fn check_scan_grid(
     );
     emulated::run(exe, &args, &what);
     let mut found = emulated::read_results(d, nq * splits, k, !kernel.contains("_u32_"));
-    // Without row splits the results are taken as the kernel wrote them;
+    // One block per query is taken as the kernel wrote it (its own order);
     // splits are merged as the GPU path merges them.
     if splits > 1 {
         let (ids, distances) = merge_splits(&found.ids, &found.distances, nq, splits, k, true);
@@ -143,7 +143,7 @@ fn scan_kernels_match_the_cpu_path_under_emulation() {
         for (kernel, cap) in &kernels {
             let (kernel, cap) = (kernel.as_str(), *cap as usize);
             let k = 10.min(cap);
-            // No row splits, then 3 (100 rows each: one
+            // One block per query, then 3 row splits (100 rows each: one
             // partial tile, not tile-aligned).
             check_scan(&exe, kernel, metric, &base, &queries, k, None, 1);
             check_scan(&exe, kernel, metric, &base, &queries, k, None, 3);

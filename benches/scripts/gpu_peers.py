@@ -27,7 +27,7 @@ out of memory on the distance matrix):
                        (FRAGLINK_SCAN_SPLITS)
   fraglink/scan-1block the scan with FRAGLINK_SCAN_SPLITS=1 (one block per
                        4 queries, no row splits), only where the split count
-                       differs (ceil(nq / 4) < 2 x SMs, k <= 256):
+                       differs (nq < 8 x SMs, k <= 256):
                        `scan_splits_gain` = fraglink/scan over it
   fraglink[<variant>]  for the cases of --variant-nq x --variant-k: fraglink
                        with FRAGLINK_KNN_VARIANT naming each candidate kernel
@@ -394,7 +394,7 @@ def main():
                                                          a.reps)
                 case["sides"]["fraglink/scan"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype,
                                                               a.reps, knn=False)
-                if -(-nq // 4) < 2 * sm_count and k <= 256:
+                if nq < 8 * sm_count and k <= 256:
                     case["sides"]["fraglink/scan-1block"] = run_fraglink(
                         a.fraglink, base, qpath, gt, k, dtype, a.reps, knn=False, splits=1)
                 if nq in variant_nqs and k in variant_ks:

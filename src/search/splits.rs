@@ -10,8 +10,8 @@
 //! writes that part's best `k`; the host then merges each query's `splits`
 //! sorted lists ([`merge_splits`]). A row of the query's best `k` is among
 //! the best `k` of its part, so the merge of the parts' best is the best
-//! over all of them, in the kernel's key order: the results are those
-//! without splits, bit for bit.
+//! over all of them, in the kernel's key order: the results are those of
+//! one block per query, bit for bit.
 
 use std::cmp::Ordering;
 
@@ -26,10 +26,10 @@ pub const MAX_SPLITS: usize = 65_535;
 /// What a splits variable takes.
 pub const SPLITS_EXPECTED: &str = "`auto` or a whole number from 1 to 65535";
 
-/// A splits variable's value (a benchmark comparing splits with none sets
-/// one): unset, empty or `auto`: `Ok(None)`, [`splits`]
+/// A splits variable's value (a benchmark comparing splits with one block
+/// per query sets one): unset, empty or `auto`: `Ok(None)`, [`splits`]
 /// decides; a whole number from 1 to [`MAX_SPLITS`]: `Ok(Some(n))`, that
-/// many whatever the batch (1: no splits), within
+/// many whatever the batch (1: one block per query), within
 /// [`fixed_splits`]' bounds; anything else: `Err(`[`SPLITS_EXPECTED`]`)`.
 pub fn parse_splits(value: &str) -> Result<Option<usize>, &'static str> {
     match value.trim() {
@@ -65,8 +65,8 @@ pub fn fixed_splits(n: usize, parts: usize, k: usize) -> usize {
 /// (probes; row groups), with `k` results, on a GPU of `sm_count` SMs:
 /// enough blocks for two per SM (`⌈2·sm_count / nq⌉`), at most `parts`, and
 /// at most `MAX_MERGE_ENTRIES / k` (the host merges `splits · k` entries
-/// per query); 1 (no splits) once the queries (the scan's query tiles)
-/// alone fill the GPU. Never more than [`MAX_SPLITS`].
+/// per query); 1 (one block per query) once the queries alone fill the
+/// GPU. Never more than [`MAX_SPLITS`].
 pub fn splits(nq: usize, parts: usize, k: usize, sm_count: u32) -> usize {
     let target = 2 * sm_count.max(1) as usize;
     if nq == 0 || nq >= target {

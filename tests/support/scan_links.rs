@@ -93,8 +93,8 @@ pub fn link_each_checked(
 /// capacity implies (for the brute-force scan, one set of keys per query of
 /// its 4-query tile), and registers: the brute-force scan at most 96 (its
 /// tile keeps 4 metric states: up to 80 on sm_75 and sm_90 under its launch
-/// bound of 4 blocks; on sm_75 blocks of 12 to 24 KiB are bound by shared
-/// memory, 2 to 5 of 64 KiB, those of 8 KiB by registers, 6 at 80),
+/// bound of 4 blocks; on sm_75 its 8 to 24 KiB of shared memory bind first,
+/// 2 to 8 blocks of 64 KiB, against 6 by registers),
 /// the IVF scan at most 64 up to capacity 256, 80 above (its 512 … 2048,
 /// whose larger sorts take up to 73 on sm_75 and 65 on sm_90: 80 × 128
 /// threads still leave 6 blocks an SM, more than sm_75's 64 KiB of shared
