@@ -92,9 +92,9 @@ pub fn link_each_checked(
 /// [`link_each_checked`] for the scan families: the shared memory the
 /// capacity implies (for the brute-force scan, one set of keys per query of
 /// its 4-query tile), and registers: the brute-force scan at most 96 (its
-/// tile keeps 4 metric states: up to 80 on sm_75 and sm_90 under its launch
-/// bound of 4 blocks; on sm_75 its 8 to 24 KiB of shared memory bind first,
-/// 2 to 8 blocks of 64 KiB, against 6 by registers),
+/// tile keeps 4 metric states: up to 86 on sm_75 and 64 on sm_90, the i64
+/// veclen-1 variants at capacity 256; on sm_75 its 8 to 24 KiB of shared
+/// memory bind first, 2 to 8 blocks of 64 KiB, against 5 by registers),
 /// the IVF scan at most 64 up to capacity 256, 80 above (its 512 … 2048,
 /// whose larger sorts take up to 73 on sm_75 and 65 on sm_90: 80 × 128
 /// threads still leave 6 blocks an SM, more than sm_75's 64 KiB of shared
