@@ -4,10 +4,8 @@
 // inside an extern "C" __global__ entry point named after the fragment. Distances
 // and filtering come from the metric and filter fragments linked beside it (abi.cuh).
 //
-// Algorithm (one block of FRAGLINK_SCAN_BLOCK threads per tile of
-// FRAGLINK_SCAN_QUERIES = 4 queries, grid-stride over tiles; with gridDim.y > 1, per
-// tile and row split, see `split_point`). Each row a thread loads is folded for every
-// query of the tile (`distances`), so rows stream once per tile; per query:
+// Algorithm (one block of FRAGLINK_SCAN_BLOCK threads per query, grid-stride over
+// queries; with gridDim.y > 1, per query and row split, see `split_point`):
 //   shared memory holds S = next_pow2(CAP + BLOCK) (distance, id) keys. Slots
 //   [0, CAP) are the best keys so far, sorted ascending; slots [CAP, S) are scratch.
 //   for each tile of BLOCK consecutive rows:
@@ -33,14 +31,6 @@
 
 // Threads per block. The launcher must launch exactly this many (blockDim = (128,1,1)).
 #define FRAGLINK_SCAN_BLOCK 128
-// Queries per block of the brute-force scan: each row a thread loads serves this many
-// queries, so the rows stream from memory once per 4 queries instead of once per
-// query. The launcher needs ceil(n_queries / 4) blocks along x (fewer grid-stride).
-#define FRAGLINK_SCAN_QUERIES 4
-// The scan kernels' launch bound's minimum blocks per SM. With the block size
-// alone, ptxas held scan_u8_u32_v1_k128 (l2, bitset) on sm_90 at 40 registers
-// and spilled 12 bytes; 4 blocks of 128 threads leave it up to 128.
-#define FRAGLINK_SCAN_MIN_BLOCKS 4
 
 namespace fraglink {
 namespace scan {
@@ -322,46 +312,12 @@ __device__ FRAGLINK_INLINE bool launch_ok(const T* dataset, const T* queries, co
 // [split_point(n_rows, y, gridDim.y), split_point(n_rows, y + 1, gridDim.y)) of its
 // queries and writes that split's best k at out[(q * gridDim.y + y) * k ...]; the host
 // merges each query's splits in the same key order (src/search/splits.rs). So a few
-// queries over many rows still fill the GPU; gridDim.y = 1 is one block per query
-// tile.
+// queries over many rows still fill the GPU; gridDim.y = 1 is one block per query.
 // split_point is floor(n * y / splits) without the 64-bit product, which could
 // overflow: with n = a * splits + r, it is a * y + floor(r * y / splits), where
 // r * y < 65535^2 (gridDim.y <= 65535).
 __device__ FRAGLINK_INLINE uint64_t split_point(uint64_t n, uint64_t y, uint64_t splits) {
   return (n / splits) * y + (n % splits) * y / splits;
-}
-
-// The distances of one row `x` to the first `active` of QB queries (`q[i]`, each
-// `dim` elements) through the linked metric: the row's chunk is loaded once for all
-// of them. Each pair's elements fold strictly in order j = 0 .. dim-1, as in
-// `distance`, so every distance is bit for bit the one-query fold's. `active` must be
-// the same in every thread that reaches a barrier after this (it is per block).
-template <typename T, int VL, int QB>
-__device__ FRAGLINK_INLINE void distances(const T* const (&q)[QB], int active, const T* __restrict__ x,
-                                          uint32_t dim, float (&d)[QB]) {
-  typedef metric_abi<T> M;
-  typename M::state st[QB];
-#pragma unroll
-  for (int i = 0; i < QB; ++i) {
-    if (i < active) M::init(&st[i]);
-  }
-  for (uint32_t j = 0; j < dim; j += VL) {
-    const vec<T, VL> xv = load_vec<T, VL>(x + j);
-#pragma unroll
-    for (int i = 0; i < QB; ++i) {
-      if (i < active) {
-        const vec<T, VL> qv = load_vec<T, VL>(q[i] + j);
-#pragma unroll
-        for (int e = 0; e < VL; ++e) {
-          M::accumulate(&st[i], qv.v[e], xv.v[e]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < QB; ++i) {
-    d[i] = i < active ? M::finalize(&st[i]) : pos_inf();
-  }
 }
 
 // The whole scan; see the top of this file and fragments/README.md for the contract.
@@ -371,13 +327,12 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
                                     uint32_t n_queries, uint32_t k, Idx* __restrict__ out_ids,
                                     float* __restrict__ out_dists) {
   constexpr int BLOCK = FRAGLINK_SCAN_BLOCK;
-  constexpr int QB = FRAGLINK_SCAN_QUERIES;
   constexpr int S = next_pow2(CAP + BLOCK);
   static_assert(VL >= 1 && (VL & (VL - 1)) == 0, "veclen must be a power of two");
   static_assert(CAP >= 1 && (CAP & (CAP - 1)) == 0, "capacity must be a power of two");
 
-  __shared__ float s_dist[QB][S];
-  __shared__ Idx s_id[QB][S];
+  __shared__ float s_dist[S];
+  __shared__ Idx s_id[S];
 
   // Contract violations write nothing: every block returns before its first memory
   // access (see launch_ok).
@@ -392,69 +347,38 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
   const uint64_t row_begin = split_point(n_rows, split, splits);
   const uint64_t row_end = split_point(n_rows, split + 1, splits);
 
-  // 64-bit: no wrap-around. Block x takes query tiles x, x + gridDim.x, ...
-  for (uint64_t q0 = static_cast<uint64_t>(blockIdx.x) * QB; q0 < n_queries;
-       q0 += static_cast<uint64_t>(gridDim.x) * QB) {
-    // The same in every thread: the barriers below depend on it.
-    const int active = n_queries - q0 < static_cast<uint64_t>(QB) ? static_cast<int>(n_queries - q0) : QB;
-    for (int i = tid; i < QB * S; i += BLOCK) {
-      s_dist[i / S][i % S] = inf;
-      s_id[i / S][i % S] = invalid;
+  for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
+    for (int i = tid; i < S; i += BLOCK) {
+      s_dist[i] = inf;
+      s_id[i] = invalid;
     }
     __syncthreads();
 
-    const T* qrow[QB];
-#pragma unroll
-    for (int i = 0; i < QB; ++i) {
-      qrow[i] = queries + (q0 + static_cast<uint64_t>(i < active ? i : 0)) * dim;
-    }
-    BlockTopK<CAP, S, BLOCK, Idx> top[QB] = {
-        BlockTopK<CAP, S, BLOCK, Idx>(s_dist[0], s_id[0]), BlockTopK<CAP, S, BLOCK, Idx>(s_dist[1], s_id[1]),
-        BlockTopK<CAP, S, BLOCK, Idx>(s_dist[2], s_id[2]), BlockTopK<CAP, S, BLOCK, Idx>(s_dist[3], s_id[3])};
-    static_assert(QB == 4, "one BlockTopK per query of the tile");
+    const T* __restrict__ qrow = queries + q * dim;
+    BlockTopK<CAP, S, BLOCK, Idx> top(s_dist, s_id);
     for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
       const uint64_t row = tile + static_cast<uint64_t>(tid);
-      const Idx id = static_cast<Idx>(row);
-      bool allowed[QB];
-      bool any = false;
-#pragma unroll
-      for (int i = 0; i < QB; ++i) {
-        allowed[i] = i < active && row < row_end &&
-                     idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q0 + i), id);
-        any = any || allowed[i];
-      }
-      float d[QB];
-      if (any) {
-        // A row one query's filter refuses is folded for the others anyway (the
-        // shipped filters do not depend on the query); it never becomes a candidate.
-        distances<T, VL, QB>(qrow, active, dataset + row * dim, dim, d);
-      }
-#pragma unroll
-      for (int i = 0; i < QB; ++i) {
-        if (i < active) {
-          float di = inf;
-          bool candidate = false;
-          if (allowed[i]) {
-            di = d[i] != d[i] ? inf : d[i];  // NaN → +inf: the row stays a valid (last-ranked) result
-            candidate = key_less(di, id, s_dist[i][k - 1], s_id[i][k - 1]);
-          }
-          top[i].offer(candidate, di, allowed[i] ? id : invalid);
+      float d = inf;
+      Idx id = invalid;
+      bool candidate = false;
+      if (row < row_end && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row))) {
+        d = distance<T, VL>(qrow, dataset + row * dim, dim);
+        if (d != d) {
+          d = inf;  // NaN → +inf: the row stays a valid (last-ranked) result
         }
+        id = static_cast<Idx>(row);
+        candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
       }
+      top.offer(candidate, d, id);
     }
-#pragma unroll
-    for (int i = 0; i < QB; ++i) {
-      if (i < active) top[i].flush();
-    }
+    top.flush();
 
-    for (int i = 0; i < active; ++i) {
-      const uint64_t out = ((q0 + i) * splits + split) * k;
-      for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {
-        out_ids[out + j] = s_id[i][j];
-        out_dists[out + j] = s_dist[i][j];
-      }
+    const uint64_t out = (q * splits + split) * k;
+    for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {
+      out_ids[out + j] = s_id[j];
+      out_dists[out + j] = s_dist[j];
     }
-    __syncthreads();  // the next query tile re-initialises the shared keys
+    __syncthreads();  // the next query re-initialises the shared keys
   }
 }
 

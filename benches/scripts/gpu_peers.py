@@ -22,12 +22,11 @@ out of memory on the distance matrix):
                        takes it (`gpu_kernel` names what ran)
   fraglink/scan        the same with FRAGLINK_GPU_KNN=0: the exact scan kernel,
                        to see where it still wins (beyond k 256 the two-pass
-                       select, knn_dist + knn_select); below two blocks (of
-                       4 queries) per SM its rows split over blocks
-                       (FRAGLINK_SCAN_SPLITS)
+                       select, knn_dist + knn_select); below two queries per
+                       SM its rows split over blocks (FRAGLINK_SCAN_SPLITS)
   fraglink/scan-1block the scan with FRAGLINK_SCAN_SPLITS=1 (one block per
-                       4 queries, no row splits), only where the split count
-                       differs (nq < 8 x SMs, k <= 256):
+                       query, as before the row splits), only where the
+                       split count differs (nq < 2 x SMs, k <= 256):
                        `scan_splits_gain` = fraglink/scan over it
   fraglink[<variant>]  for the cases of --variant-nq x --variant-k: fraglink
                        with FRAGLINK_KNN_VARIANT naming each candidate kernel
@@ -394,7 +393,7 @@ def main():
                                                          a.reps)
                 case["sides"]["fraglink/scan"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype,
                                                               a.reps, knn=False)
-                if nq < 8 * sm_count and k <= 256:
+                if nq < 2 * sm_count and k <= 256:
                     case["sides"]["fraglink/scan-1block"] = run_fraglink(
                         a.fraglink, base, qpath, gt, k, dtype, a.reps, knn=False, splits=1)
                 if nq in variant_nqs and k in variant_ks:

@@ -33,11 +33,6 @@ use super::{Neighbors, SearchError, SearchParams, Vectors};
 /// Threads per block of every scan kernel (`__launch_bounds__(128)`).
 pub const SCAN_BLOCK: u32 = 128;
 
-/// Queries per block of the brute-force scan (`FRAGLINK_SCAN_QUERIES`,
-/// fragments/scan.cuh): each row a block loads serves this many queries. A
-/// launch takes `⌈nq / 4⌉` blocks along x.
-pub const SCAN_QUERIES: usize = 4;
-
 /// Most queries one scan launch takes: the kernel's `n_queries` parameter is
 /// 32-bit, so a larger batch is split into several launches (never
 /// truncated).
@@ -415,11 +410,7 @@ impl GpuSearcher {
         for chunk in query_chunks(nq, MAX_QUERIES_PER_LAUNCH) {
             let n = chunk.len();
             let s = contract.scalars(n_rows as u64, dim as u64, n as u64, k as u64)?;
-            // One block per tile of SCAN_QUERIES queries.
-            let grid = s
-                .n_queries
-                .div_ceil(SCAN_QUERIES as u32)
-                .min(i32::MAX as u32);
+            let grid = s.n_queries.min(i32::MAX as u32);
             // splits ≤ MAX_SPLITS (65535, grid.y's limit).
             let cfg = LaunchConfig::new((grid, splits as u32, 1), (SCAN_BLOCK, 1, 1));
             let mut args = KernelArgs::new();
@@ -492,10 +483,9 @@ pub const SPLIT_PART_ROWS: usize = 4 * SCAN_BLOCK as usize;
 /// The row splits of a scan of `nq` queries over `n_rows` rows with `k`
 /// results on a GPU of `sm_count` SMs: `fixed` ([`SCAN_SPLITS_VAR`],
 /// [`fixed_row_splits`]) where set, at most one per row and within the
-/// merge bound ([`fixed_splits`]); else [`splits`] of the `⌈nq / 4⌉` query
-/// tiles ([`SCAN_QUERIES`]) over `⌈n_rows / SPLIT_PART_ROWS⌉` parts
-/// ([`SPLIT_PART_ROWS`]). On an H100 one query over a million rows runs 264
-/// blocks instead of one.
+/// merge bound ([`fixed_splits`]); else [`splits`] over
+/// `⌈n_rows / SPLIT_PART_ROWS⌉` parts ([`SPLIT_PART_ROWS`]). On an H100 one
+/// query over a million rows runs 264 blocks instead of one.
 pub fn row_splits(
     fixed: Option<usize>,
     nq: usize,
@@ -505,12 +495,7 @@ pub fn row_splits(
 ) -> usize {
     match fixed {
         Some(n) => fixed_splits(n, n_rows, k),
-        None => splits(
-            nq.div_ceil(SCAN_QUERIES),
-            n_rows.div_ceil(SPLIT_PART_ROWS),
-            k,
-            sm_count,
-        ),
+        None => splits(nq, n_rows.div_ceil(SPLIT_PART_ROWS), k, sm_count),
     }
 }
 
@@ -641,12 +626,10 @@ mod tests {
 
     #[test]
     fn few_queries_split_their_rows_over_the_sms() {
-        // H100: 132 SMs, 264 blocks wanted; a block takes 4 queries.
+        // H100: 132 SMs, 264 blocks wanted.
         assert_eq!(row_splits(None, 1, 1_000_000, 10, 132), 264);
-        assert_eq!(row_splits(None, 4, 1_000_000, 10, 132), 264);
-        assert_eq!(row_splits(None, 100, 1_000_000, 10, 132), 11);
-        assert_eq!(row_splits(None, 264, 1_000_000, 10, 132), 4);
-        assert_eq!(row_splits(None, 1053, 1_000_000, 10, 132), 1);
+        assert_eq!(row_splits(None, 100, 1_000_000, 10, 132), 3);
+        assert_eq!(row_splits(None, 264, 1_000_000, 10, 132), 1);
         // At most one split per 512 rows; the host merge's bound.
         assert_eq!(row_splits(None, 1, 1000, 10, 132), 2);
         assert_eq!(row_splits(None, 1, 512, 10, 132), 1);

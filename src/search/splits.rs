@@ -1,9 +1,8 @@
 //! Block splits: a search of few queries still fills the GPU.
 //!
-//! The brute-force scan (fragments/scan.cuh, one block per tile of 4
-//! queries: its callers pass the tiles as `nq`) and the IVF list scan
-//! (fragments/ivf_scan.cuh, one block per query) would leave most of the GPU
-//! idle for a batch of fewer blocks than it has SMs: one query over a
+//! The brute-force scan (fragments/scan.cuh) and the IVF list scan
+//! (fragments/ivf_scan.cuh) run one block per query, so a batch of fewer
+//! queries than the GPU has SMs leaves most of it idle: one query over a
 //! million rows, or at `nprobe` 16, would use 1 of an H100's 132 SMs. With a
 //! grid `splits` high, block `(x, y)` takes only the `y`-th of `splits`
 //! even parts of its query's work (rows for the scan, probes for IVF) and

@@ -90,32 +90,22 @@ pub fn link_each_checked(
 }
 
 /// [`link_each_checked`] for the scan families: the shared memory the
-/// capacity implies (for the brute-force scan, one set of keys per query of
-/// its 4-query tile), and registers: the brute-force scan at most 96 (its
-/// tile keeps 4 metric states: up to 86 on sm_75 and 64 on sm_90, the i64
-/// veclen-1 variants at capacity 256; on sm_75 its 8 to 24 KiB of shared
-/// memory bind first, 2 to 8 blocks of 64 KiB, against 5 by registers),
-/// the IVF scan at most 64 up to capacity 256, 80 above (its 512 … 2048,
-/// whose larger sorts take up to 73 on sm_75 and 65 on sm_90: 80 × 128
-/// threads still leave 6 blocks an SM, more than sm_75's 64 KiB of shared
-/// memory holds of their 12 to 48 KiB blocks; on sm_90 a 12 KiB block at 40
-/// registers is bound by registers at 12 an SM).
+/// capacity implies, and at most 64 registers up to capacity 256, 80 above
+/// (IVF's 512 … 2048, whose larger sorts take up to 73 on sm_75 and 65 on
+/// sm_90: 80 × 128 threads still leave 6 blocks an SM, more than sm_75's
+/// 64 KiB of shared memory holds of their 12 to 48 KiB blocks; on sm_90 a
+/// 12 KiB block at 40 registers is bound by registers at 12 an SM).
 pub fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
     let capacity = |p: &Planner| -> u32 {
         let scan = p.static_fragments()[0];
         scan.param("capacity").unwrap().parse().unwrap()
     };
-    let brute_force = |p: &Planner| p.static_fragments()[0].family == "scan";
     let shared = |p: &Planner| {
         let scan = p.static_fragments()[0];
         let idx_bytes = if idx_of(scan) == "i64" { 8 } else { 4 };
         let slots = (capacity(p) + 128).next_power_of_two();
-        let queries = if brute_force(p) { 4 } else { 1 };
-        queries * slots * (4 + idx_bytes)
+        slots * (4 + idx_bytes)
     };
-    let (scans, ivf): (Vec<Planner>, Vec<Planner>) = plans.iter().cloned().partition(brute_force);
-    link_each_checked(rt, &scans, arch, 96, shared);
-    let plans = ivf;
     let (small, large): (Vec<Planner>, Vec<Planner>) =
         plans.iter().cloned().partition(|p| capacity(p) <= 256);
     link_each_checked(rt, &small, arch, 64, shared);
