@@ -8,12 +8,15 @@
 //! candidate kernels' capacities the two-pass select (knn_dist +
 //! knn_select). Without a GPU these tests only compile.
 
+mod support;
+
 use fraglink::gpu::GpuContext;
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::synthetic;
 use fraglink::search::gpu::GpuSearcher;
 use fraglink::search::knn;
 use fraglink::search::{Bitset, DType, Filter, Metric, SearchParams, Vectors};
+use support::emulated::assert_equals_cpu;
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::I8, DType::U8];
 
@@ -111,12 +114,7 @@ fn check(
     };
     assert_eq!(found.knn.is_some(), want_knn, "{what}: tensor-core path");
     assert_eq!(found.select.is_some(), want_select, "{what}: select path");
-    let want = search_cpu(base, queries, params).unwrap();
-    assert!(
-        found.neighbors.bitwise_eq(&want),
-        "{what}: first difference at {:?}",
-        found.neighbors.first_difference(&want)
-    );
+    assert_equals_cpu(&found.neighbors, base, queries, params, what);
 }
 
 #[test]
@@ -319,12 +317,7 @@ fn special_rows_join_the_tensor_core_path_through_a_scan_of_their_own() {
                             assert_eq!(found.special_rows, allowed_special, "{what}");
                             assert_eq!(found.special_queries, special_q, "{what}");
                         }
-                        let want = search_cpu(&special, &q, &params).unwrap();
-                        assert!(
-                            found.neighbors.bitwise_eq(&want),
-                            "{what}: first difference at {:?}",
-                            found.neighbors.first_difference(&want)
-                        );
+                        assert_equals_cpu(&found.neighbors, &special, &q, &params, &what);
                     }
                 }
             }
@@ -368,12 +361,7 @@ fn special_rows_or_queries_beyond_the_scan_take_the_select() {
         let knn = want_knn && expects_knn(&gpu, DType::F32, metric, 3000, 32, 20, 300);
         assert_eq!(found.knn.is_some(), knn, "{what}");
         assert_eq!(found.select.is_some(), !knn && select, "{what}");
-        let want = search_cpu(&zeros, qs, &params).unwrap();
-        assert!(
-            found.neighbors.bitwise_eq(&want),
-            "{what}: first difference at {:?}",
-            found.neighbors.first_difference(&want)
-        );
+        assert_equals_cpu(&found.neighbors, &zeros, qs, &params, what);
     }
 }
 
@@ -405,11 +393,12 @@ fn special_rows_beyond_the_copy_cap_leave_only_the_metric_they_exceed() {
         if knn {
             assert_eq!(found.special_rows, 3, "{metric}");
         }
-        let want = search_cpu(&base, &queries, &params).unwrap();
-        assert!(
-            found.neighbors.bitwise_eq(&want),
-            "{metric}: first difference at {:?}",
-            found.neighbors.first_difference(&want)
+        assert_equals_cpu(
+            &found.neighbors,
+            &base,
+            &queries,
+            &params,
+            &format!("{metric}"),
         );
     }
 }
@@ -439,12 +428,7 @@ fn a_few_queries_split_the_scans_rows_and_merge_to_the_cpu_answer() {
                 let what = format!("{dtype} nq {nq} k {k} filter {density} splits {splits}");
                 let found = index.search_scan(&q, &params).unwrap();
                 assert!(found.knn.is_none() && found.select.is_none(), "{what}");
-                let want = search_cpu(&base, &q, &params).unwrap();
-                assert!(
-                    found.neighbors.bitwise_eq(&want),
-                    "{what}: first difference at {:?}",
-                    found.neighbors.first_difference(&want)
-                );
+                assert_equals_cpu(&found.neighbors, &base, &q, &params, &what);
             }
         }
     }
@@ -561,12 +545,12 @@ fn every_candidate_variant_by_name_equals_cpu() {
                     }
                 };
                 assert_eq!(found.knn.as_ref().map(|p| p.tile.name), Some(f.name));
-                let want = search_cpu(&base, &queries, &params).unwrap();
-                assert!(
-                    found.neighbors.bitwise_eq(&want),
-                    "{} k {k} {metric}: first difference at {:?}",
-                    f.name,
-                    found.neighbors.first_difference(&want)
+                assert_equals_cpu(
+                    &found.neighbors,
+                    &base,
+                    &queries,
+                    &params,
+                    &format!("{} k {k} {metric}", f.name),
                 );
                 ran += 1;
             }
