@@ -524,16 +524,16 @@ impl GpuIndex {
             n if n == queries.rows() => return Ok(None),
             _ => {
                 let q = queries.gather_rows(&special_q);
-                if !self.exact_serves(&q, params) {
+                let Some(scan) = self.exact_plan(&q, params) else {
                     return Ok(None);
-                }
-                Some(q)
+                };
+                Some((q, scan))
             }
         };
         // What this path searches: every query, or those the bounds cover.
         let gathered;
         let gathered_norms;
-        let (tq, tq_norms) = match apart {
+        let (tq, tq_norms) = match &apart {
             None => (queries, &qnorms),
             Some(_) => {
                 gathered = queries.gather_rows(&normal);
@@ -610,9 +610,8 @@ impl GpuIndex {
             special_rows = part.allowed;
         }
         let mut select = None;
-        if let Some(q) = &apart {
-            let scan = self.shape.plan(q, params);
-            let found = self.search_exact(q, params, scan, Instant::now())?;
+        if let Some((q, scan)) = apart {
+            let found = self.search_exact(&q, params, scan, Instant::now())?;
             neighbors =
                 special::join_queries([(&normal, &neighbors), (&special_q, &found.neighbors)]);
             select = found.select;
@@ -629,15 +628,21 @@ impl GpuIndex {
         }))
     }
 
-    /// Whether the scan or the select can answer `queries` over every row
-    /// (bad input counts as served: the search names it).
-    fn exact_serves(&self, queries: &Vectors, params: &SearchParams) -> bool {
-        match self.shape.plan(queries, params) {
-            Err(e) if beyond_scan(&e) => {
+    /// The scan's plan for `queries` over every row, for
+    /// [`Self::search_exact`], where the scan or the select can answer them
+    /// (bad input included: the search names it); `None` where neither can.
+    fn exact_plan(
+        &self,
+        queries: &Vectors,
+        params: &SearchParams,
+    ) -> Option<Result<ScanPlan, GpuSearchError>> {
+        let scan = self.shape.plan(queries, params);
+        match &scan {
+            Err(e) if beyond_scan(e) => {
                 let request = self.gpu.knn_request(&self.shape, params, queries.rows());
-                choose_select(&request).is_some()
+                choose_select(&request).map(|_| scan)
             }
-            _ => true,
+            _ => Some(scan),
         }
     }
 
