@@ -114,28 +114,41 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ data, const int64_t* _
     __syncthreads();
     const T* __restrict__ qrow = queries + q * dim;
     scan::BlockTopK<CAP, S, BLOCK, int64_t> top(s_dist, s_id);
-    for (uint32_t p = p_begin; p < p_end; ++p) {
-      const uint32_t list = probes[q * nprobe + p];
-      const uint64_t start = list_offsets[list];
-      const uint32_t size = list_sizes[list];
-      for (uint32_t tile = 0; tile < size; tile += BLOCK) {
-        const uint32_t r = tile + static_cast<uint32_t>(tid);
-        float key = inf;
-        int64_t id = invalid;
-        bool candidate = false;
-        if (r < size) {
-          id = ids[start + r];
-          if (scan::idx_abi<int64_t>::allows(filter_bits, static_cast<uint32_t>(q), id)) {
-            const T* group = data + interleaved_offset(start + (r & ~31u), 0, dim, VL);
-            const float d = group_distance<T, VL>(qrow, group, lane, dim);
-            key = d != d ? inf : (ASC ? d : -d);  // NaN ranks last either way
-            candidate = scan::key_less(key, id, s_dist[k - 1], s_id[k - 1]);
-          }
-        }
-        top.offer(candidate, key, id);
+    // One loop over the tiles of every probed list (the same in every thread), and one
+    // offer more after the last, of no candidate, marked `last`: BlockTopK's sort has
+    // one call site, and which tile is the last is not known ahead here.
+    uint32_t p = p_begin;  // the next list to open
+    uint64_t start = 0;
+    uint32_t size = 0;
+    uint32_t tile = 0;  // the next tile of the open list
+    for (;;) {
+      while (tile >= size && p < p_end) {
+        const uint32_t list = probes[q * nprobe + p];
+        start = list_offsets[list];
+        size = list_sizes[list];
+        tile = 0;
+        ++p;
       }
+      const bool last = tile >= size;
+      const uint32_t r = tile + static_cast<uint32_t>(tid);
+      float key = inf;
+      int64_t id = invalid;
+      bool candidate = false;
+      if (r < size) {
+        id = ids[start + r];
+        if (scan::idx_abi<int64_t>::allows(filter_bits, static_cast<uint32_t>(q), id)) {
+          const T* group = data + interleaved_offset(start + (r & ~31u), 0, dim, VL);
+          const float d = group_distance<T, VL>(qrow, group, lane, dim);
+          key = d != d ? inf : (ASC ? d : -d);  // NaN ranks last either way
+          candidate = scan::key_less(key, id, s_dist[k - 1], s_id[k - 1]);
+        }
+      }
+      top.offer(candidate, key, id, last);
+      if (last) {
+        break;
+      }
+      tile += BLOCK;
     }
-    top.flush();
     const uint64_t out = (q * splits + split) * k;
     for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {
       out_ids[out + j] = s_id[j];

@@ -152,9 +152,18 @@ __device__ FRAGLINK_INLINE float distance(const T* __restrict__ q, const T* __re
 // a block barrier after each stage. Must be called by all threads of the block; ends
 // with a barrier. One network for the scan's (distance, id) pairs and the select's
 // 64-bit keys; n may be a compile-time constant after inlining.
+//
+// The stage loops stay rolled. Each stage ends in a block barrier, so unrolling saves
+// only the loop's few integer instructions per stage, yet fully unrolled (n constant)
+// the network was the larger part of the linked kernel: the cold link of
+// scan_f32_u32_v4_k32 + metric_l2_f32 + filter_none_u32 for sm_90 took 139 ms in
+// nvJitLink unrolled and 64 ms rolled (NVRTC/nvJitLink 12.9, a 2-core x86 VM), the
+// first call on a new configuration being what issue 9 times.
 template <int BLOCK, typename CompareSwap>
 __device__ FRAGLINK_INLINE void bitonic_network(uint32_t n, CompareSwap cas) {
+#pragma unroll 1
   for (uint32_t size = 2; size <= n; size <<= 1) {
+#pragma unroll 1
     for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
       for (uint32_t t = threadIdx.x; t < n / 2; t += BLOCK) {
         const uint32_t lo = 2 * t - (t & (stride - 1));  // pair t: lo, lo + stride
@@ -201,14 +210,21 @@ __device__ FRAGLINK_INLINE void bitonic_sort(float* d, Idx* id) {
 // (what the candidate test reads: slot k - 1), [CAP, S) scratch. The scratch holds
 // PHASES = (S - CAP) / BLOCK tiles of offers: a tile with any candidate takes the next
 // phase (thread t's slot CAP + phase * BLOCK + t: its key, or the sentinel), and the
-// bitonic sort of all S slots runs only when every phase is taken, or at flush(). A
-// capacity of 1024 (S = 2048) thus sorts once per 8 tiles with candidates instead of
-// once per tile. Deferring is exact: a key that was no candidate was not below the k-th
-// best of the sorted slots at the time, and that k-th best only decreases. Scratch
-// slots no phase wrote since the last sort hold keys that sort put there; each is above
-// CAP keys that stay, so no later sort lifts it into [0, CAP).
-// `phase` is the same in every thread (it changes only after a block-wide vote). Every
-// member must be called by all threads of the block; flush() ends with a barrier.
+// bitonic sort of all S slots runs only when every phase is taken, or at the last
+// offer. A capacity of 1024 (S = 2048) thus sorts once per 8 tiles with candidates
+// instead of once per tile. Deferring is exact: a key that was no candidate was not
+// below the k-th best of the sorted slots at the time, and that k-th best only
+// decreases. Scratch slots no phase wrote since the last sort hold keys that sort put
+// there; each is above CAP keys that stay, so no later sort lifts it into [0, CAP).
+// `phase` is the same in every thread (it changes only after a block-wide vote). offer
+// must be called by all threads of the block.
+//
+// The sort has one call site, in offer: the caller's last offer says it is `last`,
+// rather than a flush after the loop. The network is inlined where it is called, and
+// a second site (that flush) doubled it wherever PHASES > 1: the cold link of
+// scan_f16_u32_v8_k256 for sm_90 took 100 ms in nvJitLink with two, 79 ms with one
+// (12.9; with PHASES = 1 the flush's sort was dead code). A caller that cannot tell
+// its last tile ahead (the IVF scan) ends with one more offer, of no candidate.
 template <int CAP, int S, int BLOCK, typename Idx>
 struct BlockTopK {
   static constexpr int PHASES = (S - CAP) / BLOCK;
@@ -220,30 +236,23 @@ struct BlockTopK {
   __device__ FRAGLINK_INLINE BlockTopK(float* dist, Idx* ids) : d(dist), id(ids), phase(0) {}
 
   // Thread t offers key (key, key_id) when `candidate` (it beats the k-th best).
-  __device__ FRAGLINK_INLINE void offer(bool candidate, float key, Idx key_id) {
+  // `last` (the same in every thread): no offer follows, so what is pending is sorted
+  // in; afterwards [0, CAP) holds the best CAP keys of all offers, visible to every
+  // thread (the sort ends with a barrier; without a sort nothing was written since the
+  // previous sort's barrier, and the vote is a barrier too). With no offer at all,
+  // [0, CAP) is as the caller initialised it.
+  __device__ FRAGLINK_INLINE void offer(bool candidate, float key, Idx key_id, bool last) {
     if (__syncthreads_or(candidate)) {
       const int slot = CAP + phase * BLOCK + static_cast<int>(threadIdx.x);
       d[slot] = candidate ? key : pos_inf();
       id[slot] = candidate ? key_id : idx_abi<Idx>::invalid;
-      if (++phase == PHASES) {
-        sort();
-      }
+      ++phase;
     }
-  }
-
-  // Sorts what is pending: afterwards [0, CAP) holds the best CAP keys of all offers.
-  __device__ FRAGLINK_INLINE void flush() {
-    if (phase != 0) {
-      sort();
+    if (phase == PHASES || (last && phase != 0)) {
+      __syncthreads();  // every phase's writes before the network reads them
+      bitonic_sort<S, BLOCK>(d, id);
+      phase = 0;
     }
-    __syncthreads();
-  }
-
- private:
-  __device__ FRAGLINK_INLINE void sort() {
-    __syncthreads();  // every phase's writes before the network reads them
-    bitonic_sort<S, BLOCK>(d, id);
-    phase = 0;
   }
 };
 
@@ -357,6 +366,7 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
     const T* __restrict__ qrow = queries + q * dim;
     BlockTopK<CAP, S, BLOCK, Idx> top(s_dist, s_id);
     for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
+      const bool last = tile + BLOCK >= row_end;
       const uint64_t row = tile + static_cast<uint64_t>(tid);
       float d = inf;
       Idx id = invalid;
@@ -369,9 +379,8 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
         id = static_cast<Idx>(row);
         candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
       }
-      top.offer(candidate, d, id);
+      top.offer(candidate, d, id, last);
     }
-    top.flush();
 
     const uint64_t out = (q * splits + split) * k;
     for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {
