@@ -195,27 +195,47 @@ __device__ FRAGLINK_INLINE uint8_t small_value<uint8_t>(int v) {
   return static_cast<uint8_t>(v);
 }
 
-template <typename T>
-__device__ FRAGLINK_INLINE float probe(int q, int x) {
-  typedef scan::metric_abi<T> M;
-  typename M::state s;
-  M::init(&s);
-  M::accumulate(&s, small_value<T>(q), small_value<T>(x));
-  return M::finalize(&s);
-}
-
-// Which metric the program linked, from its value on the one-element pair
-// q = (1), x = (2): l2 1, inner_product -2, cosine 0. With -lto the probe folds to
-// a constant, so this costs nothing (one call site of each metric function: more
-// probes made nvJitLink's inliner give up on some variants, which then spilled).
+// Which metric the program linked, from the linked finalize alone on a state made
+// here, {a 2, qq 0, xx 0}: l2 gives 2, inner_product -2, cosine 1 (its rule for a
+// zero norm). No arithmetic is involved, so once nvJitLink inlines finalize this
+// folds to a constant and the kernel holds one metric's bounds. A probe through
+// accumulate does not fold: the metrics' `_rn` arithmetic is opaque to NVVM's
+// constant folder, and with such a probe every variant held all three metrics'
+// bounds, its pair loop compiled once per metric (about a third of its link time).
 // Anything else (a user metric) is metric_unknown and the kernel refuses to run.
 template <typename T>
 __device__ FRAGLINK_INLINE int linked_metric() {
-  const float v = probe<T>(1, 2);
-  if (v == 1.0f) return metric_l2;
+  typedef scan::metric_abi<T> M;
+  typedef decltype(typename M::state{}.a) Acc;
+  typename M::state s;
+  s.a = Acc(2);
+  s.qq = Acc(0);
+  s.xx = Acc(0);
+  const float v = M::finalize(&s);
+  if (v == 2.0f) return metric_l2;
   if (v == -2.0f) return metric_inner_product;
-  if (v == 0.0f) return metric_cosine;
+  if (v == 1.0f) return metric_cosine;
   return metric_unknown;
+}
+
+// Whether the linked accumulate is the recognised metric's, checked at run time on
+// the one-element pair q = (1), x = (3): the state l2 leaves is {4, 0, 0},
+// inner_product's {3, 0, 0}, cosine's {3, 1, 9} (the dot product and both squared
+// norms). A user metric whose finalize looks like a built-in one on the state above
+// is refused here unless it also accumulates as that metric on this pair. One call
+// site of init and accumulate beside the kernel's own (more made nvJitLink's
+// inliner give up on some variants, which then spilled).
+template <typename T>
+__device__ FRAGLINK_INLINE bool metric_confirmed(int metric) {
+  typedef scan::metric_abi<T> M;
+  typedef decltype(typename M::state{}.a) Acc;
+  typename M::state s;
+  M::init(&s);
+  M::accumulate(&s, small_value<T>(1), small_value<T>(3));
+  if (metric == metric_l2) return s.a == Acc(4) && s.qq == Acc(0) && s.xx == Acc(0);
+  if (metric == metric_inner_product) return s.a == Acc(3) && s.qq == Acc(0) && s.xx == Acc(0);
+  if (metric == metric_cosine) return s.a == Acc(3) && s.qq == Acc(1) && s.xx == Acc(9);
+  return false;
 }
 
 // The reference distance (scan.cuh's in-order fold), NaN -> +inf.
@@ -568,7 +588,7 @@ __device__ FRAGLINK_INLINE bool tile_launch_ok(int metric, uint32_t n_rows, uint
                                                int n4, int unit, bool operands_ok) {
   uint64_t bad = 0;
   for (int i = 0; i < n4; ++i) bad |= scan::misaligned_bits<4>(ptrs4[i]);
-  return bad == 0 && metric != metric_unknown && dim_supported(dim) && k != 0 && k <= static_cast<uint32_t>(CAP) &&
+  return bad == 0 && metric_confirmed<T>(metric) && dim_supported(dim) && k != 0 && k <= static_cast<uint32_t>(CAP) &&
          static_cast<uint64_t>(chunk_rows) * gridDim.y >= n_rows && blockDim.x == FRAGLINK_KNN_BLOCK &&
          blockDim.y == 1 && blockDim.z == 1 && dynamic_shared_bytes() >= dynamic_bytes &&
          (STAGING != staging_a16 || unit == 16) && operands_ok;

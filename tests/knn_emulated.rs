@@ -370,6 +370,45 @@ fn knn_kernels_match_the_cpu_path_under_emulation() {
     });
 }
 
+/// A user metric linked with the candidate kernel: L1 (`a += |q - x|`,
+/// finalize `a`) finalizes as l2 does, so the kernel takes it for l2 at
+/// link time (`linked_metric`), but it accumulates otherwise, so the
+/// run-time check (`metric_confirmed`) refuses the launch and nothing is
+/// written: l2's bounds do not hold for it. (The kernel's earlier probe,
+/// one accumulate of q = 1, x = 2, could not tell L1 from l2.)
+#[test]
+fn a_metric_that_only_finalizes_like_l2_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, queries) = synthetic(300, 32, 4, DType::F32, 21);
+    let c = Case::new("L1 linked as a metric".into(), &base, queries, 10, 4);
+    let (plan, data, args) = prepare(Metric::L2, Precision::Tf32x3, &c);
+    let tiles = [(plan.tile.name.to_string(), plan.capacity)];
+    let reranks = [(plan.rerank.name.to_string(), plan.capacity)];
+    let l1 = "extern \"C\" void fraglink_metric_init_f32(fraglink_metric_state_f32* s) { s->a = 0.0f; s->qq = 0.0f; s->xx = 0.0f; }\n\
+              extern \"C\" void fraglink_metric_accumulate_f32(fraglink_metric_state_f32* s, float q, float x) { s->a += std::fabs(q - x); }\n\
+              extern \"C\" float fraglink_metric_finalize_f32(const fraglink_metric_state_f32* s) { return s->a; }\n";
+    let rest = format!(
+        "{l1}{}{}int main(int argc, char** argv) {{ return simt_knn::knn_main<float>(argc, argv, TILE, 1, RERANK, 1); }}\n",
+        emulated::table("simt_knn::tile_fn<float>", "TILE", &tiles),
+        emulated::table("simt_knn::rerank_fn<float>", "RERANK", &reranks),
+    );
+    let fragments = vec![
+        "filter_bitset_u32".to_string(),
+        tiles[0].0.clone(),
+        reranks[0].0.clone(),
+    ];
+    let exe = emulated::build(dir.path(), "knn_l1", &fragments, "knn_driver.h", &rest);
+    let out = std::process::Command::new(&exe).args(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("count not written"),
+        "{} with an L1 metric ran ({}): {stderr}",
+        plan.tile.name,
+        out.status
+    );
+    drop(data);
+}
+
 fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     // An odd dim (element copies, except f32: 4-byte copies; zero padding of
     // the last chunk; bytes take 64 elements per chunk, so 70 crosses a chunk
