@@ -222,6 +222,18 @@ fn upload_download_roundtrip() {
     let mut other = pool.alloc::<f32>(host.len()).unwrap();
     t.copy(&buf, &mut other).unwrap();
     assert_eq!(t.download_vec(&other).unwrap(), back);
+    // A window set to NaN (the searches' unwritten-output marker) and one
+    // zeroed; the rest left alone.
+    t.fill_nan(buf.subview_mut(100, 50).unwrap()).unwrap();
+    t.zero(buf.subview_mut(200, 20).unwrap()).unwrap();
+    let marked = t.download_vec(&buf).unwrap();
+    assert!(marked[100..150].iter().all(|d| d.is_nan()));
+    assert!(marked[200..220].iter().all(|&d| d == 0.0));
+    assert_eq!(&marked[..100], &back[..100]);
+    assert_eq!(&marked[150..200], &back[150..200]);
+    assert_eq!(&marked[220..], &back[220..]);
+    t.fill_nan(&mut buf).unwrap();
+    assert!(t.download_vec(&buf).unwrap().iter().all(|d| d.is_nan()));
     // Bytes, and an empty transfer.
     let bytes: Vec<u8> = (0..=255).collect();
     let b = t.upload_new(&pool, &bytes).unwrap();
@@ -546,6 +558,71 @@ fn scan_replays_from_a_captured_graph() {
         let (ref_ids, _) = reference_scan(&dataset, &queries, dim, k);
         assert_eq!(t.download_vec(&d_ids).unwrap(), ref_ids, "round {round}");
     }
+}
+
+/// Inside a capture, the pool's stream-ordered calls would be captured too:
+/// a pool miss is refused (it would be a graph allocation node, valid only
+/// during replays), a block the pool frees (nothing kept idle here) waits
+/// until after the capture (a captured `cuMemFreeAsync` of memory from
+/// outside the graph fails and leaves an error that used to stop
+/// `cuStreamEndCapture`). The capture ends either way and the stream and
+/// the pool work afterwards.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_capture_refuses_pool_misses_and_defers_frees() {
+    let Scan { ctx, launcher } = load_scan();
+    let pool = MemoryPool::cuda(
+        &ctx,
+        PoolConfig {
+            max_pool_bytes: 0,
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    let t = Transfer::new(&ctx);
+    let (n_rows, dim, nq, k) = (500usize, 8usize, 3usize, 5usize);
+    let dataset = data(n_rows * dim, 7);
+    let queries = data(nq * dim, 8);
+    let d_dataset = t.upload_new(&pool, &dataset).unwrap();
+    let d_queries = t.upload_new(&pool, &queries).unwrap();
+    let mut d_ids = pool.alloc::<u32>(nq * k).unwrap();
+    let mut d_dists = pool.alloc::<f32>(nq * k).unwrap();
+    let spare = pool.alloc::<f32>(4096).unwrap();
+    let cfg = LaunchConfig::new((nq as u32, 1, 1), (SCAN_BLOCK, 1, 1));
+    let stream = ctx.stream().clone();
+    // SAFETY: the launch's buffers exist already and outlive the replay;
+    // `spare` is no launch's; no other thread uses the context.
+    let graph = unsafe {
+        CapturedGraph::capture(&stream, |s| {
+            let refused = pool.alloc::<f32>(1 << 20);
+            assert!(
+                matches!(refused, Err(GpuError::InvalidConfig { .. })),
+                "{refused:?}"
+            );
+            drop(spare);
+            let mut args = KernelArgs::new();
+            args.input(&d_dataset)?;
+            args.input(&d_queries)?;
+            args.null_ptr()
+                .value(n_rows as u64)
+                .value(dim as u32)
+                .value(nq as u32)
+                .value(k as u32);
+            args.output(&mut d_ids)?;
+            args.output(&mut d_dists)?;
+            launcher.launch_on(s, &cfg, &mut args)
+        })
+    }
+    .unwrap();
+    // SAFETY: the captured buffers are alive and unmoved.
+    unsafe { graph.replay() }.unwrap();
+    ctx.synchronize().unwrap();
+    let (ref_ids, _) = reference_scan(&dataset, &queries, dim, k);
+    assert_eq!(t.download_vec(&d_ids).unwrap(), ref_ids);
+    // After the capture the pool allocates (and frees what waited).
+    let after = t.upload_new(&pool, &dataset).unwrap();
+    assert_eq!(t.download_vec(&after).unwrap(), dataset);
+    ctx.synchronize().unwrap();
 }
 
 /// The v4 scan launched by hand with arguments that break its contract: the

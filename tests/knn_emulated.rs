@@ -398,7 +398,10 @@ fn a_metric_that_only_finalizes_like_l2_is_refused() {
         reranks[0].0.clone(),
     ];
     let exe = emulated::build(dir.path(), "knn_l1", &fragments, "knn_driver.h", &rest);
-    let out = std::process::Command::new(&exe).args(&args).output().unwrap();
+    let out = std::process::Command::new(&exe)
+        .args(&args)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && stderr.contains("count not written"),

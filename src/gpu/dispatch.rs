@@ -463,6 +463,9 @@ struct CaptureGuard<'a> {
 impl Drop for CaptureGuard<'_> {
     fn drop(&mut self) {
         if self.capturing {
+            // As in `capture`: an error cudarc stored would stop
+            // `end_capture` before `cuStreamEndCapture`.
+            let _ = self.stream.context().check_err();
             let _ = self.stream.end_capture(CAPTURE_FLAGS);
         }
         if self.tracking {
@@ -506,7 +509,11 @@ impl CapturedGraph {
     ///   tracking is a context-wide switch).
     /// * `record` may only issue launches and device-to-device copies on
     ///   `stream`: no allocation (allocate every buffer before capturing),
-    ///   no synchronous transfer, no other stream.
+    ///   no synchronous transfer, no other stream. A pool on the captured
+    ///   stream refuses to allocate meanwhile and defers the frees of
+    ///   blocks dropped meanwhile ([`CudaMemory`](super::CudaMemory)), but
+    ///   a buffer dropped inside `record` must not be one a captured
+    ///   launch uses: the pool may hand it out again before a replay.
     pub unsafe fn capture(
         stream: &Arc<CudaStream>,
         record: impl FnOnce(&Arc<CudaStream>) -> GpuResult<()>,
@@ -529,11 +536,20 @@ impl CapturedGraph {
         guard.capturing = begun.is_ok();
         let recorded = begun.and_then(|()| record(stream));
         guard.capturing = false;
+        // cudarc's `end_capture` first returns any error a destructor stored
+        // meanwhile (`bind_to_thread` checks it) and then never calls
+        // `cuStreamEndCapture`, which would leave the stream capturing and
+        // every later call on it failing. Take that error out first, end
+        // the capture, then report it.
+        let deferred = ctx.check_err().map_err(driver_error(
+            "(deferred, recorded by cudarc during the capture)",
+        ));
         let ended = stream
             .end_capture(CAPTURE_FLAGS)
             .map_err(driver_error("cuStreamEndCapture"));
         drop(guard);
         recorded?;
+        deferred?;
         match ended? {
             Some(graph) => Ok(CapturedGraph { graph }),
             None => Err(GpuError::invalid_config(

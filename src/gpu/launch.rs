@@ -636,13 +636,16 @@ impl ScanContract {
 
     /// Checks that pointer parameter `argument` starting `offset` bytes
     /// into a device allocation (allocations are at least 256-byte aligned)
-    /// is aligned as the kernel reads it.
+    /// is aligned as the kernel reads it. A name outside
+    /// [`Self::pointer_alignments`] is another kernel's rows (`data` of the
+    /// IVF scan, `stage_dataset` and `stage_queries` of an f16copy tile),
+    /// which the kernel reads with the same vector loads as `dataset`.
     pub fn check_offset(&self, argument: &'static str, offset: u64) -> Result<(), ScanArgError> {
         let align = self
             .pointer_alignments()
             .iter()
             .find(|(name, _)| *name == argument)
-            .map_or(1, |&(_, a)| a);
+            .map_or(self.vector_align(), |&(_, a)| a);
         if !offset.is_multiple_of(align) {
             return Err(ScanArgError::Misaligned {
                 argument,
@@ -731,6 +734,9 @@ impl std::fmt::Debug for Launcher {
 impl Drop for Launcher {
     fn drop(&mut self) {
         self.ctx.record_err(self.ctx.bind_to_thread());
+        // `cuModuleUnload` does not wait for the module's kernels still
+        // queued (on any stream: `launch_on`); the context's work is.
+        self.ctx.record_err(self.ctx.synchronize());
         // SAFETY: loaded in `load`, unloaded only here.
         self.ctx
             .record_err(unsafe { result::module::unload(self.module) });
@@ -1499,6 +1505,9 @@ mod tests {
         let wide = ScanContract { id_bytes: 8, ..c };
         assert!(wide.check_offset("out_ids", 4).is_err());
         assert!(wide.check_offset("out_ids", 8).is_ok());
+        // Other kernels' rows (the IVF scan's `data`) need a vector load's alignment.
+        assert_eq!(c.check_offset("data", 4).unwrap_err().argument(), "data");
+        assert!(c.check_offset("data", 16 * 4).is_ok());
         let names: Vec<&str> = c.pointer_alignments().iter().map(|p| p.0).collect();
         assert!(names.iter().all(|n| SCAN_PARAMS.contains(n)), "{names:?}");
     }

@@ -166,26 +166,58 @@ impl DeviceMemory for HostMemory {
 /// stream (`CudaStream::alloc`, i.e. `cuMemAllocAsync` where the device has
 /// memory pools, else `cuMemAlloc`), freed by dropping them (`cuMemFreeAsync`
 /// / `cuMemFree` after the slice's pending reads and writes).
+///
+/// While the stream captures a graph ([`CapturedGraph`](super::CapturedGraph))
+/// the stream-ordered calls would be captured too: an allocation would
+/// become a graph node whose address is valid only during a replay (and the
+/// pool would hand it out), a free of a block from outside the graph fails
+/// (`CUDA_ERROR_INVALID_VALUE`). So allocations are refused then, and frees
+/// wait until the next allocation or free after the capture.
 #[derive(Debug, Clone)]
 pub struct CudaMemory {
     stream: Arc<CudaStream>,
+    deferred: Arc<Mutex<Vec<CudaSlice<u8>>>>,
 }
 
 impl CudaMemory {
     /// Allocates on `ctx`'s stream.
     pub fn new(ctx: &GpuContext) -> Self {
-        CudaMemory {
-            stream: ctx.stream().clone(),
-        }
+        Self::on_stream(ctx.stream().clone())
     }
 
     /// Allocates on `stream`.
     pub fn on_stream(stream: Arc<CudaStream>) -> Self {
-        CudaMemory { stream }
+        CudaMemory {
+            stream,
+            deferred: Arc::default(),
+        }
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Whether the stream is capturing a graph. A failed query counts as
+    /// not capturing: the call that follows meets the error. Not through
+    /// `CudaStream::capture_status`, whose `bind_to_thread` takes (and here
+    /// would lose) an error cudarc stored for a later call to report.
+    fn capturing(&self) -> bool {
+        use cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        // SAFETY: the stream holds its context alive; `cuStreamIsCapturing`
+        // only reads the stream's state.
+        unsafe {
+            result::ctx::set_current(self.stream.context().cu_ctx()).is_ok()
+                && matches!(
+                    result::stream::is_capturing(self.stream.cu_stream()),
+                    Ok(CU_STREAM_CAPTURE_STATUS_ACTIVE)
+                )
+        }
+    }
+
+    /// Frees the blocks dropped during a capture, once none runs.
+    fn free_deferred(&self) {
+        let blocks = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(blocks);
     }
 }
 
@@ -193,6 +225,13 @@ impl DeviceMemory for CudaMemory {
     type Block = CudaSlice<u8>;
 
     fn alloc(&self, bytes: u64) -> GpuResult<CudaSlice<u8>> {
+        if self.capturing() {
+            return Err(GpuError::invalid_config(
+                "device allocation while the pool's stream captures a graph: allocate every \
+                 buffer before CapturedGraph::capture",
+            ));
+        }
+        self.free_deferred();
         let n = usize::try_from(bytes).map_err(|_| GpuError::OutOfMemory {
             requested: bytes,
             available: self.available(),
@@ -213,6 +252,14 @@ impl DeviceMemory for CudaMemory {
     }
 
     fn free(&self, block: CudaSlice<u8>) {
+        if self.capturing() {
+            self.deferred
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(block);
+            return;
+        }
+        self.free_deferred();
         drop(block);
     }
 
@@ -231,7 +278,11 @@ impl DeviceMemory for CudaMemory {
     /// after a trim finds the trimmed bytes. An error here is the stream's
     /// (a fault) and the retried allocation reports it.
     fn settle(&self) {
-        let _ = self.stream.synchronize();
+        // No synchronisation while capturing: it is illegal then (and an
+        // allocation then is refused before any retry).
+        if !self.capturing() {
+            let _ = self.stream.synchronize();
+        }
     }
 }
 

@@ -169,8 +169,10 @@ pub(crate) fn driver_error(call: &'static str) -> impl FnOnce(DriverError) -> Gp
 }
 
 /// The driver errors after which a context cannot be used again (CUDA's
-/// "sticky" errors: the process must create a new context, which fraglink's
-/// primary-context handles do only once every handle is dropped).
+/// "sticky" errors). NVIDIA's documentation of several of them says the
+/// process is left in an inconsistent state and must be restarted, so
+/// fraglink does not try to recover: a lost context sends every later
+/// search of the process to the CPU (`Searcher`).
 pub fn is_sticky(e: &DriverError) -> bool {
     use cudarc::driver::sys::cudaError_enum as E;
     matches!(
@@ -185,6 +187,8 @@ pub fn is_sticky(e: &DriverError) -> bool {
             | E::CUDA_ERROR_LAUNCH_FAILED
             | E::CUDA_ERROR_LAUNCH_TIMEOUT
             | E::CUDA_ERROR_ECC_UNCORRECTABLE
+            | E::CUDA_ERROR_NVLINK_UNCORRECTABLE
+            | E::CUDA_ERROR_EXTERNAL_DEVICE
             | E::CUDA_ERROR_CONTEXT_IS_DESTROYED
     )
 }

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{
-    result, CudaContext, CudaEvent, CudaStream, DeviceRepr, DriverError, HostSlice, SyncOnDrop,
-    ValidAsZeroBits,
+    result, CudaContext, CudaEvent, CudaStream, DevicePtrMut, DeviceRepr, DeviceSlice, DriverError,
+    HostSlice, SyncOnDrop, ValidAsZeroBits,
 };
 
 use super::memory::{CudaMemory, DeviceMemory, GpuBuffer, GpuView, GpuViewMut, MemoryPool};
@@ -731,6 +731,33 @@ impl Transfer {
             let mut view = dst.as_cuda_mut()?;
             self.stream
                 .memset_zeros(&mut view)
+                .map_err(driver_error("cuMemsetD8Async"))?;
+            self.check_deferred()?;
+        }
+        Ok(())
+    }
+
+    /// Sets every bit of `dst` (`cuMemsetD8Async` of 0xFF), ordered on the
+    /// stream; does not wait. Each f32 becomes a NaN, a value no kernel
+    /// distance output holds (the scans, the re-rank and the select rank a
+    /// NaN distance as +inf and pad with ±inf). A launch the kernel refuses
+    /// by its own contract check writes nothing, so a NaN left after it
+    /// shows the refusal where the output would otherwise keep whatever an
+    /// earlier search left in the pooled block: plausible, wrong results.
+    pub fn fill_nan<'b>(&self, dst: impl Into<GpuViewMut<'b, f32>>) -> GpuResult<()> {
+        let mut dst = dst.into();
+        if !dst.is_empty() {
+            let mut view = dst.as_cuda_mut()?;
+            let bytes = view.num_bytes();
+            self.stream
+                .context()
+                .bind_to_thread()
+                .map_err(driver_error("cuCtxSetCurrent"))?;
+            let (ptr, _record) = view.device_ptr_mut(&self.stream);
+            // SAFETY: `ptr` addresses `bytes` bytes of a live device block this
+            // view borrows mutably; every bit pattern is a valid f32; the set
+            // is ordered on the block's stream (`_record` records it).
+            unsafe { result::memset_d8_async(ptr, 0xFF, bytes, self.stream.cu_stream()) }
                 .map_err(driver_error("cuMemsetD8Async"))?;
             self.check_deferred()?;
         }

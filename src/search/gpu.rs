@@ -71,6 +71,32 @@ pub enum GpuSearchError {
     /// `GpuIndex::search_with_variant`) cannot serve the search.
     #[error("knn variant `{value}` (FRAGLINK_KNN_VARIANT or search_with_variant): {reason}")]
     KnnVariant { value: String, reason: String },
+    /// A kernel left distances unwritten: the host set them to NaN before
+    /// the launch ([`Transfer::fill_nan`]) and NaN came back, which no
+    /// kernel writes. A launch the kernel refuses (its own contract check,
+    /// fragments/README.md) writes nothing; the host checks the same rules
+    /// first, so this is a disagreement between the two, reported instead
+    /// of returning what a pooled block held before.
+    #[error("kernel `{entry}` left {unwritten} of its {outputs} distances unwritten: it refused the launch (its own contract check, fragments/README.md)")]
+    Unwritten {
+        entry: String,
+        unwritten: usize,
+        outputs: usize,
+    },
+}
+
+/// `distances` as downloaded from a buffer [`Transfer::fill_nan`] set
+/// before `entry`'s launch: [`GpuSearchError::Unwritten`] where any is
+/// still NaN.
+pub(crate) fn check_written(entry: &str, distances: &[f32]) -> Result<(), GpuSearchError> {
+    match distances.iter().filter(|d| d.is_nan()).count() {
+        0 => Ok(()),
+        unwritten => Err(GpuSearchError::Unwritten {
+            entry: entry.to_owned(),
+            unwritten,
+            outputs: distances.len(),
+        }),
+    }
 }
 
 /// Whether `e` says only that `k` is beyond every scan capacity (the
@@ -396,6 +422,7 @@ impl GpuSearcher {
         // At most 65535 splits of an nq × k the host holds anyway.
         let outputs = nq.saturating_mul(splits).saturating_mul(k);
         let mut d_dists = self.pool.alloc::<f32>(outputs)?;
+        t.fill_nan(&mut d_dists)?;
         let wide_ids = plan.idx == "i64";
         let mut d_ids32 = if wide_ids {
             None
@@ -458,6 +485,7 @@ impl GpuSearcher {
             unsafe { launcher.launch(&cfg, &mut args)? };
         }
         let mut distances = t.download_vec(&d_dists)?;
+        check_written(launcher.entry(), &distances)?;
         let mut ids = match (&d_ids32, &d_ids64) {
             (Some(ids), _) => widen_ids(t.download_vec(ids)?),
             (_, Some(ids)) => t.download_vec(ids)?,
@@ -513,12 +541,15 @@ pub fn fixed_row_splits() -> Result<Option<usize>, GpuSearchError> {
 /// `out` (the ids widened by [`widen_ids`]).
 pub(crate) fn append_batch(
     t: &Transfer,
+    entry: &str,
     ids: &GpuBuffer<u32>,
     dists: &GpuBuffer<f32>,
     out: &mut Neighbors,
-) -> Result<(), GpuError> {
+) -> Result<(), GpuSearchError> {
+    let distances = t.download_vec(dists)?;
+    check_written(entry, &distances)?;
     out.ids.extend(widen_ids(t.download_vec(ids)?));
-    out.distances.extend(t.download_vec(dists)?);
+    out.distances.extend(distances);
     Ok(())
 }
 
@@ -623,6 +654,30 @@ mod tests {
     use super::*;
     use crate::search::plan::plan;
     use crate::search::{DType, Metric};
+
+    #[test]
+    fn nan_left_in_the_distances_names_the_kernel_that_refused() {
+        let inf = f32::INFINITY;
+        // Results and padding (±inf), -0 included: written.
+        check_written("scan_f32_u32_v4_k32", &[0.5, -0.0, inf, -inf]).unwrap();
+        check_written("scan_f32_u32_v4_k32", &[]).unwrap();
+        let e = check_written("knn_rerank_f32_k32", &[1.0, f32::NAN, f32::NAN]).unwrap_err();
+        assert!(matches!(
+            e,
+            GpuSearchError::Unwritten {
+                unwritten: 2,
+                outputs: 3,
+                ..
+            }
+        ));
+        assert_eq!(
+            e.to_string(),
+            "kernel `knn_rerank_f32_k32` left 2 of its 3 distances unwritten: it refused the \
+             launch (its own contract check, fragments/README.md)"
+        );
+        // The all-ones bits `Transfer::fill_nan` sets are a NaN.
+        assert!(f32::from_bits(u32::MAX).is_nan());
+    }
 
     #[test]
     fn few_queries_split_their_rows_over_the_sms() {

@@ -21,6 +21,10 @@ pub enum PlanError {
     },
     #[error("no scan fragment for dtype {dtype} with {idx} ids in the catalog")]
     NoScan { dtype: DType, idx: &'static str },
+    /// An IVF-Flat index whose list layout (`veclen`, the index's choice
+    /// among the powers of two dividing `dim`) no built-in IVF scan reads.
+    #[error("no IVF scan fragment reads {dtype} lists of veclen {veclen} (the catalog's ivf_scan variants); the CPU path serves such an index")]
+    NoIvfScan { dtype: DType, veclen: usize },
     #[error("fragment `{0}` is not in the catalog")]
     Missing(String),
 }

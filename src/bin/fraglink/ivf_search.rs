@@ -158,18 +158,27 @@ fn search(a: &SearchArgs) -> Result<(), String> {
         None => None,
     };
 
-    // A k beyond every IVF scan's capacity: the CPU path serves it, as it
-    // does brute force's beyond the GPU's reach.
-    if let Some(max) = gpu
-        .as_ref()
-        .and_then(|_| max_k(index.dtype(), index.veclen()))
-    {
-        if a.k > max {
-            eprintln!(
-                "warning: k = {} is beyond the GPU IVF-Flat scan's {max}: the CPU path serves this search",
-                a.k
-            );
-            gpu = None;
+    // A k beyond every IVF scan's capacity, or lists no IVF scan reads: the
+    // CPU path serves the search, as it does brute force's beyond the GPU's
+    // reach (decided before the index is uploaded).
+    if gpu.is_some() {
+        match max_k(index.dtype(), index.veclen()) {
+            Some(max) if a.k > max => {
+                eprintln!(
+                    "warning: k = {} is beyond the GPU IVF-Flat scan's {max}: the CPU path serves this search",
+                    a.k
+                );
+                gpu = None;
+            }
+            Some(_) => {}
+            None => {
+                eprintln!(
+                    "warning: no GPU IVF-Flat scan reads {} lists of veclen {}: the CPU path serves this search",
+                    index.dtype().name(),
+                    index.veclen()
+                );
+                gpu = None;
+            }
         }
     }
     let pb = spinner("searching", a.json);

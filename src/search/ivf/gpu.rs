@@ -97,7 +97,7 @@ pub fn ivf_plan(
 ) -> Result<IvfGpuPlan, PlanError> {
     let scans = ascending_scans(dtype, veclen);
     let Some(max) = largest_capacity(&scans) else {
-        return Err(PlanError::NoScan { dtype, idx: "i64" });
+        return Err(PlanError::NoIvfScan { dtype, veclen });
     };
     let scan = scans
         .iter()
@@ -408,16 +408,31 @@ impl GpuIvfIndex {
                 idx: "i64",
             }));
         }
+        if queries.rows() == 0 {
+            // Nothing to launch (the brute-force path skips it the same way).
+            return Ok(Neighbors {
+                nq: 0,
+                k: p.k,
+                ids: Vec::new(),
+                distances: Vec::new(),
+            });
+        }
         let (nq, k, dim) = (queries.rows(), p.k, self.dim);
         let nprobe = p.nprobe.min(self.nlist);
-        // Coarse step: the brute-force GPU scan over the centroids.
+        // Coarse step: the brute-force GPU scan over the centroids (f32), by
+        // the planner's pick: FRAGLINK_KNN_VARIANT names a variant for the
+        // searches of the base, which the centroids' need not fit.
+        let converted;
         let qf = match queries {
-            Vectors::F32(_) => queries.clone(),
-            _ => Vectors::F32(gather_f32(queries, &(0..nq).collect::<Vec<_>>())),
+            Vectors::F32(_) => queries,
+            _ => {
+                converted = Vectors::F32(gather_f32(queries, &(0..nq).collect::<Vec<_>>()));
+                &converted
+            }
         };
         let coarse = self
             .centroids
-            .search(&qf, &SearchParams::new(nprobe, self.metric.metric))
+            .search_with_variant(qf, &SearchParams::new(nprobe, self.metric.metric), None)
             .map_err(dev_err)?;
         // The kernel indexes the list tables with these ids unchecked: a
         // padding id (-1) would read gigabytes past them.
@@ -475,6 +490,7 @@ impl GpuIvfIndex {
             })?;
         let mut d_ids = pool.alloc::<i64>(outputs).map_err(dev_err)?;
         let mut d_dists = pool.alloc::<f32>(outputs).map_err(dev_err)?;
+        t.fill_nan(&mut d_dists).map_err(dev_err)?;
         let contract = ScanContract {
             elem_bytes: self.dtype.size() as u32,
             veclen: self.veclen as u32,
@@ -529,6 +545,7 @@ impl GpuIvfIndex {
         unsafe { launcher.launch(&cfg, &mut args).map_err(dev_err)? };
         let mut ids = t.download_vec(&d_ids).map_err(dev_err)?;
         let mut distances = t.download_vec(&d_dists).map_err(dev_err)?;
+        crate::search::gpu::check_written(launcher.entry(), &distances)?;
         if splits > 1 {
             (ids, distances) =
                 merge_splits(&ids, &distances, nq, splits, k, ascending.unwrap_or(true));
@@ -606,5 +623,16 @@ mod tests {
         }
         IVF_SCAN_FAMILY.check_against(reached).unwrap();
         assert!(crate::families::find("ivf_scan").is_some());
+    }
+
+    #[test]
+    fn lists_no_scan_reads_are_named_by_their_veclen() {
+        // The built-in matrix reads f32 lists of veclen 1 and 4; an index may
+        // lay them out in pairs (any power of two dividing dim).
+        assert_eq!(max_k(DType::F32, 2), None);
+        let e = ivf_plan(DType::F32, Metric::L2, "none", 2, 10).unwrap_err();
+        assert!(matches!(e, PlanError::NoIvfScan { veclen: 2, .. }), "{e}");
+        assert!(e.to_string().contains("f32 lists of veclen 2"), "{e}");
+        assert_eq!(max_k(DType::F32, 4), Some(2048));
     }
 }

@@ -64,8 +64,9 @@ impl std::fmt::Debug for KnnRows {
 impl KnnRows {
     /// Computes the norms of `base` on the host and uploads them; `None`
     /// for shapes no variant takes (no rows, ids beyond u32, `dim` outside
-    /// the bounds' range) and dtypes without a variant for `device` (f32
-    /// before sm_80): their searches never leave the scan.
+    /// the bounds' range), dtypes without a variant for `device` (f32
+    /// before sm_80) and a device without room for the norms: their
+    /// searches never leave the scan.
     pub fn upload(
         t: &Transfer,
         pool: &MemoryPool,
@@ -91,13 +92,23 @@ impl KnnRows {
             }
         };
         let (sq, norm) = norms.aux(Metric::L2);
-        let sq = t.upload_new(pool, &sq)?;
-        let (norm, inv) = match &norms {
-            Norms::Int(_) => (None, None),
-            Norms::Float(_) => (
-                Some(t.upload_new(pool, &norm)?),
-                Some(t.upload_new(pool, &norms.aux(Metric::Cosine).0)?),
-            ),
+        // The norms too (4 to 12 bytes a row): rows that fit the device
+        // without them keep the scan, not an index that fails to upload.
+        let upload = || -> Result<_, GpuError> {
+            let sq = t.upload_new(pool, &sq)?;
+            let (norm, inv) = match &norms {
+                Norms::Int(_) => (None, None),
+                Norms::Float(_) => (
+                    Some(t.upload_new(pool, &norm)?),
+                    Some(t.upload_new(pool, &norms.aux(Metric::Cosine).0)?),
+                ),
+            };
+            Ok((sq, norm, inv))
+        };
+        let (sq, norm, inv) = match upload() {
+            Ok(u) => u,
+            Err(GpuError::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(e),
         };
         Ok(Some(KnnRows {
             sq,
@@ -415,11 +426,15 @@ impl KnnSearch<'_> {
             }
             let mut o_ids = pool.alloc::<u32>(nb * k)?;
             let mut o_dists = pool.alloc::<f32>(nb * k)?;
+            t.fill_nan(&mut o_dists)?;
             let (groups, group_chunks) = super::plan::merge_groups(n_chunks);
             // Merge level: each group's exact best k, in knn_tile's format.
             // Kept until the download below: the final launch reads it.
             let merged = if groups > 1 {
                 let mut merged = Candidates::alloc(pool, nb * groups as usize, cap)?;
+                // As the tile's counts: a refused merge launch leaves empty
+                // groups, not a former owner's ids.
+                t.zero(&mut merged.count)?;
                 let cfg = LaunchConfig::new((nb as u32, groups, 1), (KNN_BLOCK, 1, 1));
                 let mut a =
                     self.rerank_args(&d_q, nb, &contract, &cand, [n_chunks, group_chunks])?;
@@ -449,7 +464,7 @@ impl KnnSearch<'_> {
             // on the same stream (its buffers live until the download).
             unsafe { rerank.launch(&cfg, &mut a)? };
             drop(a);
-            append_batch(t, &o_ids, &o_dists, &mut out)?;
+            append_batch(t, rerank.entry(), &o_ids, &o_dists, &mut out)?;
         }
         Ok((out, tile_link))
     }

@@ -277,6 +277,7 @@ impl SelectSearch<'_> {
             }
             let mut o_ids = pool.alloc::<u32>(nb * k)?;
             let mut o_dists = pool.alloc::<f32>(nb * k)?;
+            t.fill_nan(&mut o_dists)?;
             {
                 let cfg = LaunchConfig::new((nb as u32, 1, 1), (SELECT_BLOCK, 1, 1))
                     .with_dynamic_shared(self.plan.dynamic_shared_bytes());
@@ -295,7 +296,7 @@ impl SelectSearch<'_> {
                 // of dynamic shared memory, outputs of nb × k.
                 unsafe { select.launch(&cfg, &mut a)? };
             }
-            append_batch(t, &o_ids, &o_dists, &mut out)?;
+            append_batch(t, select.entry(), &o_ids, &o_dists, &mut out)?;
         }
         Ok((out, dist_link))
     }
