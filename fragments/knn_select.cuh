@@ -210,60 +210,57 @@ __device__ FRAGLINK_INLINE void bitonic_sort_u64(uint64_t* keys, uint32_t n) {
   scan::bitonic_network<BLOCK>(n, KeyCompareSwap{keys});
 }
 
-// The values a radix select ranks: the order keys of every entry (pass 1), or the ids
-// of the entries whose key equals a given one (in id order among ties). Structs, as
-// KeyCompareSwap, so no capture lands in a stack frame.
-struct KeyOf {
-  __device__ FRAGLINK_INLINE bool operator()(uint64_t, float d, uint32_t& v) const {
-    v = entry_key(d);
-    return true;
-  }
-};
-struct TieIdOf {
-  uint32_t key;
-  __device__ FRAGLINK_INLINE bool operator()(uint64_t i, float d, uint32_t& v) const {
-    v = static_cast<uint32_t>(i);
-    return entry_key(d) == key;
-  }
-};
+// The passes over a row one slice makes, in order: the rounds of a radix select on
+// the keys, then (where the ties at the cut overflow the sort) the rounds of one on
+// the ties' ids, then the collection of the keys in the cut. One loop runs them all
+// through one visit_row, whose row walk (unrolled SELECT_UNROLL x SELECT_VEC times)
+// is then compiled once instead of once per kind of pass: with three copies it was
+// most of what nvJitLink compiled on a cold link (knn_select_b256, sm_90, nvJitLink
+// 12.9: 260 -> 219 ms for a run-time copy of the kernel).
+enum select_pass { select_keys, select_tie_ids, select_collect };
 
-// The rank-th smallest (from 0) of the 32-bit values `value` gives the entries it
-// accepts, one byte per round from bit `top` down (top 24: 4 passes over the row; a
-// 256-bin histogram per warp); every value must be below 2^(top + 8). `below`: how
-// many accepted values are smaller, `equal`: how many equal it. rank must be below the
-// number of accepted entries. Called by all threads of the block; `pick` is written
-// again only after the next call's histogram barriers.
-template <int BLOCK, typename Value>
-__device__ FRAGLINK_INLINE uint32_t radix_select(const float* __restrict__ row, uint32_t n_rows, uint32_t ld,
-                                                 uint32_t rank, Value value, int top, uint32_t (*hist)[256],
-                                                 uint32_t* pick, uint32_t& below, uint32_t& equal) {
-  constexpr int WARPS = BLOCK / 32;
-  const uint32_t tid = threadIdx.x;
-  const uint32_t warp = tid / 32;
-  uint32_t prefix = 0, mask = 0;
-  below = 0;
-  equal = 0;
-  for (int shift = top; shift >= 0; shift -= 8) {
-    for (uint32_t b = tid; b < static_cast<uint32_t>(WARPS) * 256; b += BLOCK) hist[b / 256][b % 256] = 0;
-    __syncthreads();
-    visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t i, float d) {
-      uint32_t v;
-      if (value(i, d, v) && (v & mask) == prefix) atomicAdd(&hist[warp][(v >> shift) & 0xFFu], 1u);
-    });
-    __syncthreads();
-    for (uint32_t b = tid; b < 256; b += BLOCK) {
+// A radix select in progress: the rank-th smallest (from 0) of 32-bit values, one byte
+// per round from bit `shift` down (4 rounds from bit 24, a pass over the row each; a
+// 256-bin histogram per warp). `prefix` holds the bytes fixed so far (those under
+// `mask`), `rank` the rank still wanted among the values that share them, `below` how
+// many values are smaller than that prefix and `equal` how many share it.
+struct radix_round {
+  uint32_t prefix, mask, rank, below, equal;
+  int shift;
+
+  __device__ FRAGLINK_INLINE void start(int top, uint32_t r) {
+    prefix = 0;
+    mask = 0;
+    rank = r;
+    below = 0;
+    equal = 0;
+    shift = top;
+  }
+
+  // Counts value v in its warp's histogram where it shares the fixed bytes.
+  __device__ FRAGLINK_INLINE void count(uint32_t v, uint32_t (*hist)[256], uint32_t warp) const {
+    if ((v & mask) == prefix) atomicAdd(&hist[warp][(v >> shift) & 0xFFu], 1u);
+  }
+
+  // After a pass has counted every value: fixes this round's byte (the bin holding
+  // `rank`) and moves to the next; false once the last byte is fixed. Called by all
+  // threads of the block; `pick` is written again only after the next pass's barriers.
+  template <int BLOCK>
+  __device__ FRAGLINK_INLINE bool advance(uint32_t (*hist)[256], uint32_t* pick) {
+    constexpr int WARPS = BLOCK / 32;
+    const uint32_t tid = threadIdx.x;
+    for (uint32_t h = tid; h < 256; h += BLOCK) {
       uint32_t sum = 0;
-      for (int w = 0; w < WARPS; ++w) sum += hist[w][b];
-      hist[0][b] = sum;
+      for (int w = 0; w < WARPS; ++w) sum += hist[w][h];
+      hist[0][h] = sum;
     }
     __syncthreads();
     if (tid == 0) {
-      // The bin holding rank `rank` among the values that share the bytes so far.
-      uint32_t b = 0, acc = 0;
-      for (; b < 255 && acc + hist[0][b] <= rank; ++b) acc += hist[0][b];
-      pick[0] = b;
+      uint32_t h = 0, acc = 0;
+      for (; h < 255 && acc + hist[0][h] <= rank; ++h) acc += hist[0][h];
+      pick[0] = h;
       pick[1] = acc;
-      pick[2] = hist[0][b];
+      pick[2] = hist[0][h];
     }
     __syncthreads();
     prefix |= pick[0] << shift;
@@ -271,9 +268,10 @@ __device__ FRAGLINK_INLINE uint32_t radix_select(const float* __restrict__ row, 
     rank -= pick[1];
     below += pick[1];
     equal = pick[2];
+    shift -= 8;
+    return shift >= 0;
   }
-  return prefix;
-}
+};
 
 // The select's contract (as scan.cuh's launch_ok): block shape, 1 <= k, at least one
 // row, a row stride ld >= n_rows that is a multiple of SELECT_VEC, a 16-byte aligned
@@ -304,6 +302,7 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
 
   if (!select_launch_ok(dists, n_rows, ld, k, sort_slots, out_ids, out_dists)) return;
   const uint32_t tid = threadIdx.x;
+  const uint32_t warp = tid / 32;
   const uint64_t kk = k < n_rows ? k : n_rows;
   // The ids' top byte: a select over ids starts there (the bytes above are zero).
   int id_top = 24;
@@ -319,13 +318,9 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
     uint64_t prev = 0, filled = 0;
     for (uint64_t a = 0; a < kk; a += sort_slots) {
       const uint64_t b = kk - a < sort_slots ? kk : a + sort_slots;
-      // T, the key of rank b - 1; `below` keys are smaller, `ties` equal it, and the
-      // first need = b - below ties in id order make the cut.
-      uint32_t below, ties;
-      const uint32_t t_key = radix_select<BLOCK>(row, n_rows, ld, static_cast<uint32_t>(b - 1), KeyOf{}, 24,
-                                                 s_hist, s_pick, below, ties);
-      const uint32_t need = static_cast<uint32_t>(b - below);
-      // Collect the keys after `prev` up to the cut:
+      // T, the key of rank b - 1 (a radix select on the keys): `below` keys are
+      // smaller, `ties` equal it, and the first need = b - below ties in id order make
+      // the cut. Then the keys after `prev` up to the cut are collected:
       // - T the excluded rows' key: every allowed key (`below` - a of them after
       //   `prev`); the ranks after them are padding whatever the excluded rows' ids,
       //   so this is the last slice;
@@ -333,26 +328,53 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
       //   puts the smallest ids first);
       // - else (many equal distances) up to the need-th tie in id order, found by a
       //   radix select on the ids of the ties.
-      const bool rest_excluded = t_key == 0xFFFFFFFFu;
-      uint64_t cut = (static_cast<uint64_t>(t_key) << 32) | 0xFFFFFFFFu;
-      if (rest_excluded) {
-        cut = (0xFFFFFFFFull << 32) - 1u;
-      } else if ((b - a) + (ties - need) > sort_slots) {
-        uint32_t id_below, id_equal;
-        const uint32_t id = radix_select<BLOCK>(row, n_rows, ld, need - 1, TieIdOf{t_key}, id_top, s_hist, s_pick,
-                                                id_below, id_equal);
-        cut = (static_cast<uint64_t>(t_key) << 32) | id;
-      }
-      if (tid == 0) s_count = 0;
-      __syncthreads();
-      visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t i, float d) {
-        const uint64_t key = (static_cast<uint64_t>(entry_key(d)) << 32) | static_cast<uint32_t>(i);
-        if (key <= cut && (a == 0 || key > prev)) {
-          const uint32_t at = atomicAdd(&s_count, 1u);
-          if (at < sort_slots) s_keys[at] = key;  // always: the count is at most sort_slots
+      select_pass pass = select_keys;
+      radix_round r;
+      r.start(24, static_cast<uint32_t>(b - 1));
+      uint32_t t_key = 0;
+      uint64_t cut = 0;
+      bool rest_excluded = false;
+#pragma unroll 1
+      for (;;) {
+        if (pass == select_collect) {
+          if (tid == 0) s_count = 0;
+        } else {
+          for (uint32_t h = tid; h < static_cast<uint32_t>(WARPS) * 256; h += BLOCK) s_hist[h / 256][h % 256] = 0;
         }
-      });
-      __syncthreads();
+        __syncthreads();
+        visit_row<BLOCK>(row, n_rows, ld, [&](uint64_t i, float d) {
+          // Two cases, not three: a branch per kind of pass made NVVM compile the
+          // walk once per kind again (and take longer than before).
+          const uint32_t key = entry_key(d);
+          if (pass == select_collect) {
+            const uint64_t k64 = (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(i);
+            if (k64 <= cut && (a == 0 || k64 > prev)) {
+              const uint32_t at = atomicAdd(&s_count, 1u);
+              if (at < sort_slots) s_keys[at] = k64;  // always: the count is at most sort_slots
+            }
+          } else if (pass == select_keys || key == t_key) {
+            r.count(pass == select_keys ? key : static_cast<uint32_t>(i), s_hist, warp);
+          }
+        });
+        __syncthreads();
+        if (pass == select_collect) break;
+        if (r.advance<BLOCK>(s_hist, s_pick)) continue;
+        if (pass == select_keys) {
+          t_key = r.prefix;
+          const uint32_t ties = r.equal;
+          const uint32_t need = static_cast<uint32_t>(b - r.below);
+          rest_excluded = t_key == 0xFFFFFFFFu;
+          cut = rest_excluded ? (0xFFFFFFFFull << 32) - 1u : (static_cast<uint64_t>(t_key) << 32) | 0xFFFFFFFFu;
+          if (!rest_excluded && (b - a) + (ties - need) > sort_slots) {
+            pass = select_tie_ids;
+            r.start(id_top, need - 1);
+            continue;
+          }
+        } else {
+          cut = (static_cast<uint64_t>(t_key) << 32) | r.prefix;  // the need-th tie's id
+        }
+        pass = select_collect;
+      }
       // The slice sorted by (key, id); the slots beyond the kept keys sort last.
       const uint32_t kept = s_count < sort_slots ? s_count : sort_slots;
       const uint32_t n_sort = static_cast<uint32_t>(scan::next_pow2(static_cast<int>(kept)));
