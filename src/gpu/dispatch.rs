@@ -560,6 +560,11 @@ impl CapturedGraph {
 
     /// Replays the graph on the stream it was captured from.
     ///
+    /// The replay records no event on the buffers its launches use (cudarc's
+    /// cross-stream ordering): read what it wrote on that stream (every
+    /// [`Transfer`](super::Transfer) of the context's own stream does), or
+    /// synchronise first, before another stream touches those buffers.
+    ///
     /// # Safety
     /// Every buffer the captured launches use must still be alive, at the
     /// same address (not dropped and handed to someone else by the pool),
