@@ -264,7 +264,11 @@ impl DeviceMemory for CudaMemory {
     }
 
     fn available(&self) -> u64 {
-        if self.stream.context().bind_to_thread().is_err() {
+        let ctx = self.stream.context();
+        // `bind_to_thread` takes an error cudarc stored for a later call:
+        // put it back, for that call (or the retried allocation) to report.
+        if let Err(e) = ctx.bind_to_thread() {
+            ctx.record_err::<()>(Err(e));
             return 0;
         }
         result::mem_get_info()
@@ -276,12 +280,13 @@ impl DeviceMemory for CudaMemory {
     /// stream reaches the free, and the pool gives memory back to the
     /// device at a synchronisation: synchronise, so an out-of-memory retry
     /// after a trim finds the trimmed bytes. An error here is the stream's
-    /// (a fault) and the retried allocation reports it.
+    /// (a fault): kept for the retried allocation to report.
     fn settle(&self) {
         // No synchronisation while capturing: it is illegal then (and an
         // allocation then is refused before any retry).
         if !self.capturing() {
-            let _ = self.stream.synchronize();
+            let ctx = self.stream.context();
+            ctx.record_err(self.stream.synchronize());
         }
     }
 }
