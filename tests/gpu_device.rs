@@ -12,8 +12,9 @@ mod support;
 
 use fraglink::gpu::launch::{check_cubin, ScanContract, EM_CUDA};
 use fraglink::gpu::{
-    CapturedGraph, GpuContext, GpuError, KernelArgs, KernelResources, LaunchConfig, Launcher,
-    MemoryPool, PinnedBuffer, PoolConfig, SizeClasses, Transfer, TransferDirection,
+    CapturedGraph, GpuBuffer, GpuContext, GpuError, GpuView, KernelArgs, KernelResources,
+    LaunchConfig, Launcher, MemoryPool, PinnedBuffer, PoolConfig, SizeClasses, Transfer,
+    TransferDirection,
 };
 use fraglink::sys::{InputType, NvJitLink};
 
@@ -419,6 +420,24 @@ struct Scan {
     launcher: Launcher,
 }
 
+/// The v4 scan's arguments (fragments/README.md): rows, queries, no
+/// filter, the counts (n_rows, dim, nq, k), then the outputs.
+fn scan_args<'a>(
+    dataset: impl Into<GpuView<'a, f32>>,
+    queries: impl Into<GpuView<'a, f32>>,
+    (n_rows, dim, nq, k): (u64, u32, u32, u32),
+    ids: &'a mut GpuBuffer<u32>,
+    dists: &'a mut GpuBuffer<f32>,
+) -> Result<KernelArgs<'a>, GpuError> {
+    let mut args = KernelArgs::new();
+    args.input(dataset)?;
+    args.input(queries)?;
+    args.null_ptr().value(n_rows).value(dim).value(nq).value(k);
+    args.output(ids)?;
+    args.output(dists)?;
+    Ok(args)
+}
+
 fn load_scan() -> Scan {
     let ctx = ctx();
     let (cubin, log) = link_scan(&ctx.arch().to_string());
@@ -455,16 +474,8 @@ fn scan_kernel_matches_the_cpu_reference() {
     assert_eq!(cfg.grid, (nq as u32, 1, 1));
     launcher.set_timing(true);
     {
-        let mut args = KernelArgs::new();
-        args.input(&d_dataset).unwrap();
-        args.input(&d_queries).unwrap();
-        args.null_ptr()
-            .value(n_rows as u64)
-            .value(dim as u32)
-            .value(nq as u32)
-            .value(k as u32);
-        args.output(&mut d_ids).unwrap();
-        args.output(&mut d_dists).unwrap();
+        let counts = (n_rows as u64, dim as u32, nq as u32, k as u32);
+        let mut args = scan_args(&d_dataset, &d_queries, counts, &mut d_ids, &mut d_dists).unwrap();
         // SAFETY: arguments in the order and types of fragments/README.md.
         unsafe { launcher.launch(&cfg, &mut args) }.unwrap();
     }
@@ -535,16 +546,8 @@ fn scan_replays_from_a_captured_graph() {
     // outlives the replays below; no other thread uses the context.
     let graph = unsafe {
         CapturedGraph::capture(&stream, |s| {
-            let mut args = KernelArgs::new();
-            args.input(&d_dataset)?;
-            args.input(&d_queries)?;
-            args.null_ptr()
-                .value(n_rows as u64)
-                .value(dim as u32)
-                .value(nq as u32)
-                .value(k as u32);
-            args.output(&mut d_ids)?;
-            args.output(&mut d_dists)?;
+            let counts = (n_rows as u64, dim as u32, nq as u32, k as u32);
+            let mut args = scan_args(&d_dataset, &d_queries, counts, &mut d_ids, &mut d_dists)?;
             launcher.launch_on(s, &cfg, &mut args)
         })
     }
@@ -600,16 +603,8 @@ fn a_capture_refuses_pool_misses_and_defers_frees() {
                 "{refused:?}"
             );
             drop(spare);
-            let mut args = KernelArgs::new();
-            args.input(&d_dataset)?;
-            args.input(&d_queries)?;
-            args.null_ptr()
-                .value(n_rows as u64)
-                .value(dim as u32)
-                .value(nq as u32)
-                .value(k as u32);
-            args.output(&mut d_ids)?;
-            args.output(&mut d_dists)?;
+            let counts = (n_rows as u64, dim as u32, nq as u32, k as u32);
+            let mut args = scan_args(&d_dataset, &d_queries, counts, &mut d_ids, &mut d_dists)?;
             launcher.launch_on(s, &cfg, &mut args)
         })
     }

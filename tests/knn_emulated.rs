@@ -248,19 +248,30 @@ fn a16_refuses_what_it_cannot_copy(
         (&other.what, &args, "0"),
         (&aligned.what, &aligned_args, "1"),
     ] {
-        let out = std::process::Command::new(exe)
-            .args(args)
-            .env("FRAGLINK_SIMT_QUERY_OFFSET", offset)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && stderr.contains("count not written"),
-            "{what}: {} with queries offset by {offset} ran ({}): {stderr}",
-            args[0],
-            out.status
+        assert_refused(
+            exe,
+            args,
+            offset,
+            &format!("{what}: {} with queries offset by {offset}", args[0]),
         );
     }
+}
+
+/// Runs the driver with the queries `offset` elements into their buffer and
+/// asserts that the candidate kernel refused the launch: it wrote nothing,
+/// so the driver finds the candidate counts unwritten.
+fn assert_refused(exe: &Path, args: &[String], offset: &str, what: &str) {
+    let out = std::process::Command::new(exe)
+        .args(args)
+        .env("FRAGLINK_SIMT_QUERY_OFFSET", offset)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("count not written"),
+        "{what} ran ({}): {stderr}",
+        out.status
+    );
 }
 
 fn check(exe: &Path, metric: Metric, precision: Precision, c: &Case<'_>) {
@@ -398,17 +409,8 @@ fn a_metric_that_only_finalizes_like_l2_is_refused() {
         reranks[0].0.clone(),
     ];
     let exe = emulated::build(dir.path(), "knn_l1", &fragments, "knn_driver.h", &rest);
-    let out = std::process::Command::new(&exe)
-        .args(&args)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("count not written"),
-        "{} with an L1 metric ran ({}): {stderr}",
-        plan.tile.name,
-        out.status
-    );
+    let what = format!("{} with an L1 metric", plan.tile.name);
+    assert_refused(&exe, &args, "0", &what);
     drop(data);
 }
 
