@@ -114,7 +114,14 @@ extern "C" FRAGLINK_HD float fraglink_metric_finalize_f32(const fraglink_metric_
 "#;
     let gpu = GpuSearcher::new(GpuContext::default().unwrap()).unwrap();
     let (base, queries) = synthetic(20_000, 32, 3, DType::F32, 5);
-    let mut bp = IvfBuildParams::new(40, MetricSpec::plain(Metric::L2)).with_seed(3);
+    // An l2sqrt index: its sqrt is its own metric's, not the caller's, so
+    // the dot products come back as they are (sqrt would make NaN of the
+    // negative ones).
+    let spec = MetricSpec {
+        metric: Metric::L2,
+        post: fraglink::search::ivf::PostProcess::Sqrt,
+    };
+    let mut bp = IvfBuildParams::new(40, spec).with_seed(3);
     bp.veclen = Some(4);
     let index = build_index(&base, &bp).unwrap();
     let dev = GpuIvfIndex::upload(&gpu, &index).unwrap();

@@ -389,7 +389,9 @@ impl GpuIvfIndex {
     /// entry (the index's dtype and veclen, `capacity ≥ k`), a metric for the dtype
     /// — a run-time source through [`Planner::add_source`] included — and a
     /// `filter_<f>_i64` matching `p.filter`. The coarse step keeps the index's
-    /// metric. Example: examples/ivf_user_metric.rs.
+    /// metric; the index's post-processing (`l2sqrt`'s sqrt) applies only
+    /// where the planner links the index's own metric fragment. Example:
+    /// examples/ivf_user_metric.rs.
     pub fn search_with(
         &self,
         planner: &Planner,
@@ -550,9 +552,23 @@ impl GpuIvfIndex {
             (ids, distances) =
                 merge_splits(&ids, &distances, nq, splits, k, ascending.unwrap_or(true));
         }
-        distances
-            .iter_mut()
-            .for_each(|d| *d = self.metric.post.apply(*d));
+        // The index's post-processing (sqrt of an l2sqrt index) belongs to
+        // its own metric: a caller's metric's distances come back as it
+        // computes them (sqrt of a similarity would make NaN).
+        let own_metric = format!(
+            "metric_{}_{}",
+            self.metric.metric.fragment_name(),
+            self.dtype.name()
+        );
+        if planner
+            .static_fragments()
+            .iter()
+            .any(|f| f.name == own_metric)
+        {
+            distances
+                .iter_mut()
+                .for_each(|d| *d = self.metric.post.apply(*d));
+        }
         Ok(Neighbors {
             nq,
             k,
