@@ -3,8 +3,11 @@
 // Header-only, __host__ __device__ (host tests include it directly). A filter is a
 // struct with one static function
 //   allows(bits, query, row) -> bool   true = the row may appear in the results
-// `query` is the query's index (0-based, < n_queries); no shipped filter uses it,
-// it is in the ABI so that per-query filters (bitmaps) fit without changing it.
+// `query` is the query's index within its launch (0-based, < the launch's n_queries);
+// no shipped filter uses it, it is in the ABI so that per-query filters (bitmaps) fit
+// without changing it. A search's queries may take several launches (query chunks,
+// batches, and on the tensor-core path the queries its bounds cover apart from the
+// others), so such a filter needs bits laid out per launch by its host side.
 #pragma once
 
 #include "common.cuh"
