@@ -3,15 +3,15 @@
 //!
 //! cudarc loads `libcuda` on its first driver call and **panics** when it
 //! cannot, and resolves each driver function on its first use, panicking
-//! when the library lacks it. Every call fraglink makes exists from the
-//! CUDA 12.4 driver API (`cuFuncGetParamInfo` is the newest of them).
-//! cudarc's bindings are those of 12.8 (`cuda-12080`) all the same: they
-//! resolve the same symbols for those calls (12.8 adds functions fraglink
-//! does not call, and a `cuCtxCreate_v4` only for non-primary contexts,
-//! which fraglink does not make), and their error enum knows the codes a
-//! newer driver returns (`CUDA_ERROR_CONTAINED`, a sticky device fault,
-//! among them), which in 12.4's enum would be values outside the Rust
-//! enum: undefined behaviour.
+//! when the library lacks it (cudarc is built against the CUDA 12.4 driver
+//! API here, `cuda-12040`: the oldest that has every call fraglink makes,
+//! `cuFuncGetParamInfo` being the newest of them). cudarc's version
+//! features exclude one another across a build, so this one is also every
+//! downstream crate's (examples/downstream pins it): a crate that takes
+//! fraglink and cudarc names `cuda-12040` or none. The cost: codes a newer
+//! driver may return that 12.4's error enum lacks (`CUDA_ERROR_CONTAINED`,
+//! 226, a contained hardware fault; 721; 916) arrive as values outside
+//! cudarc's Rust enum.
 //! [`GpuContext::available`] therefore probes on its own first, once per
 //! process: it opens the driver library with `libloading`, asks
 //! `cuDriverGetVersion` whether the driver covers the 12.4 API, and only
@@ -30,8 +30,8 @@ use once_cell::sync::OnceCell;
 use super::{driver_error, GpuError, GpuResult};
 use crate::build::Arch;
 
-/// The oldest driver API whose functions cover every call fraglink makes,
-/// as `cuDriverGetVersion` reports it: a driver reporting less may lack
+/// Driver API version cudarc is built against (`cuda-12040`), as
+/// `cuDriverGetVersion` reports it: a driver reporting less may lack
 /// functions cudarc resolves on first use (`cuFuncGetParamInfo` is 12.4).
 pub const REQUIRED_DRIVER_VERSION: i32 = 12040;
 

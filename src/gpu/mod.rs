@@ -188,7 +188,6 @@ pub fn is_sticky(e: &DriverError) -> bool {
             | E::CUDA_ERROR_LAUNCH_TIMEOUT
             | E::CUDA_ERROR_ECC_UNCORRECTABLE
             | E::CUDA_ERROR_NVLINK_UNCORRECTABLE
-            | E::CUDA_ERROR_CONTAINED
             | E::CUDA_ERROR_EXTERNAL_DEVICE
             | E::CUDA_ERROR_CONTEXT_IS_DESTROYED
     )
