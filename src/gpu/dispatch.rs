@@ -464,9 +464,11 @@ impl Drop for CaptureGuard<'_> {
     fn drop(&mut self) {
         if self.capturing {
             // As in `capture`: an error cudarc stored would stop
-            // `end_capture` before `cuStreamEndCapture`.
-            let _ = self.stream.context().check_err();
+            // `end_capture` before `cuStreamEndCapture`; put back after.
+            let ctx = self.stream.context();
+            let stored = ctx.check_err();
             let _ = self.stream.end_capture(CAPTURE_FLAGS);
+            ctx.record_err(stored);
         }
         if self.tracking {
             // SAFETY: restores the setting `capture` found, as its own
@@ -513,7 +515,10 @@ impl CapturedGraph {
     ///   stream refuses to allocate meanwhile and defers the frees of
     ///   blocks dropped meanwhile ([`CudaMemory`](super::CudaMemory)), but
     ///   a buffer dropped inside `record` must not be one a captured
-    ///   launch uses: the pool may hand it out again before a replay.
+    ///   launch uses: the pool may hand it out again before a replay. No
+    ///   pool and no [`Launcher`](super::Launcher) may be dropped inside
+    ///   `record` (the pool's last handle frees its blocks, which a capture
+    ///   cannot take).
     pub unsafe fn capture(
         stream: &Arc<CudaStream>,
         record: impl FnOnce(&Arc<CudaStream>) -> GpuResult<()>,
@@ -541,15 +546,20 @@ impl CapturedGraph {
         // `cuStreamEndCapture`, which would leave the stream capturing and
         // every later call on it failing. Take that error out first, end
         // the capture, then report it.
-        let deferred = ctx.check_err().map_err(driver_error(
-            "(deferred, recorded by cudarc during the capture)",
-        ));
+        let deferred = ctx.check_err();
         let ended = stream
             .end_capture(CAPTURE_FLAGS)
             .map_err(driver_error("cuStreamEndCapture"));
         drop(guard);
-        recorded?;
-        deferred?;
+        if let Err(e) = recorded {
+            // Put back for the next call to report: this one reports the
+            // closure's.
+            ctx.record_err(deferred);
+            return Err(e);
+        }
+        deferred.map_err(driver_error(
+            "(deferred, recorded by cudarc during the capture)",
+        ))?;
         match ended? {
             Some(graph) => Ok(CapturedGraph { graph }),
             None => Err(GpuError::invalid_config(

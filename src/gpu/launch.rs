@@ -733,13 +733,30 @@ impl std::fmt::Debug for Launcher {
 
 impl Drop for Launcher {
     fn drop(&mut self) {
-        self.ctx.record_err(self.ctx.bind_to_thread());
-        // `cuModuleUnload` does not wait for the module's kernels still
-        // queued (on any stream: `launch_on`); the context's work is.
-        self.ctx.record_err(self.ctx.synchronize());
-        // SAFETY: loaded in `load`, unloaded only here.
-        self.ctx
-            .record_err(unsafe { result::module::unload(self.module) });
+        // cudarc's calls start by taking an error it stored (and return it
+        // without doing their work): take it out first, put it back last.
+        let stored = self.ctx.check_err();
+        // SAFETY: the context is alive (held by `self.ctx`); the calls
+        // below only make it current, wait for it and unload this module.
+        unsafe {
+            self.ctx
+                .record_err(result::ctx::set_current(self.ctx.cu_ctx()));
+            // `cuModuleUnload` does not wait for the module's kernels still
+            // queued (on any stream: `launch_on`), so the context's work is
+            // waited for, except while the stream captures a graph (a
+            // synchronisation would invalidate the capture; nothing of it
+            // runs before its replay).
+            let capturing = !matches!(
+                result::stream::is_capturing(self.stream.cu_stream()),
+                Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+            );
+            if !capturing {
+                self.ctx.record_err(result::ctx::synchronize());
+            }
+            // Loaded in `load`, unloaded only here.
+            self.ctx.record_err(result::module::unload(self.module));
+        }
+        self.ctx.record_err(stored);
     }
 }
 
