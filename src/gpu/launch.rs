@@ -736,20 +736,20 @@ impl Drop for Launcher {
         // cudarc's calls start by taking an error it stored (and return it
         // without doing their work): take it out first, put it back last.
         let stored = self.ctx.check_err();
-        // SAFETY: the context is alive (held by `self.ctx`); the calls
-        // below only make it current, wait for it and unload this module.
+        // `cuModuleUnload` does not wait for the module's kernels still
+        // queued (on any stream: `launch_on`), so the context's work is
+        // waited for, except while the stream captures a graph (a
+        // synchronisation would invalidate the capture; nothing of it runs
+        // before its replay) or may (the query failed). The query makes the
+        // context current.
+        let capturing = super::stream_capturing(&self.stream).unwrap_or_else(|e| {
+            self.ctx.record_err::<()>(Err(e));
+            true
+        });
+        // SAFETY: the context is alive (held by `self.ctx`) and current
+        // unless the query failed (the unload then fails and records why);
+        // the calls below only wait for it and unload this module.
         unsafe {
-            self.ctx
-                .record_err(result::ctx::set_current(self.ctx.cu_ctx()));
-            // `cuModuleUnload` does not wait for the module's kernels still
-            // queued (on any stream: `launch_on`), so the context's work is
-            // waited for, except while the stream captures a graph (a
-            // synchronisation would invalidate the capture; nothing of it
-            // runs before its replay).
-            let capturing = !matches!(
-                result::stream::is_capturing(self.stream.cu_stream()),
-                Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-            );
             if !capturing {
                 self.ctx.record_err(result::ctx::synchronize());
             }

@@ -197,25 +197,12 @@ impl CudaMemory {
         &self.stream
     }
 
-    /// Whether the stream is capturing a graph, an invalidated capture
-    /// included (it captures until `cuStreamEndCapture`, and the frees of a
-    /// failed recording closure's buffers happen then). A failed query
-    /// counts as not capturing: the call that follows meets the error. Not
-    /// through `CudaStream::capture_status`, whose `bind_to_thread` takes
-    /// (and here would lose) an error cudarc stored for a later call.
+    /// Whether the stream is capturing a graph ([`super::stream_capturing`]:
+    /// an invalidated capture included, as the frees of a failed recording
+    /// closure's buffers happen then). A failed query counts as not
+    /// capturing: the call that follows meets the error.
     fn capturing(&self) -> bool {
-        use cudarc::driver::sys::CUstreamCaptureStatus::{
-            CU_STREAM_CAPTURE_STATUS_ACTIVE, CU_STREAM_CAPTURE_STATUS_INVALIDATED,
-        };
-        // SAFETY: the stream holds its context alive; `cuStreamIsCapturing`
-        // only reads the stream's state.
-        unsafe {
-            result::ctx::set_current(self.stream.context().cu_ctx()).is_ok()
-                && matches!(
-                    result::stream::is_capturing(self.stream.cu_stream()),
-                    Ok(CU_STREAM_CAPTURE_STATUS_ACTIVE | CU_STREAM_CAPTURE_STATUS_INVALIDATED)
-                )
-        }
+        super::stream_capturing(&self.stream).unwrap_or(false)
     }
 
     /// Frees the blocks dropped during a capture, once none runs.

@@ -168,6 +168,22 @@ pub(crate) fn driver_error(call: &'static str) -> impl FnOnce(DriverError) -> Gp
     }
 }
 
+/// Whether `stream` is capturing a graph, an invalidated capture included
+/// (it captures until `cuStreamEndCapture`). Makes the stream's context
+/// current first. Not through `CudaStream::capture_status`, whose
+/// `bind_to_thread` takes (and so would lose) an error cudarc stored for a
+/// later call to report.
+pub(crate) fn stream_capturing(stream: &cudarc::driver::CudaStream) -> Result<bool, DriverError> {
+    use cudarc::driver::result;
+    use cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the stream holds its context alive; `cuStreamIsCapturing`
+    // only reads the stream's state.
+    unsafe {
+        result::ctx::set_current(stream.context().cu_ctx())?;
+        Ok(result::stream::is_capturing(stream.cu_stream())? != CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+}
+
 /// The driver errors after which a context cannot be used again (CUDA's
 /// "sticky" errors). NVIDIA's documentation of several of them says the
 /// process is left in an inconsistent state and must be restarted, so

@@ -726,15 +726,8 @@ impl Transfer {
         &self,
         dst: impl Into<GpuViewMut<'b, T>>,
     ) -> GpuResult<()> {
-        let mut dst = dst.into();
-        if !dst.is_empty() {
-            let mut view = dst.as_cuda_mut()?;
-            self.stream
-                .memset_zeros(&mut view)
-                .map_err(driver_error("cuMemsetD8Async"))?;
-            self.check_deferred()?;
-        }
-        Ok(())
+        // SAFETY: zero bits are a valid `T` (`ValidAsZeroBits`).
+        unsafe { self.set_bytes(dst.into(), 0) }
     }
 
     /// Sets every bit of `dst` (`cuMemsetD8Async` of 0xFF), ordered on the
@@ -745,19 +738,33 @@ impl Transfer {
     /// shows the refusal where the output would otherwise keep whatever an
     /// earlier search left in the pooled block: plausible, wrong results.
     pub fn fill_nan<'b>(&self, dst: impl Into<GpuViewMut<'b, f32>>) -> GpuResult<()> {
-        let mut dst = dst.into();
+        // SAFETY: every bit pattern is a valid f32.
+        unsafe { self.set_bytes(dst.into(), 0xFF) }
+    }
+
+    /// Sets every byte of `dst` to `byte` (`cuMemsetD8Async`), ordered on the
+    /// stream (the write is recorded on the block, as cudarc's own memsets
+    /// do); does not wait.
+    ///
+    /// # Safety
+    /// Bytes all equal to `byte` must be a valid `T`.
+    unsafe fn set_bytes<T: DeviceRepr>(
+        &self,
+        mut dst: GpuViewMut<'_, T>,
+        byte: u8,
+    ) -> GpuResult<()> {
         if !dst.is_empty() {
             let mut view = dst.as_cuda_mut()?;
             let bytes = view.num_bytes();
             self.stream
                 .context()
                 .bind_to_thread()
-                .map_err(driver_error("cuCtxSetCurrent"))?;
+                .map_err(driver_error("cuMemsetD8Async"))?;
             let (ptr, _record) = view.device_ptr_mut(&self.stream);
             // SAFETY: `ptr` addresses `bytes` bytes of a live device block this
-            // view borrows mutably; every bit pattern is a valid f32; the set
-            // is ordered on the block's stream (`_record` records it).
-            unsafe { result::memset_d8_async(ptr, 0xFF, bytes, self.stream.cu_stream()) }
+            // view borrows mutably; the set is ordered on the block's stream
+            // (`_record` records it); the caller vouches for the bytes.
+            unsafe { result::memset_d8_async(ptr, byte, bytes, self.stream.cu_stream()) }
                 .map_err(driver_error("cuMemsetD8Async"))?;
             self.check_deferred()?;
         }
