@@ -67,21 +67,31 @@ constexpr int RPT = 4;
 static_assert((DQ / QPT) * (DR / RPT) == FRAGLINK_DIST_BLOCK, "one thread per (query group, row group)");
 
 // The contract the kernel checks by itself (as scan.cuh's launch_ok): block shape,
-// element-aligned inputs, 4-byte aligned filter words and outputs. The same for every
-// thread: a violating launch writes nothing.
+// element-aligned inputs, 4-byte aligned filter words and outputs, the tile counts
+// present. The same for every thread: a violating launch writes nothing.
 template <typename T>
 __device__ FRAGLINK_INLINE bool dist_launch_ok(const T* dataset, const T* queries, const uint32_t* filter_bits,
-                                               uint32_t n_rows, uint32_t ld, const float* dists) {
+                                               uint32_t n_rows, uint32_t ld, const float* dists,
+                                               const uint32_t* tiles_done) {
   const uint64_t bad = scan::misaligned_bits<static_cast<int>(sizeof(T))>(dataset) |
                        scan::misaligned_bits<static_cast<int>(sizeof(T))>(queries) |
-                       scan::misaligned_bits<4>(filter_bits) | scan::misaligned_bits<4>(dists);
-  return bad == 0 && ld >= n_rows && blockDim.x == FRAGLINK_DIST_BLOCK && blockDim.y == 1 && blockDim.z == 1;
+                       scan::misaligned_bits<4>(filter_bits) | scan::misaligned_bits<4>(dists) |
+                       scan::misaligned_bits<4>(tiles_done);
+  return bad == 0 && tiles_done != nullptr && ld >= n_rows && blockDim.x == FRAGLINK_DIST_BLOCK && blockDim.y == 1 &&
+         blockDim.z == 1;
+}
+
+// Row tiles of DR rows a query's matrix row is written in: the count knn_dist leaves
+// in tiles_done[query tile] when every block of the query tile wrote its rows.
+__device__ FRAGLINK_INLINE uint64_t dist_row_tiles(uint32_t n_rows) {
+  return (static_cast<uint64_t>(n_rows) + DR - 1) / DR;
 }
 
 template <typename T>
 __device__ FRAGLINK_INLINE void run_dist(const T* __restrict__ dataset, const T* __restrict__ queries,
                                          const uint32_t* __restrict__ filter_bits, uint32_t n_rows, uint32_t dim,
-                                         uint32_t n_queries, uint32_t ld, float* __restrict__ dists) {
+                                         uint32_t n_queries, uint32_t ld, float* __restrict__ dists,
+                                         uint32_t* __restrict__ tiles_done) {
   typedef scan::metric_abi<T> M;
   constexpr int QS = DQ / QPT;  // query stride between a thread's queries
   constexpr int RS = DR / RPT;  // row stride between a thread's rows
@@ -90,7 +100,7 @@ __device__ FRAGLINK_INLINE void run_dist(const T* __restrict__ dataset, const T*
   __shared__ T s_q[DC][DQ + 1];
   __shared__ T s_x[DC][DR + 1];
 
-  if (!dist_launch_ok<T>(dataset, queries, filter_bits, n_rows, ld, dists)) return;
+  if (!dist_launch_ok<T>(dataset, queries, filter_bits, n_rows, ld, dists, tiles_done)) return;
   const int tid = static_cast<int>(threadIdx.x);
   const int tq = tid / RS;
   const int tr = tid % RS;
@@ -149,6 +159,10 @@ __device__ FRAGLINK_INLINE void run_dist(const T* __restrict__ dataset, const T*
       dists[q * ld + row] = d;
     }
   }
+  // The block's tile is written (the launch ends before the select reads it). Blocks
+  // past the rows or the queries count nothing, so a query tile counts exactly its
+  // row tiles when the grid covered them once each (dist_row_tiles).
+  if (tid == 0 && row0 < n_rows && q0 < n_queries) atomicAdd(&tiles_done[blockIdx.y], 1u);
 }
 
 // ----- the select pass ----------------------------------------------------------
@@ -275,19 +289,20 @@ struct radix_round {
 
 // The select's contract (as scan.cuh's launch_ok): block shape, 1 <= k, at least one
 // row, a row stride ld >= n_rows that is a multiple of SELECT_VEC, a 16-byte aligned
-// matrix, sort_slots a power of two within the launch's dynamic shared memory, 4-byte
-// aligned outputs. The same for every thread.
-__device__ FRAGLINK_INLINE bool select_launch_ok(const float* dists, uint32_t n_rows, uint32_t ld, uint32_t k,
-                                                 uint32_t sort_slots, const uint32_t* out_ids,
-                                                 const float* out_dists) {
-  const uint64_t bad = scan::misaligned_bits<16>(dists) | scan::misaligned_bits<4>(out_ids) |
-                       scan::misaligned_bits<4>(out_dists) | (ld % SELECT_VEC);
-  return bad == 0 && k != 0 && n_rows != 0 && ld >= n_rows && sort_slots != 0 &&
+// matrix, knn_dist's tile counts, sort_slots a power of two within the launch's
+// dynamic shared memory, 4-byte aligned outputs. The same for every thread.
+__device__ FRAGLINK_INLINE bool select_launch_ok(const float* dists, const uint32_t* tiles_done, uint32_t n_rows,
+                                                 uint32_t ld, uint32_t k, uint32_t sort_slots,
+                                                 const uint32_t* out_ids, const float* out_dists) {
+  const uint64_t bad = scan::misaligned_bits<16>(dists) | scan::misaligned_bits<4>(tiles_done) |
+                       scan::misaligned_bits<4>(out_ids) | scan::misaligned_bits<4>(out_dists) | (ld % SELECT_VEC);
+  return bad == 0 && tiles_done != nullptr && k != 0 && n_rows != 0 && ld >= n_rows && sort_slots != 0 &&
          (sort_slots & (sort_slots - 1)) == 0 && static_cast<uint64_t>(sort_slots) * 8 <= scan::dynamic_shared_bytes() &&
          blockDim.x == FRAGLINK_SELECT_BLOCK && blockDim.y == 1 && blockDim.z == 1;
 }
 
-__device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint32_t n_rows, uint32_t ld,
+__device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, const uint32_t* __restrict__ tiles_done,
+                                           uint32_t n_rows, uint32_t ld,
                                            uint32_t n_queries, uint32_t k, uint32_t sort_slots,
                                            uint32_t* __restrict__ out_ids, float* __restrict__ out_dists) {
   constexpr int BLOCK = FRAGLINK_SELECT_BLOCK;
@@ -300,7 +315,8 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
   __shared__ uint32_t s_count;
   uint64_t* const s_keys = reinterpret_cast<uint64_t*>(scan::dynamic_shared());
 
-  if (!select_launch_ok(dists, n_rows, ld, k, sort_slots, out_ids, out_dists)) return;
+  if (!select_launch_ok(dists, tiles_done, n_rows, ld, k, sort_slots, out_ids, out_dists)) return;
+  const uint64_t row_tiles = dist_row_tiles(n_rows);
   const uint32_t tid = threadIdx.x;
   const uint32_t warp = tid / 32;
   const uint64_t kk = k < n_rows ? k : n_rows;
@@ -309,6 +325,11 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, uint
   while (id_top > 0 && ((n_rows - 1u) >> id_top) == 0u) id_top -= 8;
 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
+    // A matrix row knn_dist did not write whole (it refused its launch, or its grid
+    // missed or repeated a tile) holds a former owner's bytes: the query is skipped
+    // and its outputs stay unwritten, which the host reports. The same word for the
+    // whole block.
+    if (tiles_done[q / DQ] != row_tiles) continue;
     const float* __restrict__ row = dists + q * ld;
     const uint64_t out = q * k;
     // The kk winners in slices of ranks [a, b), at most sort_slots each (one slice

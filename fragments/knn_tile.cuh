@@ -839,6 +839,18 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
   const uint64_t c0 = static_cast<uint64_t>(blockIdx.y) * group_chunks;
   const uint64_t c_end = c0 + group_chunks < n_chunks ? c0 + group_chunks : n_chunks;
   const uint64_t slots = (c_end > c0 ? c_end - c0 : 0) * CAP;
+  // The host sets every count to all ones (0xFFFFFFFF) before the kernel that
+  // fills them (knn_tile, or this kernel's merge level) runs. A count above CAP
+  // means that kernel refused its launch or its grid missed the slot. The block then
+  // writes nothing: its queries' outputs stay unwritten, which the host reports (and
+  // a merge level's unwritten counts stop the final launch's block too), where
+  // reading the slots would follow a former search's ids, out of bounds. Checked
+  // before the queries' loop, where it costs their hot path no registers.
+  bool unwritten = false;
+  for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {
+    for (uint64_t c = c0 + tid; c < c_end; c += BLOCK) unwritten |= cand_count[q * n_chunks + c] > CAP;
+  }
+  if (__syncthreads_or(unwritten)) return;
 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {
     const T* __restrict__ qrow = queries + q * dim;

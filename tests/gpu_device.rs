@@ -235,6 +235,12 @@ fn upload_download_roundtrip() {
     assert_eq!(&marked[220..], &back[220..]);
     t.fill_nan(&mut buf).unwrap();
     assert!(t.download_vec(&buf).unwrap().iter().all(|d| d.is_nan()));
+    // Counts set to all ones (knn_tile's unwritten counts), a window only.
+    let mut counts = t.upload_new(&pool, &[7u32; 40]).unwrap();
+    t.fill_ones(counts.subview_mut(8, 16).unwrap()).unwrap();
+    let counts = t.download_vec(&counts).unwrap();
+    assert!(counts[8..24].iter().all(|&c| c == u32::MAX));
+    assert!(counts[..8].iter().chain(&counts[24..]).all(|&c| c == 7));
     // Bytes, and an empty transfer.
     let bytes: Vec<u8> = (0..=255).collect();
     let b = t.upload_new(&pool, &bytes).unwrap();

@@ -676,4 +676,73 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         .find(|c| c.what.contains("rows of 4-byte groups"))
         .expect("a case over rows of 4-byte groups");
     a16_refuses_what_it_cannot_copy(exe, metric, precision, four, &all[0]);
+    let merging = all
+        .iter()
+        .find(|c| c.what.contains("merge level, then final"))
+        .expect("a case with the merge level");
+    for c in [&all[0], merging] {
+        an_unwritten_count_skips_its_query(exe, metric, precision, c);
+    }
+}
+
+/// A candidate count the tile kernel left as the host set it (all ones,
+/// `Transfer::fill_ones`: a launch that never reached the slot) makes the
+/// re-rank blocks over that slot's query write nothing, through the merge
+/// level too: with the query alone in its blocks (query 1 of `c`, whose
+/// re-rank grid has at least 2 blocks), its outputs stay NaN, which the GPU
+/// path reports (`GpuSearchError::Unwritten`), and every other query's
+/// results are unchanged, bit for bit.
+fn an_unwritten_count_skips_its_query(
+    exe: &Path,
+    metric: Metric,
+    precision: Precision,
+    c: &Case<'_>,
+) {
+    let (nq, k) = (c.queries.rows(), c.k);
+    assert!(
+        c.rerank_grid >= 2 && nq >= 2,
+        "{}: query 1 alone in its re-rank blocks",
+        c.what
+    );
+    let (_plan, dir, args) = prepare(metric, precision, c);
+    emulated::run(exe, &args, &c.what);
+    let whole = emulated::read_results(dir.path(), nq, k, false);
+    let n_chunks: usize = args[7].parse().unwrap();
+    let skipped = 1;
+    let slot = skipped * n_chunks + n_chunks - 1;
+    let out = std::process::Command::new(exe)
+        .args(&args)
+        .env("FRAGLINK_SIMT_UNWRITE_SLOT", slot.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: slot {slot} of {n_chunks} chunks unwritten: {}",
+        c.what,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let part = emulated::read_results(dir.path(), nq, k, false);
+    for q in 0..nq {
+        let r = q * k..(q + 1) * k;
+        let bits = |n: &Neighbors| {
+            n.distances[r.clone()]
+                .iter()
+                .map(|d| d.to_bits())
+                .collect::<Vec<_>>()
+        };
+        if q == skipped {
+            assert!(
+                part.distances[r.clone()].iter().all(|d| d.is_nan()),
+                "{}: query {q} written from an unwritten count",
+                c.what
+            );
+        } else {
+            assert_eq!(
+                (&part.ids[r.clone()], bits(&part)),
+                (&whole.ids[r.clone()], bits(&whole)),
+                "{}: query {q} changed by query {skipped}'s unwritten count",
+                c.what
+            );
+        }
+    }
 }

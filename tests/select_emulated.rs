@@ -89,6 +89,51 @@ fn check(
     emulated::assert_equals_cpu(&found, base, queries, &params, &what);
 }
 
+/// knn_dist launched over more row tiles than the rows need: the extra
+/// blocks count nothing, and results are the CPU path's. Over one fewer:
+/// every query's matrix row misses its last tile, so the select skips every
+/// query and writes nothing (the GPU path reports the NaN it set there,
+/// `GpuSearchError::Unwritten`); the driver checks that.
+fn the_select_reads_only_whole_matrix_rows(
+    exe: &Path,
+    metric: Metric,
+    base: &Vectors,
+    queries: &Vectors,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let k = 50;
+    let params = emulated::write_search(d, base, queries, k, metric, None);
+    let (n, dim, nq) = (base.rows(), base.dim(), queries.rows());
+    let slots = sort_slots(k, n, SharedMemory::H100).unwrap();
+    let args: Vec<String> = [n, dim, nq, k, slots as usize, 3, 7]
+        .iter()
+        .map(|v| v.to_string())
+        .chain([d.display().to_string()])
+        .collect();
+    let row_tiles = n.div_ceil(64);
+    for grid_x in [row_tiles + 2, row_tiles - 1] {
+        let what = format!(
+            "{} {metric:?} knn_dist over {grid_x} of {row_tiles} row tiles",
+            base.dtype()
+        );
+        let out = std::process::Command::new(exe)
+            .args(&args)
+            .env("FRAGLINK_SIMT_DIST_GRID_X", grid_x.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if grid_x > row_tiles {
+            let found = emulated::read_results(d, nq, k, false);
+            emulated::assert_equals_cpu(&found, base, queries, &params, &what);
+        }
+    }
+}
+
 /// 3 distinct rows (values in every dtype's range), repeated to `n` rows.
 fn duplicates(n: usize, dim: usize, dtype: DType) -> Vectors {
     let protos: [Vec<f32>; 3] = [
@@ -122,6 +167,7 @@ fn the_two_pass_select_matches_the_cpu_path_under_emulation() {
             check(&exe, what, metric, b, q, k, f, grid, Some(slots))
         };
         run("k 1100", &base, &queries, 1100, None, 4);
+        the_select_reads_only_whole_matrix_rows(&exe, metric, &base, &queries);
         run("k beyond the rows", &base, &queries, 5000, None, 9);
         let sparse = Some(Bitset::random(3000, 0.1, 3));
         run("10% filter", &base, &queries, 1100, sparse, 2);

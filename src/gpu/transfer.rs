@@ -742,6 +742,17 @@ impl Transfer {
         unsafe { self.set_bytes(dst.into(), 0xFF) }
     }
 
+    /// Sets every bit of `dst` (`cuMemsetD8Async` of 0xFF), ordered on the
+    /// stream; does not wait: each count becomes `u32::MAX`. knn_tile's
+    /// candidate counts start so, above every capacity: the re-rank skips a
+    /// query any of whose counts the kernel before it left unwritten
+    /// (fragments/README.md), as [`fill_nan`](Self::fill_nan) shows an
+    /// unwritten distance.
+    pub fn fill_ones<'b>(&self, dst: impl Into<GpuViewMut<'b, u32>>) -> GpuResult<()> {
+        // SAFETY: every bit pattern is a valid u32.
+        unsafe { self.set_bytes(dst.into(), 0xFF) }
+    }
+
     /// Sets every byte of `dst` to `byte` (`cuMemsetD8Async`), ordered on the
     /// stream (the write is recorded on the block, as cudarc's own memsets
     /// do); does not wait.

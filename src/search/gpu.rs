@@ -74,10 +74,12 @@ pub enum GpuSearchError {
     /// A kernel left distances unwritten: the host set them to NaN before
     /// the launch ([`Transfer::fill_nan`]) and NaN came back, which no
     /// kernel writes. A launch the kernel refuses (its own contract check,
-    /// fragments/README.md) writes nothing; the host checks the same rules
-    /// first, so this is a disagreement between the two, reported instead
-    /// of returning what a pooled block held before.
-    #[error("kernel `{entry}` left {unwritten} of its {outputs} distances unwritten: it refused the launch (its own contract check, fragments/README.md)")]
+    /// fragments/README.md) writes nothing, and so does a query whose input
+    /// the kernel before it left unwritten (knn_rerank after knn_tile,
+    /// [`Transfer::fill_ones`]); the host checks the same rules first, so
+    /// this is a disagreement between the two, reported instead of
+    /// returning what a pooled block held before.
+    #[error("kernel `{entry}` left {unwritten} of its {outputs} distances unwritten: it, or the kernel whose output it reads, refused the launch (its own contract check, fragments/README.md)")]
     Unwritten {
         entry: String,
         unwritten: usize,
@@ -672,8 +674,9 @@ mod tests {
         ));
         assert_eq!(
             e.to_string(),
-            "kernel `knn_rerank_f32_k32` left 2 of its 3 distances unwritten: it refused the \
-             launch (its own contract check, fragments/README.md)"
+            "kernel `knn_rerank_f32_k32` left 2 of its 3 distances unwritten: it, or the kernel \
+             whose output it reads, refused the launch (its own contract check, \
+             fragments/README.md)"
         );
         // The all-ones bits `Transfer::fill_nan` sets are a NaN.
         assert!(f32::from_bits(u32::MAX).is_nan());

@@ -383,10 +383,11 @@ impl KnnSearch<'_> {
             let mut cand = Candidates::alloc(pool, nb * n_chunks as usize, cap)?;
             // Pooled memory holds a former owner's bytes: should the tile
             // kernel refuse its launch contract and write nothing, the
-            // re-rank then reads empty candidates (a wrong answer the tests
-            // see) instead of stale ids (an out-of-bounds read that kills
-            // the context).
-            t.zero(&mut cand.count)?;
+            // re-rank finds the counts still all ones, skips those queries
+            // and leaves their distances NaN (GpuSearchError::Unwritten),
+            // instead of reading stale ids (out of bounds, or plausible
+            // wrong neighbours).
+            t.fill_ones(&mut cand.count)?;
             {
                 let tiles = nb.div_ceil(self.plan.qtile as usize) as u32;
                 let cfg = LaunchConfig::new((tiles, n_chunks, 1), (KNN_BLOCK, 1, 1))
@@ -432,9 +433,9 @@ impl KnnSearch<'_> {
             // Kept until the download below: the final launch reads it.
             let merged = if groups > 1 {
                 let mut merged = Candidates::alloc(pool, nb * groups as usize, cap)?;
-                // As the tile's counts: a refused merge launch leaves empty
-                // groups, not a former owner's ids.
-                t.zero(&mut merged.count)?;
+                // As the tile's counts: a refused merge launch (or a query
+                // it skipped) leaves the final level counts to skip on.
+                t.fill_ones(&mut merged.count)?;
                 let cfg = LaunchConfig::new((nb as u32, groups, 1), (KNN_BLOCK, 1, 1));
                 let mut a =
                     self.rerank_args(&d_q, nb, &contract, &cand, [n_chunks, group_chunks])?;

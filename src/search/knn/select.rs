@@ -249,10 +249,17 @@ impl SelectSearch<'_> {
             let nb = b1 - b0;
             let d_q = crate::search::gpu::upload_vectors(t, pool, &queries.slice_rows(b0, b1))?;
             let mut matrix = pool.alloc::<f32>(nb * ld)?;
+            let query_tiles = nb.div_ceil(DIST_TILE.0 as usize);
+            // knn_dist counts the row tiles it wrote per query tile; the
+            // select skips a query whose matrix row is not whole (leaving
+            // its distances NaN, reported below) instead of ranking what
+            // the pooled block held before.
+            let mut tiles_done = pool.alloc::<u32>(query_tiles)?;
+            t.zero(&mut tiles_done)?;
             {
                 let grid = (
                     n_rows.div_ceil(DIST_TILE.1 as usize) as u32,
-                    nb.div_ceil(DIST_TILE.0 as usize) as u32,
+                    query_tiles as u32,
                     1,
                 );
                 let cfg = LaunchConfig::new(grid, (DIST_BLOCK, 1, 1));
@@ -269,10 +276,13 @@ impl SelectSearch<'_> {
                     .value(nb as u32)
                     .value(ld as u32);
                 a.output(matrix.view_mut())?.require_alignment(16, "dists");
+                a.output(tiles_done.view_mut())?
+                    .require_alignment(4, "tiles_done");
                 // SAFETY: knn_dist's contract (fragments/README.md): the rows,
                 // nb queries, the filter words or null, counts that fit u32,
-                // a matrix of nb rows of ld ≥ n_rows; grid.x covers every row tile and
-                // grid.y every query tile (nb ≤ 65535 tiles).
+                // a matrix of nb rows of ld ≥ n_rows, a zeroed count per
+                // query tile; grid.x covers every row tile and grid.y every
+                // query tile (nb ≤ 65535 tiles).
                 unsafe { dist.launch(&cfg, &mut a)? };
             }
             let mut o_ids = pool.alloc::<u32>(nb * k)?;
@@ -283,6 +293,7 @@ impl SelectSearch<'_> {
                     .with_dynamic_shared(self.plan.dynamic_shared_bytes());
                 let mut a = KernelArgs::new();
                 a.input(&matrix)?.require_alignment(16, "dists");
+                a.input(&tiles_done)?.require_alignment(4, "tiles_done");
                 a.value(n_rows as u32)
                     .value(ld as u32)
                     .value(nb as u32)
@@ -290,9 +301,9 @@ impl SelectSearch<'_> {
                     .value(self.plan.sort_slots);
                 push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
                 push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
-                // SAFETY: knn_select's contract: the matrix knn_dist filled on
-                // the same stream (16-byte aligned, rows ld apart, ld a
-                // multiple of 4), sort_slots a power of two with 8 bytes each
+                // SAFETY: knn_select's contract: the matrix and the tile
+                // counts knn_dist filled on the same stream (16-byte aligned,
+                // rows ld apart, ld a multiple of 4), sort_slots a power of two with 8 bytes each
                 // of dynamic shared memory, outputs of nb × k.
                 unsafe { select.launch(&cfg, &mut a)? };
             }

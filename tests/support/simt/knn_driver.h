@@ -18,6 +18,11 @@
 // candidate buffer breaks the kernels' contract; 2 on bad arguments.
 // FRAGLINK_SIMT_QUERY_OFFSET=N starts the queries N elements into their buffer (a
 // misaligned pointer, for the launch-refusal tests); so do the queries' f16 copies.
+// FRAGLINK_SIMT_UNWRITE_SLOT=S sets candidate slot S's count back to all ones after
+// the tile kernel (as a tile launch that never reached it leaves it): the re-rank
+// blocks over that slot's query must write nothing, so with the query alone in its
+// block (RERANK_GRID_X > its index), its outputs stay unwritten (checked here; NaN
+// in dists.bin) and every other query's are written.
 #pragma once
 
 #include <algorithm>
@@ -46,16 +51,22 @@ struct candidates {
   std::vector<float> lo, hi;
   std::vector<uint32_t> ids;
   static constexpr uint32_t unwritten = 0xDEADBEEFu;
-  candidates(size_t slots, uint32_t cap) : count(slots, unwritten), lo(slots * cap, NAN), hi(slots * cap, NAN),
-                                           ids(slots * cap, unwritten) {}
+  // What the host sets the counts to (Transfer::fill_ones): the re-rank skips a
+  // query any of whose counts is still so.
+  static constexpr uint32_t count_unwritten = 0xFFFFFFFFu;
+  candidates(size_t slots, uint32_t cap) : count(slots, count_unwritten), lo(slots * cap, NAN),
+                                           hi(slots * cap, NAN), ids(slots * cap, unwritten) {}
 
-  // Every slot written, at most `cap` entries with lo <= hi and a real row, each in
-  // the rows `row_ok` accepts for its slot.
+  // Every slot written (but those of query `skip`, slots_per_query apart), at most
+  // `cap` entries with lo <= hi and a real row, each in the rows `row_ok` accepts
+  // for its slot.
   template <typename RowOk>
-  void check(const char* what, uint32_t cap, uint32_t n_rows, RowOk row_ok) const {
+  void check(const char* what, uint32_t cap, uint32_t n_rows, RowOk row_ok, size_t slots_per_query = 1,
+             size_t skip = SIZE_MAX) const {
     for (size_t s = 0; s < count.size(); ++s) {
       const std::string at_slot = std::string(what) + " slot " + std::to_string(s);
-      if (count[s] == unwritten) die(1, at_slot + ": count not written");
+      if (s / slots_per_query == skip) continue;
+      if (count[s] == count_unwritten) die(1, at_slot + ": count not written");
       if (count[s] > cap) die(1, at_slot + " holds " + std::to_string(count[s]) + " > capacity");
       for (uint32_t j = 0; j < count[s]; ++j) {
         const size_t at = s * cap + j;
@@ -115,6 +126,14 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   };
   simt::launch(simt::extent{tile_grid, n_chunks, 1}, simt::extent{128, 1, 1}, run_tile, seed, tile_shared);
   c.check("tile", cap, n_rows, [&](size_t s, uint32_t id) { return id / chunk_rows == s % n_chunks; });
+  const char* unwrite_env = std::getenv("FRAGLINK_SIMT_UNWRITE_SLOT");
+  size_t skipped = SIZE_MAX;  // the query whose outputs must stay unwritten
+  if (unwrite_env != nullptr) {
+    const size_t slot = std::strtoul(unwrite_env, nullptr, 10);
+    if (slot >= c.count.size()) die(2, "FRAGLINK_SIMT_UNWRITE_SLOT beyond the candidate slots");
+    c.count[slot] = candidates::count_unwritten;
+    skipped = slot / n_chunks;
+  }
 
   // The re-rank as src/search/knn/gpu.rs launches it: a merge level over groups of
   // chunks first when there are several groups.
@@ -128,10 +147,13 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
                 merged.ids.data(), nullptr, nullptr);
     };
     simt::launch(simt::extent{rerank_grid, groups, 1}, simt::extent{128, 1, 1}, run_merge, seed + 2);
-    merged.check("merged", cap, n_rows, [&](size_t s, uint32_t id) {
-      const uint64_t g = s % groups;
-      return id / chunk_rows >= g * group_chunks && id / chunk_rows < (g + 1) * group_chunks;
-    });
+    merged.check(
+        "merged", cap, n_rows,
+        [&](size_t s, uint32_t id) {
+          const uint64_t g = s % groups;
+          return id / chunk_rows >= g * group_chunks && id / chunk_rows < (g + 1) * group_chunks;
+        },
+        groups, skipped);
     final_in = &merged;
     final_chunks = groups;
   }
@@ -143,6 +165,21 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
               out_ids.data(), out_dists.data());
   };
   simt::launch(simt::extent{rerank_grid, 1, 1}, simt::extent{128, 1, 1}, run_rerank, seed + 1);
+  if (skipped != SIZE_MAX) {
+    // The skipped query's outputs all unwritten, every other one written.
+    std::vector<float> others = out_dists;
+    for (size_t j = 0; j < k; ++j) {
+      if (out_dists[skipped * k + j] == out_dists[skipped * k + j]) {
+        die(1, "query " + std::to_string(skipped) + " output " + std::to_string(j) +
+                   " written from an unwritten candidate count");
+      }
+      others[skipped * k + j] = 0.0f;
+    }
+    require_written(others);
+    write_file(dir + "/ids.bin", out_ids);
+    write_file(dir + "/dists.bin", out_dists);
+    return 0;
+  }
   return write_results(dir, "ids.bin", out_ids, out_dists);
 }
 
