@@ -158,3 +158,32 @@ extern "C" FRAGLINK_HD float fraglink_metric_finalize_f32(const fraglink_metric_
         }
     }
 }
+
+/// A filter's bits go up when they change, not per search (the index keeps
+/// the last device copy): the second search with the same bits sends
+/// exactly the filter's words fewer than the first, and results stay the
+/// CPU path's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_repeated_filter_is_uploaded_once() {
+    let gpu = GpuSearcher::new(GpuContext::default().unwrap()).unwrap();
+    let (base, queries) = synthetic(6000, 32, 20, DType::F32, 5);
+    let index = build_index(&base, &IvfBuildParams::new(40, "l2".parse().unwrap())).unwrap();
+    let dev = GpuIvfIndex::upload(&gpu, &index).unwrap();
+    let (a, b) = (Bitset::random(6000, 0.3, 4), Bitset::random(6000, 0.6, 5));
+    let words = (a.words.len() * 4) as u64;
+    let sent = |f: &Bitset| {
+        let p = IvfSearchParams::new(10, 8).with_filter(Filter::Bitset(f.clone()));
+        let before = gpu.transfer().stats().bytes_to_device;
+        let got = dev.search(&queries, &p).unwrap();
+        let sent = gpu.transfer().stats().bytes_to_device - before;
+        let want = search_ivf(&index, &queries, &p).unwrap();
+        assert!(got.bitwise_eq(&want), "{:?}", got.first_difference(&want));
+        sent
+    };
+    let first = sent(&a);
+    let again = sent(&a);
+    assert_eq!(first - again, words, "the same bits are not sent again");
+    assert_eq!(sent(&b), first, "changed bits are sent");
+    assert_eq!(sent(&b), again);
+}

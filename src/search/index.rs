@@ -49,7 +49,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::gpu::launch::ScanArgError;
@@ -66,6 +66,7 @@ use super::knn::select::SelectSearch;
 use super::knn::special::{self, SpecialRows};
 use super::knn::{choose_select, f16copy, KnnPlan, Precision};
 use super::plan::{plan, ScanPlan};
+use super::resident_bits::ResidentBits;
 use super::{Bitset, DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
 
 /// What the special rows of an index add to one tensor-core search
@@ -211,12 +212,6 @@ impl IndexShape {
     }
 }
 
-/// A bitset on the device and the host words it was uploaded from.
-struct ResidentBits {
-    words: Vec<u32>,
-    buf: Arc<GpuBuffer<u32>>,
-}
-
 /// Base vectors resident on a GPU ([`GpuSearcher::upload`]). Searches take
 /// `&self` and may run from several threads; the rows go back to the pool
 /// when the index is dropped.
@@ -227,9 +222,11 @@ pub struct GpuIndex {
     /// Row norms for the tensor-core path (`None` for shapes it never takes).
     knn: Option<KnnRows>,
     upload: Duration,
-    bits: Mutex<Option<ResidentBits>>,
-    /// The candidate kernel's filter where special rows are skipped.
-    skip_bits: Mutex<Option<ResidentBits>>,
+    /// The search's filter, and (two slots, so that a search using both
+    /// does not upload each in turn) the candidate kernel's where special
+    /// rows are skipped.
+    bits: ResidentBits,
+    skip_bits: ResidentBits,
 }
 
 impl std::fmt::Debug for GpuIndex {
@@ -255,8 +252,8 @@ impl GpuIndex {
             data,
             knn,
             upload: started.elapsed(),
-            bits: Mutex::new(None),
-            skip_bits: Mutex::new(None),
+            bits: ResidentBits::default(),
+            skip_bits: ResidentBits::default(),
         })
     }
 
@@ -589,7 +586,9 @@ impl GpuIndex {
             None
         };
         let bits = match &tensor_params.filter {
-            Filter::Bitset(b) if skipping => Some(self.resident(&self.skip_bits, b)?),
+            Filter::Bitset(b) if skipping => {
+                Some(self.skip_bits.of(self.gpu.transfer(), self.gpu.pool(), b)?)
+            }
             f => self.resident_bits(f)?,
         };
         let search = KnnSearch {
@@ -744,36 +743,11 @@ impl GpuIndex {
         Ok((row_copies, query_bits))
     }
 
-    /// The device copy of `filter`'s bits (`None` without a bitset): the
-    /// kept one when the words are the same, else a fresh upload kept for the
-    /// next search. A search still using the previous bits holds its own
-    /// `Arc`, and every use is ordered on the searcher's one stream.
+    /// The device copy of `filter`'s bits (`None` without a bitset), kept
+    /// for the next search ([`ResidentBits`]).
     fn resident_bits(&self, filter: &Filter) -> Result<Option<Arc<GpuBuffer<u32>>>, GpuError> {
-        match filter {
-            Filter::Bitset(b) => Ok(Some(self.resident(&self.bits, b)?)),
-            Filter::None => Ok(None),
-        }
-    }
-
-    /// The device copy of `b` kept in `slot`: the kept one when the words
-    /// are the same, else a fresh upload kept instead. Two slots (the
-    /// search's filter, and the candidate kernel's that skips special rows)
-    /// so that a search using both does not upload each in turn.
-    fn resident(
-        &self,
-        slot: &Mutex<Option<ResidentBits>>,
-        b: &Bitset,
-    ) -> Result<Arc<GpuBuffer<u32>>, GpuError> {
-        let mut kept = slot.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = kept.as_ref().filter(|r| r.words == b.words) {
-            return Ok(r.buf.clone());
-        }
-        let buf = Arc::new(self.gpu.transfer().upload_new(self.gpu.pool(), &b.words)?);
-        *kept = Some(ResidentBits {
-            words: b.words.clone(),
-            buf: buf.clone(),
-        });
-        Ok(buf)
+        self.bits
+            .of_filter(self.gpu.transfer(), self.gpu.pool(), filter)
     }
 }
 

@@ -29,6 +29,7 @@ pub mod kernels;
 pub mod knn;
 mod ops;
 pub mod plan;
+mod resident_bits;
 pub mod route;
 pub mod splits;
 

@@ -12,7 +12,8 @@
 //!   in the interleaved layout with their ids, offsets and sizes; one launch
 //!   per search, its probes split over blocks where the queries are too few
 //!   to fill the GPU (each query's splits merged on the host, [`crate::search::splits`]). Results equal [`search_ivf`](super::search_ivf) bit for bit
-//!   (tests/ivf_gpu.rs, `#[ignore]`d without a GPU).
+//!   (tests/ivf_gpu.rs, `#[ignore]`d without a GPU). A bitset filter's words
+//!   go up when they differ from the last search's, as for [`GpuIndex`].
 //!
 //! [`search_cpu`]: crate::search::search_cpu
 
@@ -24,6 +25,7 @@ use crate::link::Planner;
 use crate::search::gpu::{upload_vectors, DeviceVectors, GpuSearchError, GpuSearcher};
 use crate::search::index::GpuIndex;
 use crate::search::plan::PlanError;
+use crate::search::resident_bits::ResidentBits;
 use crate::search::{DType, Filter, Metric, Neighbors, SearchParams, Vectors};
 
 use super::build::List;
@@ -318,6 +320,8 @@ pub struct GpuIvfIndex {
     ids: GpuBuffer<i64>,
     offsets: GpuBuffer<u64>,
     sizes: GpuBuffer<u32>,
+    /// The last filter's bits, kept while searches pass the same ones.
+    bits: ResidentBits,
 }
 
 impl GpuIvfIndex {
@@ -339,6 +343,7 @@ impl GpuIvfIndex {
             ids: t.upload_new(gpu.pool(), &lists.ids).map_err(dev_err)?,
             offsets: t.upload_new(gpu.pool(), &lists.offsets).map_err(dev_err)?,
             sizes: t.upload_new(gpu.pool(), &lists.sizes).map_err(dev_err)?,
+            bits: ResidentBits::default(),
         })
     }
 
@@ -458,10 +463,7 @@ impl GpuIvfIndex {
         let pool = self.gpu.pool();
         let d_queries = upload_vectors(t, pool, queries).map_err(dev_err)?;
         let d_probes = t.upload_new(pool, &probes).map_err(dev_err)?;
-        let d_bits = match &p.filter {
-            Filter::Bitset(b) => Some(t.upload_new(pool, &b.words).map_err(dev_err)?),
-            Filter::None => None,
-        };
+        let d_bits = self.bits.of_filter(t, pool, &p.filter).map_err(dev_err)?;
         // Probe splits where the queries alone leave SMs idle (splits.rs),
         // or as many as FRAGLINK_IVF_SPLITS fixes; only for an entry whose
         // key order is known (the launched entry's `order`), which the
@@ -522,7 +524,7 @@ impl GpuIvfIndex {
             .map_err(IvfGpuError::Gpu)?;
         match &d_bits {
             Some(b) => args
-                .input(b)
+                .input(&**b)
                 .map_err(dev_err)?
                 .require_alignment(4, "filter_bits"),
             None => args.null_ptr(),
