@@ -710,16 +710,11 @@ fn an_unwritten_count_skips_its_query(
     let n_chunks: usize = args[7].parse().unwrap();
     let skipped = 1;
     let slot = skipped * n_chunks + n_chunks - 1;
-    let out = std::process::Command::new(exe)
-        .args(&args)
-        .env("FRAGLINK_SIMT_UNWRITE_SLOT", slot.to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}: slot {slot} of {n_chunks} chunks unwritten: {}",
-        c.what,
-        String::from_utf8_lossy(&out.stderr)
+    emulated::run_with(
+        exe,
+        &args,
+        &[("FRAGLINK_SIMT_UNWRITE_SLOT", slot.to_string())],
+        &format!("{}: slot {slot} of {n_chunks} chunks unwritten", c.what),
     );
     let part = emulated::read_results(dir.path(), nq, k, false);
     for q in 0..nq {

@@ -117,15 +117,11 @@ fn the_select_reads_only_whole_matrix_rows(
             "{} {metric:?} knn_dist over {grid_x} of {row_tiles} row tiles",
             base.dtype()
         );
-        let out = std::process::Command::new(exe)
-            .args(&args)
-            .env("FRAGLINK_SIMT_DIST_GRID_X", grid_x.to_string())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{what}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        emulated::run_with(
+            exe,
+            &args,
+            &[("FRAGLINK_SIMT_DIST_GRID_X", grid_x.to_string())],
+            &what,
         );
         if grid_x > row_tiles {
             let found = emulated::read_results(d, nq, k, false);

@@ -82,7 +82,16 @@ pub fn build(dir: &Path, name: &str, fragments: &[String], driver: &str, rest: &
 /// Runs a program; panics with `what`, the command and its stderr unless it
 /// succeeds.
 pub fn run(exe: &Path, args: &[String], what: &str) {
-    let out = Command::new(exe).args(args).output().unwrap();
+    run_with(exe, args, &[], what);
+}
+
+/// [`run`] with environment variables set (the drivers' test modes).
+pub fn run_with(exe: &Path, args: &[String], env: &[(&str, String)], what: &str) {
+    let out = Command::new(exe)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{what}: {} {} failed ({}): {}",
