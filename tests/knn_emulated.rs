@@ -686,9 +686,9 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
 }
 
 /// A candidate count the tile kernel left as the host set it (all ones,
-/// `Transfer::fill_ones`: a launch that never reached the slot) makes the
-/// re-rank blocks over that slot's query write nothing, through the merge
-/// level too: with the query alone in its blocks (query 1 of `c`, whose
+/// `Transfer::fill_ones`, as a refused launch leaves every count) makes the
+/// re-rank blocks whose first query is that slot's write nothing, through
+/// the merge level too: with the query alone in its blocks (query 1 of `c`, whose
 /// re-rank grid has at least 2 blocks), its outputs stay NaN, which the GPU
 /// path reports (`GpuSearchError::Unwritten`), and every other query's
 /// results are unchanged, bit for bit.
@@ -699,8 +699,9 @@ fn an_unwritten_count_skips_its_query(
     c: &Case<'_>,
 ) {
     let (nq, k) = (c.queries.rows(), c.k);
+    // Block 1 takes queries 1, 1 + G, ... (G = min(nq, rerank_grid)).
     assert!(
-        c.rerank_grid >= 2 && nq >= 2,
+        nq >= 2 && (c.rerank_grid as usize).min(nq) + 1 >= nq,
         "{}: query 1 alone in its re-rank blocks",
         c.what
     );

@@ -744,10 +744,10 @@ impl Transfer {
 
     /// Sets every bit of `dst` (`cuMemsetD8Async` of 0xFF), ordered on the
     /// stream; does not wait: each count becomes `u32::MAX`. knn_tile's
-    /// candidate counts start so, above every capacity: the re-rank skips a
-    /// query any of whose counts the kernel before it left unwritten
-    /// (fragments/README.md), as [`fill_nan`](Self::fill_nan) shows an
-    /// unwritten distance.
+    /// candidate counts start so, above every capacity: a re-rank block
+    /// whose counts the kernel before it left unwritten (it refused its
+    /// launch) writes nothing (fragments/README.md), as
+    /// [`fill_nan`](Self::fill_nan) shows an unwritten distance.
     pub fn fill_ones<'b>(&self, dst: impl Into<GpuViewMut<'b, u32>>) -> GpuResult<()> {
         // SAFETY: every bit pattern is a valid u32.
         unsafe { self.set_bytes(dst.into(), 0xFF) }

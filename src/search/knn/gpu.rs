@@ -329,7 +329,8 @@ impl KnnSearch<'_> {
         let (qa0, qa1) = qnorms.aux(metric);
         // An `A16` variant copies what its MMAs read in 16-byte groups: the
         // launcher checks those pointers for that alignment (the kernel
-        // refuses otherwise, and would leave the candidates empty). An
+        // refuses otherwise: its counts stay all ones and the search fails
+        // with GpuSearchError::Unwritten). An
         // f16copy variant reads the copies (`stage`); its f32 rows and
         // queries feed only the exact fold.
         let copies = self.plan.precision == Precision::F16Copy;

@@ -19,10 +19,10 @@
 // FRAGLINK_SIMT_QUERY_OFFSET=N starts the queries N elements into their buffer (a
 // misaligned pointer, for the launch-refusal tests); so do the queries' f16 copies.
 // FRAGLINK_SIMT_UNWRITE_SLOT=S sets candidate slot S's count back to all ones after
-// the tile kernel (as a tile launch that never reached it leaves it): the re-rank
-// blocks over that slot's query must write nothing, so with the query alone in its
-// block (RERANK_GRID_X > its index), its outputs stay unwritten (checked here; NaN
-// in dists.bin) and every other query's are written.
+// the tile kernel (as a refused tile launch leaves every count): the re-rank blocks
+// whose first query is that slot's must write nothing, so with the query alone in
+// its blocks, its outputs stay unwritten (checked here; NaN in dists.bin) and every
+// other query's are written.
 #pragma once
 
 #include <algorithm>
