@@ -848,8 +848,7 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
   // all: a launch of that kernel writes every count or none (its checks are the same
   // for every block, including chunks that cover the rows; its query tiles are a
   // grid-stride loop). Checked once, before the queries' loop: inside it
-  // the check cost most sm_80 variants 8 registers, and over every query it made
-  // the link 10-20% slower.
+  // the check cost most sm_80 variants 8 registers.
   bool unwritten = false;
   if (blockIdx.x < n_queries) {
     const uint32_t* __restrict__ counts = cand_count + static_cast<uint64_t>(blockIdx.x) * n_chunks;
