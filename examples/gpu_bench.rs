@@ -53,6 +53,11 @@
 //!   GPU's estimate, answers on the CPU and links in the background) against
 //!   the same search forced to the GPU (link, upload, search), interleaved;
 //!   then each one's next search, once the background link is done.
+//! * **The scan linked at `-O3` and at `-O1`** (`Planner::opt_level`): the
+//!   link is about 20% shorter at -O1 (ptxas's share halves), so this
+//!   measures what it costs the kernel: GPU time (CUDA events) of the same
+//!   scan over 262 144 × 128 f32 rows, two queries per SM, k 10, the two
+//!   kernels launched in turn; their results must be equal bit for bit.
 //!
 //! nvJitLink keeps linked cubins in the CUDA driver's compute cache
 //! (`~/.nv/ComputeCache`, `CUDA_CACHE_PATH`) when a driver is present (seen
@@ -116,6 +121,10 @@ const CONFIG_B: [&str; 3] = [
 ];
 
 const TRANSFER_BYTES: usize = 100_000_000;
+/// The opt-level comparison's rows, dims and k.
+const OPT_ROWS: usize = 1 << 18;
+const OPT_DIM: usize = 128;
+const OPT_K: usize = 10;
 
 const T_TRANSFER_MS: f64 = 5.0;
 const T_PINNED_GBPS_MIN: f64 = 5.0;
@@ -1702,6 +1711,97 @@ fn temp_dir(prefix: &str) -> Result<tempfile::TempDir, String> {
         .map_err(err("temp dir"))
 }
 
+/// The scan (configuration A) linked at -O3 and at -O1, launched in turn
+/// over the same rows: each one's GPU time per launch (CUDA events), its
+/// link time and registers; the two results must be equal bit for bit.
+fn opt_levels(b: &Bench) -> Result<Vec<Figure>, String> {
+    const LEVELS: [u8; 2] = [3, 1];
+    let nq = 2 * b.ctx.info().sm_count as usize;
+    let rt = LinkRuntime::new(RuntimeConfig {
+        memory_capacity: 8,
+        disk: None,
+    })
+    .map_err(err("LinkRuntime::new"))?;
+    let base = b
+        .transfer
+        .upload_new(&b.pool, &data(OPT_ROWS * OPT_DIM, 3))
+        .map_err(err("upload"))?;
+    let queries = b
+        .transfer
+        .upload_new(&b.pool, &data(nq * OPT_DIM, 4))
+        .map_err(err("upload"))?;
+    let mut kernels = Vec::new();
+    for level in LEVELS {
+        let linked = planner(&CONFIG_A)?
+            .opt_level(level)
+            .link_with(&rt, b.ctx.arch())
+            .map_err(err("link"))?;
+        let launcher = load_launcher(&b.ctx, &linked)?;
+        launcher.set_timing(true);
+        let ids = b.pool.alloc::<u32>(nq * OPT_K).map_err(err("pool alloc"))?;
+        let dists = b.pool.alloc::<f32>(nq * OPT_K).map_err(err("pool alloc"))?;
+        kernels.push((linked, launcher, ids, dists, Vec::new()));
+    }
+    let cfg = LaunchConfig::new((nq as u32, 1, 1), (SCAN_BLOCK, 1, 1));
+    let (warm, reps) = (2, b.reps.n(15));
+    for round in 0..warm + reps {
+        for (_, launcher, ids, dists, times) in kernels.iter_mut() {
+            let mut a = KernelArgs::new();
+            a.input(&base).map_err(err("args"))?;
+            a.input(&queries).map_err(err("args"))?;
+            a.null_ptr()
+                .value(OPT_ROWS as u64)
+                .value(OPT_DIM as u32)
+                .value(nq as u32)
+                .value(OPT_K as u32);
+            a.output(&mut *ids).map_err(err("args"))?;
+            a.output(&mut *dists).map_err(err("args"))?;
+            // SAFETY: the scan's nine parameters in order (fragments/README.md):
+            // OPT_ROWS x OPT_DIM rows, nq queries, no filter, k ≤ 32, outputs
+            // of nq x k; one block per query.
+            unsafe { launcher.launch(&cfg, &mut a) }.map_err(err("launch"))?;
+            drop(a);
+            let st = launcher.stats_synchronized().map_err(err("stats"))?;
+            let t = st.last_time.ok_or("no CUDA event time for the launch")?;
+            if round >= warm {
+                times.push(t.as_secs_f64());
+            }
+        }
+    }
+    let result = |ids: &GpuBuffer<u32>, dists: &GpuBuffer<f32>| -> Result<_, String> {
+        let ids = b.transfer.download_vec(ids).map_err(err("download"))?;
+        let dists = b.transfer.download_vec(dists).map_err(err("download"))?;
+        Ok((ids, dists.iter().map(|d| d.to_bits()).collect::<Vec<_>>()))
+    };
+    let reference = result(&kernels[0].2, &kernels[0].3)?;
+    if result(&kernels[1].2, &kernels[1].3)? != reference {
+        return Err("the scan linked at -O1 returned other results than at -O3".into());
+    }
+    let bytes = (nq * OPT_ROWS * OPT_DIM * 4) as f64;
+    let median = |v: &[f64]| Stats::of(v);
+    let base_ms = median(&kernels[0].4).ms();
+    Ok(kernels
+        .iter()
+        .zip(LEVELS)
+        .map(|((linked, _, _, _, times), level)| {
+            let st = median(times);
+            let m = &linked.kernel.metadata;
+            Figure::new(format!("scan_opt.O{level}.gpu"), st.ms(), "ms").note(format!(
+                "{} linked at -O{level}: link {} (nvJitLink, this host), {} registers; GPU time \
+                 per launch (CUDA events) over {OPT_ROWS} x {OPT_DIM} f32 rows, {nq} queries \
+                 (one block each), k {OPT_K}: {}, {:.0} GB/s of rows read; {:.3}x the -O3 \
+                 kernel's time; interleaved with the other level, results equal bit for bit",
+                m.entry,
+                fmt_ms(m.link_ms),
+                m.registers,
+                st.describe(),
+                bytes / st.median / 1e9,
+                st.ms() / base_ms
+            ))
+        })
+        .collect())
+}
+
 fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
     let rounds = if b.reps.quick { 1 } else { 3 };
     let mut cold = Vec::new();
@@ -2172,6 +2272,9 @@ fn run(opts: &Options) -> i32 {
     if let Some(f) = section("first_call", &mut failed, &mut errors, || {
         first_call(&bench)
     }) {
+        figures.extend(f);
+    }
+    if let Some(f) = section("scan_opt", &mut failed, &mut errors, || opt_levels(&bench)) {
         figures.extend(f);
     }
     if let Some(f) = section("routed_first", &mut failed, &mut errors, || {
