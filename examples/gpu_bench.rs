@@ -1778,13 +1778,12 @@ fn opt_levels(b: &Bench) -> Result<Vec<Figure>, String> {
         return Err("the scan linked at -O1 returned other results than at -O3".into());
     }
     let bytes = (nq * OPT_ROWS * OPT_DIM * 4) as f64;
-    let median = |v: &[f64]| Stats::of(v);
-    let base_ms = median(&kernels[0].4).ms();
+    let base_ms = Stats::of(&kernels[0].4).ms();
     Ok(kernels
         .iter()
         .zip(LEVELS)
         .map(|((linked, _, _, _, times), level)| {
-            let st = median(times);
+            let st = Stats::of(times);
             let m = &linked.kernel.metadata;
             Figure::new(format!("scan_opt.O{level}.gpu"), st.ms(), "ms").note(format!(
                 "{} linked at -O{level}: link {} (nvJitLink, this host), {} registers; GPU time \

@@ -74,9 +74,9 @@ pub enum GpuSearchError {
     /// A kernel left distances unwritten: the host set them to NaN before
     /// the launch ([`Transfer::fill_nan`]) and NaN came back, which no
     /// kernel writes. A launch the kernel refuses (its own contract check,
-    /// fragments/README.md) writes nothing, and so does a query whose input
+    /// fragments/README.md) writes nothing, and so does a block whose input
     /// the kernel before it left unwritten (knn_rerank after knn_tile,
-    /// [`Transfer::fill_ones`]); the host checks the same rules first, so
+    /// [`Transfer::fill_ones`]; knn_select after knn_dist); the host checks the same rules first, so
     /// this is a disagreement between the two, reported instead of
     /// returning what a pooled block held before.
     #[error("kernel `{entry}` left {unwritten} of its {outputs} distances unwritten: it, or the kernel whose output it reads, refused the launch (its own contract check, fragments/README.md)")]

@@ -384,10 +384,10 @@ impl KnnSearch<'_> {
             let mut cand = Candidates::alloc(pool, nb * n_chunks as usize, cap)?;
             // Pooled memory holds a former owner's bytes: should the tile
             // kernel refuse its launch contract and write nothing, the
-            // re-rank finds the counts still all ones, skips those queries
-            // and leaves their distances NaN (GpuSearchError::Unwritten),
-            // instead of reading stale ids (out of bounds, or plausible
-            // wrong neighbours).
+            // counts stay all ones, the re-rank's blocks write nothing and
+            // the final distances stay NaN (GpuSearchError::Unwritten),
+            // instead of the re-rank reading stale ids (out of bounds, or
+            // plausible wrong neighbours).
             t.fill_ones(&mut cand.count)?;
             {
                 let tiles = nb.div_ceil(self.plan.qtile as usize) as u32;
@@ -434,8 +434,8 @@ impl KnnSearch<'_> {
             // Kept until the download below: the final launch reads it.
             let merged = if groups > 1 {
                 let mut merged = Candidates::alloc(pool, nb * groups as usize, cap)?;
-                // As the tile's counts: a refused merge launch (or a query
-                // it skipped) leaves the final level counts to skip on.
+                // As the tile's counts: a merge launch that writes nothing
+                // (refused, or over unwritten counts) stops the final level.
                 t.fill_ones(&mut merged.count)?;
                 let cfg = LaunchConfig::new((nb as u32, groups, 1), (KNN_BLOCK, 1, 1));
                 let mut a =
