@@ -497,6 +497,64 @@ pub struct Loaded<F> {
     _lib: libloading::Library,
 }
 
+/// The safe handle of one library: a cheap-to-clone `Arc` of its
+/// [`Loaded`] table, with `open` (the search, [`open_table`]), `open_path`,
+/// `path`, `origin`, `fns` and a `Debug` that shows the path. Each library
+/// module adds its own calls to the `impl`.
+macro_rules! library_handle {
+    (
+        $(#[$doc:meta])*
+        $handle:ident, $fns:ty, $name:literal, companions: $companions:expr
+    ) => {
+        $(#[$doc])*
+        #[derive(Clone)]
+        pub struct $handle {
+            inner: ::std::sync::Arc<$crate::sys::loader::Loaded<$fns>>,
+        }
+
+        impl ::std::fmt::Debug for $handle {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($handle))
+                    .field("path", &self.inner.path)
+                    .finish()
+            }
+        }
+
+        impl $handle {
+            #[doc = concat!("Opens ", $name, " from `explicit`, else from [`Library::candidates`](crate::sys::Library::candidates).")]
+            pub fn open(explicit: Option<&::std::path::Path>) -> Result<Self, $crate::sys::SysError> {
+                Ok($handle {
+                    inner: ::std::sync::Arc::new($crate::sys::loader::open_table(
+                        explicit,
+                        $companions,
+                    )?),
+                })
+            }
+
+            #[doc = concat!("Opens ", $name, " from exactly `path`.")]
+            pub fn open_path(path: &::std::path::Path) -> Result<Self, $crate::sys::SysError> {
+                Self::open(Some(path))
+            }
+
+            /// The absolute path the library was loaded from.
+            pub fn path(&self) -> &::std::path::Path {
+                &self.inner.path
+            }
+
+            /// Why the library was taken from there (loader module docs).
+            pub fn origin(&self) -> &str {
+                &self.inner.origin
+            }
+
+            /// The raw function table.
+            pub fn fns(&self) -> &$fns {
+                &self.inner.fns
+            }
+        }
+    };
+}
+pub(crate) use library_handle;
+
 /// `dlopen(name, RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE)`: the library stays
 /// mapped until the process exits, whatever handles are dropped
 /// ([`keep_resident`] marks one that is loaded already).

@@ -171,6 +171,30 @@ pub enum SysError {
     InvalidArgument(String),
 }
 
+impl SysError {
+    /// A failed call's error with `context` appended to the library's log
+    /// (the options, entry or arch the call was given); other errors as
+    /// they are.
+    pub fn with_context(self, context: impl fmt::Display) -> SysError {
+        match self {
+            SysError::Api {
+                library,
+                call,
+                code,
+                code_name,
+                log,
+            } => SysError::Api {
+                library,
+                call,
+                code,
+                code_name,
+                log: format!("{log} ({context})"),
+            },
+            e => e,
+        }
+    }
+}
+
 /// Convenience alias.
 pub type Result<T, E = SysError> = std::result::Result<T, E>;
 

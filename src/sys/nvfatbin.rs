@@ -157,49 +157,13 @@ impl loader::FnTable for NvFatbinFns {
 
 type Inner = loader::Loaded<NvFatbinFns>;
 
-/// A loaded nvFatbin. Cheap to clone; `Send + Sync` (each [`FatbinBuilder`]
-/// owns its own handle).
-#[derive(Clone)]
-pub struct Nvfatbin {
-    inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for Nvfatbin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nvfatbin")
-            .field("path", &self.inner.path)
-            .finish()
-    }
+loader::library_handle! {
+    /// A loaded nvFatbin. Cheap to clone; `Send + Sync` (each [`FatbinBuilder`]
+    /// owns its own handle).
+    Nvfatbin, NvFatbinFns, "nvFatbin", companions: |_| Vec::new()
 }
 
 impl Nvfatbin {
-    /// Opens nvFatbin from `explicit`, else from [`Library::candidates`].
-    pub fn open(explicit: Option<&Path>) -> Result<Self, SysError> {
-        Ok(Nvfatbin {
-            inner: Arc::new(loader::open_table(explicit, |_| Vec::new())?),
-        })
-    }
-
-    /// Opens nvFatbin from exactly `path`.
-    pub fn open_path(path: &Path) -> Result<Self, SysError> {
-        Self::open(Some(path))
-    }
-
-    /// The absolute path the library was loaded from.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
-    /// Why the library was taken from there (loader module docs).
-    pub fn origin(&self) -> &str {
-        &self.inner.origin
-    }
-
-    /// The raw function table.
-    pub fn fns(&self) -> &NvFatbinFns {
-        &self.inner.fns
-    }
-
     /// `nvFatbinVersion`: (major, minor), as read when the library was opened.
     pub fn version(&self) -> Result<(u32, u32), SysError> {
         Ok(self.inner.version)
@@ -227,27 +191,9 @@ impl Nvfatbin {
             inner: Arc::clone(&self.inner),
             handle,
         };
-        check(fns, "nvFatbinCreate", r).map_err(|e| with_options(e, options))?;
+        check(fns, "nvFatbinCreate", r)
+            .map_err(|e| e.with_context(format_args!("options: {options:?}")))?;
         Ok(builder)
-    }
-}
-
-fn with_options(e: SysError, options: &[String]) -> SysError {
-    match e {
-        SysError::Api {
-            library,
-            call,
-            code,
-            code_name,
-            log,
-        } => SysError::Api {
-            library,
-            call,
-            code,
-            code_name,
-            log: format!("{log} (options: {options:?})"),
-        },
-        e => e,
     }
 }
 
@@ -424,22 +370,8 @@ impl FatbinBuilder {
         arch: &str,
         identifier: &str,
     ) -> Result<(), SysError> {
-        check(&self.inner.fns, call, r).map_err(|e| match e {
-            SysError::Api {
-                library,
-                call,
-                code,
-                code_name,
-                log,
-            } => SysError::Api {
-                library,
-                call,
-                code,
-                code_name,
-                log: format!("{log} (entry `{identifier}`, arch `{arch}`)"),
-            },
-            e => e,
-        })
+        check(&self.inner.fns, call, r)
+            .map_err(|e| e.with_context(format_args!("entry `{identifier}`, arch `{arch}`")))
     }
 
     /// `nvFatbinSize` + `nvFatbinGet`: the finished fatbin. The handle is

@@ -276,49 +276,13 @@ pub fn check_arch_options(version: (u32, u32), options: &[String]) -> Result<(),
     Ok(())
 }
 
-/// A loaded nvJitLink. Cheap to clone; `Send + Sync` (nvJitLink is
-/// thread-safe for distinct handles, and each [`LinkHandle`] owns one).
-#[derive(Clone)]
-pub struct NvJitLink {
-    inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for NvJitLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NvJitLink")
-            .field("path", &self.inner.path)
-            .finish()
-    }
+loader::library_handle! {
+    /// A loaded nvJitLink. Cheap to clone; `Send + Sync` (nvJitLink is
+    /// thread-safe for distinct handles, and each [`LinkHandle`] owns one).
+    NvJitLink, NvJitLinkFns, "nvJitLink", companions: |_| Vec::new()
 }
 
 impl NvJitLink {
-    /// Opens nvJitLink from `explicit`, else from [`Library::candidates`].
-    pub fn open(explicit: Option<&Path>) -> Result<Self, SysError> {
-        Ok(NvJitLink {
-            inner: Arc::new(loader::open_table(explicit, |_| Vec::new())?),
-        })
-    }
-
-    /// Opens nvJitLink from exactly `path`.
-    pub fn open_path(path: &Path) -> Result<Self, SysError> {
-        Self::open(Some(path))
-    }
-
-    /// The absolute path the library was loaded from.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
-    /// Why the library was taken from there (loader module docs).
-    pub fn origin(&self) -> &str {
-        &self.inner.origin
-    }
-
-    /// The raw function table.
-    pub fn fns(&self) -> &NvJitLinkFns {
-        &self.inner.fns
-    }
-
     /// `nvJitLinkVersion`: (major, minor), read once when the library was opened.
     pub fn version(&self) -> Result<(u32, u32), SysError> {
         Ok(self.inner.version)

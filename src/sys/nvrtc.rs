@@ -9,7 +9,6 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::Path;
 use std::ptr;
-use std::sync::Arc;
 
 use super::loader::{self, Library};
 use super::{cstring, cstrings, SysError};
@@ -162,9 +161,6 @@ impl loader::FnTable for NvrtcFns {
     }
 }
 
-/// The builtins library ([`preload_builtins`]) is the loaded NVRTC's companion.
-type Inner = loader::Loaded<NvrtcFns>;
-
 /// NVRTC `dlopen`s `libnvrtc-builtins.so.<major>.<minor>` by soname, and the
 /// CUDA 13 wheel's libnvrtc has no run path to find it beside itself (the
 /// CUDA 12 wheels' does). Loading it first by absolute path makes that
@@ -181,19 +177,10 @@ fn preload_builtins(nvrtc: &Path) -> Vec<libloading::Library> {
         .collect()
 }
 
-/// A loaded NVRTC. Cheap to clone; `Send + Sync` (NVRTC is thread-safe for
-/// distinct programs, and every [`Nvrtc::compile`] uses its own program).
-#[derive(Clone)]
-pub struct Nvrtc {
-    inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for Nvrtc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nvrtc")
-            .field("path", &self.inner.path)
-            .finish()
-    }
+loader::library_handle! {
+    /// A loaded NVRTC. Cheap to clone; `Send + Sync` (NVRTC is thread-safe for
+    /// distinct programs, and every [`Nvrtc::compile`] uses its own program).
+    Nvrtc, NvrtcFns, "NVRTC", companions: preload_builtins
 }
 
 /// Destroys the program on every path out of `compile`.
@@ -212,36 +199,9 @@ impl Drop for ProgramGuard<'_> {
 }
 
 impl Nvrtc {
-    /// Opens NVRTC from `explicit`, else from [`Library::candidates`].
-    pub fn open(explicit: Option<&Path>) -> Result<Self, SysError> {
-        Ok(Nvrtc {
-            inner: Arc::new(loader::open_table(explicit, preload_builtins)?),
-        })
-    }
-
-    /// Opens NVRTC from exactly `path`.
-    pub fn open_path(path: &Path) -> Result<Self, SysError> {
-        Self::open(Some(path))
-    }
-
-    /// The absolute path the library was loaded from.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
-    /// Why the library was taken from there (loader module docs).
-    pub fn origin(&self) -> &str {
-        &self.inner.origin
-    }
-
     /// `nvrtcVersion` as read when the library was opened.
     pub fn version_u32(&self) -> (u32, u32) {
         self.inner.version
-    }
-
-    /// The raw function table.
-    pub fn fns(&self) -> &NvrtcFns {
-        &self.inner.fns
     }
 
     /// `nvrtcVersion`: (major, minor), as read when the library was opened.
