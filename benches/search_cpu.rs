@@ -5,13 +5,13 @@
 //! iteration; throughput is reported in queries). Override with
 //! `FRAGLINK_BENCH_N`, `FRAGLINK_BENCH_DIM`, `FRAGLINK_BENCH_NQ` and
 //! `FRAGLINK_BENCH_K`; `FRAGLINK_BENCH_DTYPES=f32,f16,i8,u8` adds other types;
-//! `FRAGLINK_BENCH_KERNELS=gemm,avx2,avx512` times each float kernel this CPU
+//! `FRAGLINK_BENCH_KERNELS=gemm,avx2,avx512,avx512vnni` times each kernel this CPU
 //! has (default: the one `search_cpu` picks).
 //!
 //! ```text
 //! cargo bench --bench search_cpu
 //! FRAGLINK_BENCH_N=20000 FRAGLINK_BENCH_NQ=100 cargo bench --bench search_cpu
-//! RAYON_NUM_THREADS=1 FRAGLINK_BENCH_KERNELS=gemm,avx2,avx512 cargo bench --bench search_cpu
+//! RAYON_NUM_THREADS=1 FRAGLINK_BENCH_KERNELS=gemm,avx2,avx512,avx512vnni cargo bench --bench search_cpu
 //! ```
 
 use std::time::Duration;

@@ -120,3 +120,64 @@ fn integer_extremes_and_offsets_match_the_reference() {
         }
     }
 }
+
+#[test]
+fn byte_kernels_match_the_reference_at_their_dim_limits() {
+    // The exact VNNI kernel (i8/u8, dims a multiple of 4 up to 33024) keeps
+    // every sum in 32 bits: at 33024 the extreme values put u8 dot products
+    // and squared distances near 2³¹ and 2³², i8 ones near 2²⁹. 33028 is past
+    // the limit (the float path then), 4 the smallest dim it takes, 6 one it
+    // does not; zero vectors are special for cosine. Filters leave rows out.
+    let pick = |i: usize| (i * 2_654_435_761usize) >> 9;
+    for dim in [4, 6, 36, 33_024, 33_028] {
+        let (n, nq) = if dim > 1000 { (23, 5) } else { (997, 70) };
+        let u8s = |rows: usize, salt: usize| -> Vec<u8> {
+            (0..rows * dim)
+                .map(|i| match (i / dim + salt) % 5 {
+                    0 => 255,
+                    1 => 0,
+                    2 if (i / dim) % 7 == 3 => 0, // some zero vectors
+                    _ => [0, 1, 254, 255][pick(i + salt) % 4],
+                })
+                .collect()
+        };
+        let i8s = |rows: usize, salt: usize| -> Vec<i8> {
+            (0..rows * dim)
+                .map(|i| match (i / dim + salt) % 5 {
+                    0 => -128,
+                    1 => 127,
+                    2 if (i / dim) % 7 == 3 => 0,
+                    _ => [-128, -1, 0, 127][pick(i + salt) % 4],
+                })
+                .collect()
+        };
+        let sets = [
+            (
+                Vectors::u8(u8s(n, 0), dim).unwrap(),
+                Vectors::u8(u8s(nq, 2), dim).unwrap(),
+            ),
+            (
+                Vectors::i8(i8s(n, 0), dim).unwrap(),
+                Vectors::i8(i8s(nq, 2), dim).unwrap(),
+            ),
+        ];
+        // i8 takes dims up to 33025 (its exact range), u8 up to 66051.
+        for (base, queries) in sets
+            .iter()
+            .filter(|(b, _)| b.dtype() == DType::U8 || dim <= 33_025)
+        {
+            for metric in Metric::ALL {
+                for k in [1, 10] {
+                    let p = SearchParams::new(k, metric);
+                    assert_all_kernels(base, queries, &p);
+                    let bits = fraglink::search::Bitset::random(n, 0.4, 3);
+                    assert_all_kernels(
+                        base,
+                        queries,
+                        &p.with_filter(fraglink::search::Filter::Bitset(bits)),
+                    );
+                }
+            }
+        }
+    }
+}

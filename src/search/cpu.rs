@@ -84,6 +84,11 @@
 //! give the reference's integer accumulators exactly, and converting them to f32
 //! as the reference does reproduces its distances bit for bit (e = 0, no
 //! re-rank needed).
+//!
+//! With [`CpuKernel::Avx512Vnni`], i8 and u8 of a dim that is a multiple of 4
+//! (up to 33024) take the same exact route with byte dot products in 32-bit
+//! integers (`vnni` module: `vpdpbusd`, rows read in place, no widening);
+//! other dims take the fused float path of [`CpuKernel::Avx512`].
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -97,6 +102,7 @@ use super::{
 
 mod fused;
 mod simd;
+mod vnni;
 
 pub use fused::CpuKernel;
 
@@ -523,8 +529,9 @@ pub(crate) fn nearest_rows(
 /// [`search_cpu`] with the float dot products computed by `kernel` (replaced by
 /// the fastest one this CPU has if it cannot run it: [`CpuKernel::usable`]).
 /// Every kernel gives the same results, bit for bit. Integer types take the
-/// exact-GEMM path with [`CpuKernel::Gemm`] and the float path (margin, then
-/// exact re-rank) with a fused kernel (module docs).
+/// exact-GEMM path with [`CpuKernel::Gemm`], the exact byte path with
+/// [`CpuKernel::Avx512Vnni`] where the dim allows, and the float path
+/// (margin, then exact re-rank) with the other fused kernels (module docs).
 pub fn search_cpu_with(
     base: &Vectors,
     queries: &Vectors,
@@ -1118,6 +1125,10 @@ fn shard_count(n_qblocks: usize, n_rows: usize, rb: usize) -> usize {
 pub(crate) trait FloatElem: Element {
     fn widen(src: &[Self], dst: &mut [f32]);
     fn as_f32(src: &[Self]) -> Option<&[f32]>;
+    /// i8 and u8 data as bytes, for the VNNI kernel; `None` for floats.
+    fn bytes(_src: &[Self]) -> Option<vnni::Bytes<'_>> {
+        None
+    }
 }
 impl FloatElem for f32 {
     fn widen(src: &[f32], dst: &mut [f32]) {
@@ -1146,6 +1157,12 @@ impl FloatElem for i8 {
     fn as_f32(_: &[i8]) -> Option<&[f32]> {
         None
     }
+    fn bytes(src: &[i8]) -> Option<vnni::Bytes<'_>> {
+        // SAFETY: i8 and u8 have the same size and alignment, and every
+        // bit pattern is a valid u8.
+        let data = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), src.len()) };
+        Some(vnni::Bytes { data, signed: true })
+    }
 }
 impl FloatElem for u8 {
     fn widen(src: &[u8], dst: &mut [f32]) {
@@ -1153,6 +1170,13 @@ impl FloatElem for u8 {
     }
     fn as_f32(_: &[u8]) -> Option<&[f32]> {
         None
+    }
+    fn bytes(src: &[u8]) -> Option<vnni::Bytes<'_>> {
+        let data = src;
+        Some(vnni::Bytes {
+            data,
+            signed: false,
+        })
     }
 }
 
@@ -1222,6 +1246,9 @@ struct FloatTask<'a, T> {
     q_info: &'a [Option<f64>],
     /// [`float_bound_consts`].
     consts: (f32, f32, f32, f32),
+    /// The normal rows' values for the exact VNNI kernel, where it runs
+    /// (i8/u8 with [`CpuKernel::Avx512Vnni`] and a dim it serves).
+    int_rows: Option<&'a vnni::IntRows>,
 }
 
 impl<T: FloatElem> FloatTask<'_, T> {
@@ -1376,6 +1403,44 @@ impl<T: FloatElem> FloatTask<'_, T> {
             r0 = r1;
         }
     }
+
+    /// Queries `qr` over normal rows `sr` with the exact VNNI kernel (`vnni`
+    /// module): the rows' bytes read in place, every candidate exact.
+    fn vnni_task(
+        &self,
+        aux: &vnni::IntRows,
+        qr: &[usize],
+        sr: std::ops::Range<usize>,
+        tops: &mut [TopK],
+    ) {
+        let (b, q, metric, dim) = (self.b, self.q, self.metric, self.dim);
+        let (Some(bb), Some(qb)) = (T::bytes(b.data()), T::bytes(q.data())) else {
+            unreachable!("float_search runs the VNNI kernel for i8 and u8 only")
+        };
+        let queries: Vec<&[u8]> = qr
+            .iter()
+            .map(|&i| &qb.data[i * dim..(i + 1) * dim])
+            .collect();
+        let mut packed = vnni::IntQueries::new(&queries, qb.signed, dim);
+        let mut exact = |i: usize, id: usize| T::distance(metric, q.row(qr[i]), b.row(id));
+        let mut r0 = sr.start;
+        while r0 < sr.end {
+            let r1 = (r0 + self.rb).min(sr.end);
+            let ids = &self.normal[r0..r1];
+            let rows: Vec<&[u8]> = ids
+                .iter()
+                .map(|&r| &bb.data[r * dim..(r + 1) * dim])
+                .collect();
+            let block = vnni::IntBlock {
+                rows: &rows,
+                ids,
+                aux,
+                at: r0,
+            };
+            vnni::scan_block(&mut packed, &block, bb.signed, metric, tops, &mut exact);
+            r0 = r1;
+        }
+    }
 }
 
 /// `ids_only`: the caller reads `ids` alone, as a set, so a query whose
@@ -1430,8 +1495,17 @@ fn float_search<T: FloatElem>(
 
     let (c_l2, c_ip, c_cos, abs) = float_bound_consts(dim);
     let (qb, rb) = block_sizes(dim);
+    // The exact byte kernel where it serves; its rows are a quarter the
+    // bytes of f32 ones, so its blocks hold four times as many.
+    let int_rows = match T::bytes(b.data()) {
+        Some(bytes) if kernel == CpuKernel::Avx512Vnni && vnni::serves(dim) => {
+            Some(vnni::IntRows::new(bytes, dim, &normal))
+        }
+        _ => None,
+    };
     let rb = match kernel {
         CpuKernel::Gemm => rb,
+        _ if int_rows.is_some() => fused::block_rows(dim / 4),
         _ => fused::block_rows(dim),
     };
     let qblocks = split(normal_q.len(), normal_q.len().div_ceil(qb));
@@ -1455,6 +1529,7 @@ fn float_search<T: FloatElem>(
         aux1: &aux1,
         q_info: &q_info,
         consts: (c_l2, c_ip, c_cos, abs),
+        int_rows: int_rows.as_ref(),
     };
 
     let results: Vec<TaskCands> = tasks
@@ -1465,7 +1540,8 @@ fn float_search<T: FloatElem>(
             let nqb = qr.len();
             // The fused kernels pack f32 queries straight from their rows;
             // the GEMM and the other types read a widened copy.
-            let widened = kernel == CpuKernel::Gemm || T::as_f32(q.data()).is_none();
+            let widened = ctx.int_rows.is_none()
+                && (kernel == CpuKernel::Gemm || T::as_f32(q.data()).is_none());
             let mut qbuf = vec![0.0f32; if widened { nqb * dim } else { 0 }];
             for (i, &qi) in qr.iter().enumerate().filter(|_| widened) {
                 T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
@@ -1473,7 +1549,10 @@ fn float_search<T: FloatElem>(
             with_tops(nqb, k, |tops| {
                 with_scratch(|scratch| match kernel {
                     CpuKernel::Gemm => ctx.gemm_task(qr, &qbuf, sr, tops, scratch),
-                    _ => ctx.fused_task(kernel, qr, &qbuf, sr, tops, &mut scratch.xbuf),
+                    _ => match ctx.int_rows {
+                        Some(aux) => ctx.vnni_task(aux, qr, sr, tops),
+                        None => ctx.fused_task(kernel, qr, &qbuf, sr, tops, &mut scratch.xbuf),
+                    },
                 });
                 TaskCands::take(tops)
             })
@@ -1753,7 +1832,13 @@ mod tests {
             assert!(kernels.contains(&CpuKernel::Avx2));
         }
         for dt in DType::ALL {
-            for (n, dim, nq) in [(700, 9, 20), (1031, 1, 70), (613, 33, 65), (257, 130, 17)] {
+            for (n, dim, nq) in [
+                (700, 9, 20),
+                (1031, 1, 70),
+                (613, 33, 65),
+                (257, 130, 17),
+                (400, 12, 70),
+            ] {
                 let (b, q) = synthetic(n, dim, nq, dt, n as u64);
                 for m in Metric::ALL {
                     for k in [1, 7, 800] {
@@ -1799,7 +1884,8 @@ mod tests {
         assert_eq!(CpuKernel::for_queries(1000), best);
         let few = CpuKernel::for_queries(20);
         assert!(few.available());
-        if best == CpuKernel::Avx512 && CpuKernel::Avx2.available() {
+        if matches!(best, CpuKernel::Avx512 | CpuKernel::Avx512Vnni) && CpuKernel::Avx2.available()
+        {
             assert_eq!(few, CpuKernel::Avx2);
         }
     }

@@ -38,17 +38,27 @@ pub enum CpuKernel {
     Avx2,
     /// The fused scan with AVX-512F (16 lanes, tiles of 64 queries × 6 rows).
     Avx512,
+    /// [`CpuKernel::Avx512`] for f32 and f16; for i8 and u8 (dims a multiple
+    /// of 4, up to 33024) exact byte dot products with AVX-512 VNNI
+    /// (`vnni` module), 64 multiply-adds per instruction, and no re-rank.
+    Avx512Vnni,
 }
 
 impl CpuKernel {
     /// Every kernel, slowest first.
-    pub const ALL: [CpuKernel; 3] = [CpuKernel::Gemm, CpuKernel::Avx2, CpuKernel::Avx512];
+    pub const ALL: [CpuKernel; 4] = [
+        CpuKernel::Gemm,
+        CpuKernel::Avx2,
+        CpuKernel::Avx512,
+        CpuKernel::Avx512Vnni,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             CpuKernel::Gemm => "gemm",
             CpuKernel::Avx2 => "avx2",
             CpuKernel::Avx512 => "avx512",
+            CpuKernel::Avx512Vnni => "avx512vnni",
         }
     }
 
@@ -63,6 +73,8 @@ impl CpuKernel {
             }
             #[cfg(target_arch = "x86_64")]
             CpuKernel::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            CpuKernel::Avx512Vnni => super::vnni::available(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -91,7 +103,10 @@ impl CpuKernel {
         let best = CpuKernel::detect();
         if nq <= 1 {
             CpuKernel::Gemm
-        } else if best == CpuKernel::Avx512 && nq < 48 && CpuKernel::Avx2.available() {
+        } else if matches!(best, CpuKernel::Avx512 | CpuKernel::Avx512Vnni)
+            && nq < 48
+            && CpuKernel::Avx2.available()
+        {
             CpuKernel::Avx2
         } else {
             best
@@ -112,7 +127,7 @@ impl CpuKernel {
         match self {
             CpuKernel::Gemm => 0,
             CpuKernel::Avx2 => AVX2_QV * 8,
-            CpuKernel::Avx512 => AVX512_QV * 16,
+            CpuKernel::Avx512 | CpuKernel::Avx512Vnni => AVX512_QV * 16,
         }
     }
 }
@@ -245,7 +260,7 @@ pub(super) fn scan_block(
         // `CpuKernel::usable` chose it on this CPU (parent module), and the
         // asserts above give every row `dim` elements.
         #[cfg(target_arch = "x86_64")]
-        CpuKernel::Avx512 => unsafe { scan_avx512(&mut st) },
+        CpuKernel::Avx512 | CpuKernel::Avx512Vnni => unsafe { scan_avx512(&mut st) },
         #[cfg(target_arch = "x86_64")]
         CpuKernel::Avx2 => unsafe { scan_avx2(&mut st) },
         #[cfg(not(target_arch = "x86_64"))]

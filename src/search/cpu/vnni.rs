@@ -1,0 +1,329 @@
+//! The exact integer scan for i8 and u8 with AVX-512 VNNI: dot products of
+//! bytes (`vpdpbusd`, 64 multiply-adds per instruction against the fused
+//! float kernel's 16), and every distance computed exactly, so that the
+//! selection needs no error margin and no re-rank.
+//!
+//! Why exact: every integer sum fits its 32-bit accumulator for the dims
+//! served here ([`serves`]: a multiple of 4, at most [`MAX_DIM`]), so the dot
+//! product, and with the squared norms the l2 distance, are the integers the
+//! reference fold computes (`Element::distance` for i8/u8). Converted to f32
+//! once and finalised with the same IEEE operations in the same order, they
+//! are the reference distances bit for bit; candidates enter [`TopK`] as
+//! exact (`lo = hi = d`).
+//!
+//! `vpdpbusd` multiplies unsigned bytes by signed bytes. Flipping a byte's top
+//! bit (`^ 0x80`) maps i8 `v` to the u8 `v + 128` and u8 `v` to the i8
+//! `v − 128`, so one packing serves both types:
+//! - i8: queries flipped (unsigned operand), rows as they are (signed):
+//!   `Σ (q + 128)·x = q·x + 128·Σx`;
+//! - u8: rows as they are (unsigned operand), queries flipped (signed):
+//!   `Σ x·(q − 128) = q·x − 128·Σx`.
+//!
+//! Each row's correction `∓128·Σx` is computed once per search ([`IntRows`]).
+//!
+//! Layout and tiling follow the fused float kernel (`fused` module): queries
+//! packed per task in panels of 64 (for each group of 4 elements, the 64
+//! queries' 4 bytes side by side: 4 vector loads), rows read where they are
+//! (one 4-byte broadcast per row and group), a register tile of 4 query
+//! vectors × 6 rows of i32 accumulators (24 + 4 + 1 of 32 registers).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use super::{Cand, Metric, TopK};
+
+/// The largest dim served: every sum then fits (u8: `Σ q·x ≤ 65025·dim <
+/// 2³¹`, `Σ x·(q − 128)` and `128·Σx` within ±`32640·dim`; i8 likewise,
+/// smaller), and the reference's i32/u32 folds do not wrap.
+pub(super) const MAX_DIM: usize = 33_024;
+
+/// Queries per panel (4 vectors of 16 lanes).
+const P: usize = QV * 16;
+const QV: usize = 4;
+const R: usize = 6;
+
+/// Whether this CPU has the instructions (AVX-512F, BW and VNNI).
+pub(super) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the kernel serves vectors of `dim` elements: whole 4-byte groups
+/// (rows are read in place, 4 bytes at a time) and sums that cannot wrap.
+pub(super) fn serves(dim: usize) -> bool {
+    dim > 0 && dim.is_multiple_of(4) && dim <= MAX_DIM
+}
+
+/// The bytes of i8 or u8 data and whether they are signed.
+#[derive(Clone, Copy)]
+pub(crate) struct Bytes<'a> {
+    pub(crate) data: &'a [u8],
+    pub(crate) signed: bool,
+}
+
+/// Σx and Σx² of one vector (exact; `dim ≤ MAX_DIM`).
+fn sums(v: &[u8], signed: bool) -> (i32, u32) {
+    let (mut s, mut sq) = (0i32, 0u32);
+    for &b in v {
+        let x = if signed { b as i8 as i32 } else { b as i32 };
+        s += x;
+        sq += (x * x) as u32;
+    }
+    (s, sq)
+}
+
+/// Per-row values of one search, for the rows of the caller's `normal` list
+/// (indexed like it).
+pub(super) struct IntRows {
+    /// What turns the instruction's sum into the dot product: `∓128·Σx`.
+    corr: Vec<i32>,
+    /// Σx² (l2).
+    xx: Vec<u32>,
+    /// √(Σx² as f32) (cosine).
+    xs: Vec<f32>,
+}
+
+impl IntRows {
+    pub(super) fn new(b: Bytes<'_>, dim: usize, rows: &[usize]) -> Self {
+        use rayon::prelude::*;
+        let per: Vec<(i32, u32)> = rows
+            .par_iter()
+            .map(|&r| sums(&b.data[r * dim..(r + 1) * dim], b.signed))
+            .collect();
+        IntRows {
+            corr: per
+                .iter()
+                .map(|&(s, _)| if b.signed { -128 * s } else { 128 * s })
+                .collect(),
+            xx: per.iter().map(|&(_, sq)| sq).collect(),
+            xs: per.iter().map(|&(_, sq)| (sq as f32).sqrt()).collect(),
+        }
+    }
+}
+
+/// One task's queries, packed, with their selection state.
+pub(super) struct IntQueries {
+    dim: usize,
+    /// Real queries (the rest of the last panel is padding).
+    n: usize,
+    /// `panels[p·P·dim + (g·P + i)·4 + e]` = element `4g + e` of query
+    /// `p·P + i`, top bit flipped; padding lanes 0 (no contribution).
+    panels: Vec<u8>,
+    /// Σq² and √(Σq² as f32), padded to whole panels.
+    qq: Vec<u32>,
+    qs: Vec<f32>,
+    /// [`TopK::threshold`] per query; −inf for padding lanes (never pass).
+    thr: Vec<f32>,
+}
+
+impl IntQueries {
+    /// Packs `queries` (each `dim` bytes of the search's type).
+    pub(super) fn new(queries: &[&[u8]], signed: bool, dim: usize) -> Self {
+        assert!(serves(dim) && queries.iter().all(|q| q.len() == dim));
+        let n = queries.len();
+        let np = n.div_ceil(P);
+        let mut panels = vec![0u8; np * P * dim];
+        let (mut qq, mut qs) = (vec![0u32; np * P], vec![0f32; np * P]);
+        for (i, q) in queries.iter().enumerate() {
+            let panel = &mut panels[(i / P) * P * dim..][..P * dim];
+            for (l, &v) in q.iter().enumerate() {
+                panel[((l / 4) * P + i % P) * 4 + l % 4] = v ^ 0x80;
+            }
+            let (_, sq) = sums(q, signed);
+            qq[i] = sq;
+            qs[i] = (sq as f32).sqrt();
+        }
+        let mut thr = vec![f32::INFINITY; n];
+        thr.resize(np * P, f32::NEG_INFINITY);
+        IntQueries {
+            dim,
+            n,
+            panels,
+            qq,
+            qs,
+            thr,
+        }
+    }
+}
+
+/// One block of rows: their ids (ascending), their bytes, and their slice of
+/// the search's [`IntRows`] (`at`: index of the block's first row there).
+pub(super) struct IntBlock<'a> {
+    pub rows: &'a [&'a [u8]],
+    pub ids: &'a [usize],
+    pub aux: &'a IntRows,
+    pub at: usize,
+}
+
+/// Offers every row of `block` to every query's selection (`tops[i]` is query
+/// `i` of `q`), with exact distances.
+pub(super) fn scan_block(
+    q: &mut IntQueries,
+    block: &IntBlock<'_>,
+    signed: bool,
+    metric: Metric,
+    tops: &mut [TopK],
+    exact: &mut dyn FnMut(usize, usize) -> f32,
+) {
+    let m = block.rows.len();
+    assert!(block.ids.len() == m && block.at + m <= block.aux.corr.len());
+    assert!(block.rows.iter().all(|r| r.len() == q.dim));
+    assert_eq!(tops.len(), q.n);
+    assert!(
+        available(),
+        "the VNNI kernel runs only where CpuKernel::available says so"
+    );
+    let mut st = State {
+        q,
+        block,
+        tops,
+        exact,
+    };
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `available()` holds (asserted above) and every row has `dim`
+    // bytes, a multiple of 4 (`IntQueries::new` asserted `serves(dim)`).
+    unsafe {
+        match (signed, metric) {
+            (true, Metric::L2) => scan::<true, L2>(&mut st),
+            (true, Metric::InnerProduct) => scan::<true, IP>(&mut st),
+            (true, Metric::Cosine) => scan::<true, COS>(&mut st),
+            (false, Metric::L2) => scan::<false, L2>(&mut st),
+            (false, Metric::InnerProduct) => scan::<false, IP>(&mut st),
+            (false, Metric::Cosine) => scan::<false, COS>(&mut st),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (&mut st, signed, metric);
+}
+
+struct State<'s, 'a> {
+    q: &'s mut IntQueries,
+    block: &'s IntBlock<'a>,
+    tops: &'s mut [TopK],
+    exact: &'s mut dyn FnMut(usize, usize) -> f32,
+}
+
+const L2: u8 = 0;
+const IP: u8 = 1;
+const COS: u8 = 2;
+
+/// Every panel over every row of the block: whole tiles of R rows, then the
+/// block's last rows one at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn scan<const SIGNED: bool, const M: u8>(st: &mut State<'_, '_>) {
+    let m = st.block.rows.len();
+    for q0 in (0..st.q.thr.len()).step_by(P) {
+        let mut j = 0;
+        while j + R <= m {
+            tile::<SIGNED, M, R>(st, q0, j);
+            j += R;
+        }
+        while j < m {
+            tile::<SIGNED, M, 1>(st, q0, j);
+            j += 1;
+        }
+    }
+}
+
+/// Rows `j .. j + RR` against panel queries `q0 .. q0 + P`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile<const SIGNED: bool, const M: u8, const RR: usize>(
+    st: &mut State<'_, '_>,
+    q0: usize,
+    j: usize,
+) {
+    let dim = st.q.dim;
+    let panel = st.q.panels.as_ptr().add(q0 * dim);
+    let rows: [*const u8; RR] = std::array::from_fn(|r| st.block.rows[j + r].as_ptr());
+    let mut acc = [[_mm512_setzero_si512(); QV]; RR];
+    for g in 0..dim / 4 {
+        let qv: [__m512i; QV] =
+            std::array::from_fn(|v| _mm512_loadu_si512(panel.add((g * P + v * 16) * 4).cast()));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let x = _mm512_set1_epi32(rows[r].add(4 * g).cast::<i32>().read_unaligned());
+            for v in 0..QV {
+                // The unsigned operand first: i8 queries flipped, u8 rows.
+                acc_r[v] = if SIGNED {
+                    _mm512_dpbusd_epi32(acc_r[v], qv[v], x)
+                } else {
+                    _mm512_dpbusd_epi32(acc_r[v], x, qv[v])
+                };
+            }
+        }
+    }
+    let aux = st.block.aux;
+    for (r, acc_r) in acc.iter().enumerate() {
+        let jr = j + r;
+        let at = st.block.at + jr;
+        // The exact dot products (u8: their bits as u32).
+        let corr = _mm512_set1_epi32(aux.corr[at]);
+        for (v, &raw) in acc_r.iter().enumerate() {
+            let qi = q0 + v * 16;
+            let dot = _mm512_add_epi32(raw, corr);
+            let as_f32 = |x: __m512i| {
+                if SIGNED {
+                    _mm512_cvtepi32_ps(x)
+                } else {
+                    _mm512_cvtepu32_ps(x)
+                }
+            };
+            let d = match M {
+                // qq + xx − 2·dot: Σ(q − x)² ∈ [0, 2³²), exact in wrapping
+                // 32-bit arithmetic; the reference's `a as f32`.
+                L2 => {
+                    let qq = _mm512_loadu_si512(st.q.qq.as_ptr().add(qi).cast());
+                    let s = _mm512_add_epi32(qq, _mm512_set1_epi32(aux.xx[at] as i32));
+                    _mm512_cvtepu32_ps(_mm512_sub_epi32(s, _mm512_add_epi32(dot, dot)))
+                }
+                // −(a as f32): an exact product by −1 (so 0 gives −0, as the reference).
+                IP => _mm512_mul_ps(as_f32(dot), _mm512_set1_ps(-1.0)),
+                // finalize_cosine: 1 − a / (√qq · √xx); zero norms are special rows
+                // and queries, never here.
+                _ => {
+                    let qs = _mm512_loadu_ps(st.q.qs.as_ptr().add(qi));
+                    let denom = _mm512_mul_ps(qs, _mm512_set1_ps(aux.xs[at]));
+                    _mm512_sub_ps(_mm512_set1_ps(1.0), _mm512_div_ps(as_f32(dot), denom))
+                }
+            };
+            let thr = _mm512_loadu_ps(st.q.thr.as_ptr().add(qi));
+            let mask = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(d, thr) as u32;
+            if mask != 0 {
+                let mut ds = [0.0f32; 16];
+                _mm512_storeu_ps(ds.as_mut_ptr(), d);
+                offer_lanes(st, &ds, mask, qi, jr);
+            }
+        }
+    }
+}
+
+/// The rare path: offers (query `q0 + lane`, row `j`) with its exact distance
+/// for every set bit of `mask`.
+#[inline(never)]
+fn offer_lanes(st: &mut State<'_, '_>, ds: &[f32; 16], mut mask: u32, q0: usize, j: usize) {
+    while mask != 0 {
+        let lane = mask.trailing_zeros() as usize;
+        mask &= mask - 1;
+        let i = q0 + lane;
+        let d = ds[lane];
+        let exact = &mut *st.exact;
+        let top = &mut st.tops[i];
+        top.offer(
+            Cand {
+                lo: d,
+                hi: d,
+                id: st.block.ids[j],
+                exact: true,
+            },
+            &mut |id| exact(i, id),
+        );
+        st.q.thr[i] = top.threshold();
+    }
+}
