@@ -486,14 +486,14 @@ fn reference_all<T: Element>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> 
 /// selection from dot products with a rigorous error margin, then an exact
 /// re-rank with the reference fold (module docs). Results equal
 /// [`search_reference`] bit for bit. Uses rayon's current thread pool and the
-/// fastest float kernel this CPU has for this many queries
-/// ([`CpuKernel::for_queries`]).
+/// fastest kernel this CPU has for this search's type, dim and number of
+/// queries ([`CpuKernel::for_search`]).
 pub fn search_cpu(
     base: &Vectors,
     queries: &Vectors,
     params: &SearchParams,
 ) -> Result<Neighbors, SearchError> {
-    let kernel = CpuKernel::for_queries(queries.rows());
+    let kernel = CpuKernel::for_search(base.dtype(), base.dim(), queries.rows());
     search_cpu_with(base, queries, params, kernel)
 }
 
@@ -1882,6 +1882,23 @@ mod tests {
         assert_eq!(CpuKernel::Gemm.usable(), CpuKernel::Gemm);
         assert_eq!(CpuKernel::for_queries(1), CpuKernel::Gemm);
         assert_eq!(CpuKernel::for_queries(1000), best);
+        // The byte kernel for i8/u8 from 16 queries, where it runs and serves the dim.
+        let vnni = best == CpuKernel::Avx512Vnni;
+        for dt in DType::ALL {
+            let bytes = matches!(dt, DType::I8 | DType::U8);
+            assert_eq!(
+                CpuKernel::for_search(dt, 128, 16) == CpuKernel::Avx512Vnni,
+                vnni && bytes
+            );
+            assert_eq!(
+                CpuKernel::for_search(dt, 128, 15),
+                CpuKernel::for_queries(15)
+            );
+            assert_eq!(
+                CpuKernel::for_search(dt, 130, 100),
+                CpuKernel::for_queries(100)
+            );
+        }
         let few = CpuKernel::for_queries(20);
         assert!(few.available());
         if matches!(best, CpuKernel::Avx512 | CpuKernel::Avx512Vnni) && CpuKernel::Avx2.available()
