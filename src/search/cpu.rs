@@ -1465,28 +1465,45 @@ fn float_search<T: FloatElem>(
     let rows = allowed_rows(b.rows(), &p.filter);
 
     // Classify rows: normal ones get their norm data, special ones are exact.
-    let row_info: Vec<Option<f64>> = rows
-        .par_iter()
-        .map_init(Vec::new, |buf, &r| float_info(b.row(r), metric, buf))
-        .collect();
+    // The exact byte kernel, where it serves (i8/u8: `vnni` module), needs
+    // only each row's exact sums, and only cosine's zero rows are special.
+    let bytes = T::bytes(b.data()).filter(|_| kernel == CpuKernel::Avx512Vnni && vnni::serves(dim));
     let mut normal = Vec::with_capacity(rows.len());
-    let (mut aux0, mut aux1) = (
-        Vec::with_capacity(rows.len()),
-        Vec::with_capacity(rows.len()),
-    );
+    let (mut aux0, mut aux1) = (Vec::new(), Vec::new());
     let mut special = Vec::new();
-    for (&r, info) in rows.iter().zip(&row_info) {
-        match info {
-            Some(sq) => {
-                let (a0, a1) = float_aux(metric, *sq);
-                normal.push(r);
-                aux0.push(a0);
-                aux1.push(a1);
+    let int_rows = match bytes {
+        Some(bytes) => {
+            let sums = vnni::row_sums(bytes, dim, &rows);
+            let mut kept = Vec::with_capacity(rows.len());
+            for (&r, &(sum, sq)) in rows.iter().zip(&sums) {
+                if metric == Metric::Cosine && sq == 0 {
+                    special.push(r);
+                } else {
+                    normal.push(r);
+                    kept.push((sum, sq));
+                }
             }
-            None => special.push(r),
+            Some(vnni::IntRows::from_sums(bytes.signed, &kept))
         }
-    }
-    drop(row_info);
+        None => {
+            let row_info: Vec<Option<f64>> = rows
+                .par_iter()
+                .map_init(Vec::new, |buf, &r| float_info(b.row(r), metric, buf))
+                .collect();
+            for (&r, info) in rows.iter().zip(&row_info) {
+                match info {
+                    Some(sq) => {
+                        let (a0, a1) = float_aux(metric, *sq);
+                        normal.push(r);
+                        aux0.push(a0);
+                        aux1.push(a1);
+                    }
+                    None => special.push(r),
+                }
+            }
+            None
+        }
+    };
     let q_info: Vec<Option<f64>> = (0..nq)
         .into_par_iter()
         .map_init(Vec::new, |buf, i| float_info(q.row(i), metric, buf))
@@ -1495,14 +1512,8 @@ fn float_search<T: FloatElem>(
 
     let (c_l2, c_ip, c_cos, abs) = float_bound_consts(dim);
     let (qb, rb) = block_sizes(dim);
-    // The exact byte kernel where it serves; its rows are a quarter the
-    // bytes of f32 ones, so its blocks hold four times as many.
-    let int_rows = match T::bytes(b.data()) {
-        Some(bytes) if kernel == CpuKernel::Avx512Vnni && vnni::serves(dim) => {
-            Some(vnni::IntRows::new(bytes, dim, &normal))
-        }
-        _ => None,
-    };
+    // The byte kernel's rows are a quarter the bytes of f32 ones, so its
+    // blocks hold four times as many.
     let rb = match kernel {
         CpuKernel::Gemm => rb,
         _ if int_rows.is_some() => fused::block_rows(dim / 4),
@@ -1882,18 +1893,15 @@ mod tests {
         assert_eq!(CpuKernel::Gemm.usable(), CpuKernel::Gemm);
         assert_eq!(CpuKernel::for_queries(1), CpuKernel::Gemm);
         assert_eq!(CpuKernel::for_queries(1000), best);
-        // The byte kernel for i8/u8 from 16 queries, where it runs and serves the dim.
+        // The byte kernel for i8/u8 from 2 queries, where it runs and serves the dim.
         let vnni = best == CpuKernel::Avx512Vnni;
         for dt in DType::ALL {
             let bytes = matches!(dt, DType::I8 | DType::U8);
             assert_eq!(
-                CpuKernel::for_search(dt, 128, 16) == CpuKernel::Avx512Vnni,
+                CpuKernel::for_search(dt, 128, 2) == CpuKernel::Avx512Vnni,
                 vnni && bytes
             );
-            assert_eq!(
-                CpuKernel::for_search(dt, 128, 15),
-                CpuKernel::for_queries(15)
-            );
+            assert_eq!(CpuKernel::for_search(dt, 128, 1), CpuKernel::Gemm);
             assert_eq!(
                 CpuKernel::for_search(dt, 130, 100),
                 CpuKernel::for_queries(100)

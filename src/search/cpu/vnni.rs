@@ -22,10 +22,11 @@
 //! Each row's correction `∓128·Σx` is computed once per search ([`IntRows`]).
 //!
 //! Layout and tiling follow the fused float kernel (`fused` module): queries
-//! packed per task in panels of 64 (for each group of 4 elements, the 64
-//! queries' 4 bytes side by side: 4 vector loads), rows read where they are
-//! (one 4-byte broadcast per row and group), a register tile of 4 query
-//! vectors × 6 rows of i32 accumulators (24 + 4 + 1 of 32 registers).
+//! packed per task in panels of 64, or of 16 for fewer than 48 queries (for
+//! each group of 4 elements, the panel's queries' 4 bytes side by side: one
+//! vector load per 16 queries), rows read where they are (one 4-byte
+//! broadcast per row and group), a register tile of 4 query vectors × 6 rows
+//! (24 + 4 + 1 of 32 registers), or 1 × 8, of i32 accumulators.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -37,10 +38,15 @@ use super::{Cand, Metric, TopK};
 /// smaller), and the reference's i32/u32 folds do not wrap.
 pub(super) const MAX_DIM: usize = 33_024;
 
-/// Queries per panel (4 vectors of 16 lanes).
-const P: usize = QV * 16;
-const QV: usize = 4;
-const R: usize = 6;
+/// Register tiles: `QV` query vectors (16 lanes each) × `R` rows of i32
+/// accumulators. Wide panels (64 queries × 6 rows: 24 + 4 + 1 of the 32
+/// registers) for many queries; narrow ones (16 queries × 8 rows) for few,
+/// where most lanes of a wide panel would be padding.
+const WIDE: (usize, usize) = (4, 6);
+const NARROW: (usize, usize) = (1, 8);
+
+/// Below this many queries a task packs narrow panels.
+const NARROW_BELOW: usize = 48;
 
 /// Whether this CPU has the instructions (AVX-512F, BW and VNNI).
 pub(super) fn available() -> bool {
@@ -67,15 +73,29 @@ pub(crate) struct Bytes<'a> {
     pub(crate) signed: bool,
 }
 
-/// Σx and Σx² of one vector (exact; `dim ≤ MAX_DIM`).
+/// Σx and Σx² of one vector (exact; `dim ≤ MAX_DIM`). One loop per
+/// signedness, so that each vectorises.
 fn sums(v: &[u8], signed: bool) -> (i32, u32) {
-    let (mut s, mut sq) = (0i32, 0u32);
-    for &b in v {
-        let x = if signed { b as i8 as i32 } else { b as i32 };
-        s += x;
-        sq += (x * x) as u32;
+    if signed {
+        let s = v.iter().map(|&b| b as i8 as i32).sum();
+        let sq = v
+            .iter()
+            .map(|&b| (b as i8 as i32 * b as i8 as i32) as u32)
+            .sum();
+        (s, sq)
+    } else {
+        let s = v.iter().map(|&b| b as i32).sum();
+        let sq = v.iter().map(|&b| b as u32 * b as u32).sum();
+        (s, sq)
     }
-    (s, sq)
+}
+
+/// Σx and Σx² of each of `rows` (in parallel).
+pub(super) fn row_sums(b: Bytes<'_>, dim: usize, rows: &[usize]) -> Vec<(i32, u32)> {
+    use rayon::prelude::*;
+    rows.par_iter()
+        .map(|&r| sums(&b.data[r * dim..(r + 1) * dim], b.signed))
+        .collect()
 }
 
 /// Per-row values of one search, for the rows of the caller's `normal` list
@@ -90,19 +110,15 @@ pub(super) struct IntRows {
 }
 
 impl IntRows {
-    pub(super) fn new(b: Bytes<'_>, dim: usize, rows: &[usize]) -> Self {
-        use rayon::prelude::*;
-        let per: Vec<(i32, u32)> = rows
-            .par_iter()
-            .map(|&r| sums(&b.data[r * dim..(r + 1) * dim], b.signed))
-            .collect();
+    /// From each row's [`row_sums`].
+    pub(super) fn from_sums(signed: bool, sums: &[(i32, u32)]) -> Self {
         IntRows {
-            corr: per
+            corr: sums
                 .iter()
-                .map(|&(s, _)| if b.signed { -128 * s } else { 128 * s })
+                .map(|&(s, _)| if signed { -128 * s } else { 128 * s })
                 .collect(),
-            xx: per.iter().map(|&(_, sq)| sq).collect(),
-            xs: per.iter().map(|&(_, sq)| (sq as f32).sqrt()).collect(),
+            xx: sums.iter().map(|&(_, sq)| sq).collect(),
+            xs: sums.iter().map(|&(_, sq)| (sq as f32).sqrt()).collect(),
         }
     }
 }
@@ -110,10 +126,12 @@ impl IntRows {
 /// One task's queries, packed, with their selection state.
 pub(super) struct IntQueries {
     dim: usize,
+    /// Queries per panel: 16 (narrow) or 64 (wide).
+    p: usize,
     /// Real queries (the rest of the last panel is padding).
     n: usize,
-    /// `panels[p·P·dim + (g·P + i)·4 + e]` = element `4g + e` of query
-    /// `p·P + i`, top bit flipped; padding lanes 0 (no contribution).
+    /// `panels[j·p·dim + (g·p + i)·4 + e]` = element `4g + e` of query
+    /// `j·p + i`, top bit flipped; padding lanes 0 (no contribution).
     panels: Vec<u8>,
     /// Σq² and √(Σq² as f32), padded to whole panels.
     qq: Vec<u32>,
@@ -127,22 +145,25 @@ impl IntQueries {
     pub(super) fn new(queries: &[&[u8]], signed: bool, dim: usize) -> Self {
         assert!(serves(dim) && queries.iter().all(|q| q.len() == dim));
         let n = queries.len();
-        let np = n.div_ceil(P);
-        let mut panels = vec![0u8; np * P * dim];
-        let (mut qq, mut qs) = (vec![0u32; np * P], vec![0f32; np * P]);
+        let (qv, _) = if n < NARROW_BELOW { NARROW } else { WIDE };
+        let p = qv * 16;
+        let np = n.div_ceil(p);
+        let mut panels = vec![0u8; np * p * dim];
+        let (mut qq, mut qs) = (vec![0u32; np * p], vec![0f32; np * p]);
         for (i, q) in queries.iter().enumerate() {
-            let panel = &mut panels[(i / P) * P * dim..][..P * dim];
+            let panel = &mut panels[(i / p) * p * dim..][..p * dim];
             for (l, &v) in q.iter().enumerate() {
-                panel[((l / 4) * P + i % P) * 4 + l % 4] = v ^ 0x80;
+                panel[((l / 4) * p + i % p) * 4 + l % 4] = v ^ 0x80;
             }
             let (_, sq) = sums(q, signed);
             qq[i] = sq;
             qs[i] = (sq as f32).sqrt();
         }
         let mut thr = vec![f32::INFINITY; n];
-        thr.resize(np * P, f32::NEG_INFINITY);
+        thr.resize(np * p, f32::NEG_INFINITY);
         IntQueries {
             dim,
+            p,
             n,
             panels,
             qq,
@@ -189,13 +210,10 @@ pub(super) fn scan_block(
     // SAFETY: `available()` holds (asserted above) and every row has `dim`
     // bytes, a multiple of 4 (`IntQueries::new` asserted `serves(dim)`).
     unsafe {
-        match (signed, metric) {
-            (true, Metric::L2) => scan::<true, L2>(&mut st),
-            (true, Metric::InnerProduct) => scan::<true, IP>(&mut st),
-            (true, Metric::Cosine) => scan::<true, COS>(&mut st),
-            (false, Metric::L2) => scan::<false, L2>(&mut st),
-            (false, Metric::InnerProduct) => scan::<false, IP>(&mut st),
-            (false, Metric::Cosine) => scan::<false, COS>(&mut st),
+        if st.q.p == WIDE.0 * 16 {
+            scan_metric::<{ WIDE.0 }, { WIDE.1 }>(&mut st, signed, metric)
+        } else {
+            scan_metric::<{ NARROW.0 }, { NARROW.1 }>(&mut st, signed, metric)
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -213,40 +231,59 @@ const L2: u8 = 0;
 const IP: u8 = 1;
 const COS: u8 = 2;
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn scan_metric<const QV: usize, const R: usize>(
+    st: &mut State<'_, '_>,
+    signed: bool,
+    metric: Metric,
+) {
+    match (signed, metric) {
+        (true, Metric::L2) => scan::<QV, R, true, L2>(st),
+        (true, Metric::InnerProduct) => scan::<QV, R, true, IP>(st),
+        (true, Metric::Cosine) => scan::<QV, R, true, COS>(st),
+        (false, Metric::L2) => scan::<QV, R, false, L2>(st),
+        (false, Metric::InnerProduct) => scan::<QV, R, false, IP>(st),
+        (false, Metric::Cosine) => scan::<QV, R, false, COS>(st),
+    }
+}
+
 /// Every panel over every row of the block: whole tiles of R rows, then the
 /// block's last rows one at a time.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn scan<const SIGNED: bool, const M: u8>(st: &mut State<'_, '_>) {
+#[inline(always)]
+unsafe fn scan<const QV: usize, const R: usize, const SIGNED: bool, const M: u8>(
+    st: &mut State<'_, '_>,
+) {
     let m = st.block.rows.len();
-    for q0 in (0..st.q.thr.len()).step_by(P) {
+    for q0 in (0..st.q.thr.len()).step_by(QV * 16) {
         let mut j = 0;
         while j + R <= m {
-            tile::<SIGNED, M, R>(st, q0, j);
+            tile::<QV, R, SIGNED, M>(st, q0, j);
             j += R;
         }
         while j < m {
-            tile::<SIGNED, M, 1>(st, q0, j);
+            tile::<QV, 1, SIGNED, M>(st, q0, j);
             j += 1;
         }
     }
 }
 
-/// Rows `j .. j + RR` against panel queries `q0 .. q0 + P`.
+/// Rows `j .. j + R` against panel queries `q0 .. q0 + 16·QV`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn tile<const SIGNED: bool, const M: u8, const RR: usize>(
+unsafe fn tile<const QV: usize, const R: usize, const SIGNED: bool, const M: u8>(
     st: &mut State<'_, '_>,
     q0: usize,
     j: usize,
 ) {
-    let dim = st.q.dim;
+    let (dim, p) = (st.q.dim, QV * 16);
     let panel = st.q.panels.as_ptr().add(q0 * dim);
-    let rows: [*const u8; RR] = std::array::from_fn(|r| st.block.rows[j + r].as_ptr());
-    let mut acc = [[_mm512_setzero_si512(); QV]; RR];
+    let rows: [*const u8; R] = std::array::from_fn(|r| st.block.rows[j + r].as_ptr());
+    let mut acc = [[_mm512_setzero_si512(); QV]; R];
     for g in 0..dim / 4 {
         let qv: [__m512i; QV] =
-            std::array::from_fn(|v| _mm512_loadu_si512(panel.add((g * P + v * 16) * 4).cast()));
+            std::array::from_fn(|v| _mm512_loadu_si512(panel.add((g * p + v * 16) * 4).cast()));
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let x = _mm512_set1_epi32(rows[r].add(4 * g).cast::<i32>().read_unaligned());
             for v in 0..QV {
