@@ -2,8 +2,15 @@
 //! ([`crate::cost`]) knows operations by shape and name only, and the search
 //! names and sizes its own.
 
+use super::cpu::CpuKernel;
 use super::DType;
 use crate::cost::OpDesc;
+
+/// How much faster the CPU search runs i8/u8 with the VNNI byte kernel than
+/// f32 with the AVX-512 float kernel, the rate the calibration measures
+/// (BENCHMARKS.md, "Search on the CPU": 100k × 128, 1000 queries, k 10, one
+/// thread: f32 l2 291 ms, i8 and u8 87–98 ms).
+pub(crate) const BYTE_KERNEL_SPEEDUP: f64 = 3.0;
 
 impl DType {
     /// The cost model's name of exact k-NN over this element type.
@@ -20,7 +27,10 @@ impl DType {
 impl OpDesc {
     /// Exact k-NN of `nq` queries over `n` rows of `dim` elements of `dtype`:
     /// a [`OpDesc::brute_force`] scan keeping `k` (id, distance) pairs per
-    /// query, the base uploaded unless `base_resident`.
+    /// query, the base uploaded unless `base_resident`. Where the CPU search
+    /// takes the byte kernel (i8/u8 with AVX-512 VNNI: [`CpuKernel::for_search`])
+    /// its work counts `BYTE_KERNEL_SPEEDUP` (3) times less than the calibration's
+    /// f32 flops.
     pub fn knn(
         n: usize,
         dim: usize,
@@ -29,7 +39,7 @@ impl OpDesc {
         dtype: DType,
         base_resident: bool,
     ) -> Self {
-        OpDesc::brute_force(
+        let op = OpDesc::brute_force(
             dtype.knn_operation(),
             n,
             dim,
@@ -37,7 +47,13 @@ impl OpDesc {
             k,
             dtype.size(),
             base_resident,
-        )
+        );
+        if CpuKernel::for_search(dtype, dim, nq) == CpuKernel::Avx512Vnni {
+            let w = op.cpu_work / BYTE_KERNEL_SPEEDUP;
+            op.cpu_work(w)
+        } else {
+            op
+        }
     }
 }
 
@@ -56,5 +72,13 @@ mod tests {
         let resident = OpDesc::knn(1000, 128, 10, 5, DType::U8, true);
         assert_eq!(resident.bytes_to_device, 10 * 128);
         assert_eq!(resident.operation, "knn.u8");
+        let byte_kernel = CpuKernel::for_search(DType::U8, 128, 10) == CpuKernel::Avx512Vnni;
+        let want = resident.gpu_work
+            / if byte_kernel {
+                BYTE_KERNEL_SPEEDUP
+            } else {
+                1.0
+            };
+        assert_eq!(resident.cpu_work, want);
     }
 }
