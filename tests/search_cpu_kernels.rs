@@ -125,7 +125,7 @@ fn integer_extremes_and_offsets_match_the_reference() {
 fn byte_kernels_match_the_reference_at_their_dim_limits() {
     // The exact VNNI kernel (i8/u8, dims a multiple of 4 up to 33024) keeps
     // every sum in 32 bits: at 33024 the extreme values put u8 dot products
-    // and squared distances near 2³¹ and 2³², i8 ones near 2²⁹. 33028 is past
+    // and squared distances near 2³¹ (their qq + xx near 2³²), i8 ones near 2²⁹. 33028 is past
     // the limit (the float path then), 4 the smallest dim it takes, 6 one it
     // does not; zero vectors are special for cosine. Filters leave rows out.
     let pick = |i: usize| (i * 2_654_435_761usize) >> 9;
@@ -177,6 +177,52 @@ fn byte_kernels_match_the_reference_at_their_dim_limits() {
                         &p.with_filter(fraglink::search::Filter::Bitset(bits)),
                     );
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn narrow_byte_panels_over_many_blocks_match_the_reference() {
+    // Fewer than 48 queries per task (the VNNI kernel's 16-query panels) over
+    // 5000 rows of dim 128: blocks of 2040 rows and, with several threads,
+    // several shards. Zero rows and a zero query are special for cosine.
+    let (n, nq, dim) = (5000, 20, 128);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 32) as u32
+    };
+    let mut bytes = |rows: usize, zero: &[usize]| -> Vec<u8> {
+        (0..rows * dim)
+            .map(|i| {
+                if zero.contains(&(i / dim)) {
+                    0
+                } else {
+                    next() as u8
+                }
+            })
+            .collect()
+    };
+    let (rows, qs) = (bytes(n, &[17, 2040, 4999]), bytes(nq, &[3]));
+    let as_i8 = |v: &[u8]| v.iter().map(|&b| b as i8).collect::<Vec<i8>>();
+    // u8 zero is 0; i8 zero vectors need 0 too, which the byte 0 is.
+    let sets = [
+        (
+            Vectors::u8(rows.clone(), dim).unwrap(),
+            Vectors::u8(qs.clone(), dim).unwrap(),
+        ),
+        (
+            Vectors::i8(as_i8(&rows), dim).unwrap(),
+            Vectors::i8(as_i8(&qs), dim).unwrap(),
+        ),
+    ];
+    for (base, queries) in &sets {
+        for metric in Metric::ALL {
+            for k in [1, 10, 3000] {
+                assert_all_kernels(base, queries, &SearchParams::new(k, metric));
             }
         }
     }

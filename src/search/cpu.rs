@@ -63,8 +63,9 @@
 //! and join the merge; special queries are answered by the reference scan.
 //! dim = 0 and dims where γ is not small (n·u ≥ 1/2) use the reference.
 //!
-//! **Integers and the fused kernels.** With a fused kernel ([`CpuKernel`]), i8
-//! and u8 take the float path above: their values are exact in f32, so the
+//! **Integers and the fused kernels.** With a fused float kernel ([`CpuKernel`]:
+//! AVX2, AVX-512, and AVX-512 VNNI where its byte kernel does not serve the
+//! dim), i8 and u8 take the float path above: their values are exact in f32, so the
 //! approximation `g` is bounded as for any f32 input, and their reference
 //! distance is the exact integer result `D` rounded once to f32 (`|d − D| ≤
 //! u·|D|`, inside the γ terms the bounds already allow for the float fold's
@@ -484,7 +485,8 @@ fn reference_all<T: Element>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> 
 
 /// Exact k-nearest neighbours with the GPU scan's semantics, fast: candidate
 /// selection from dot products with a rigorous error margin, then an exact
-/// re-rank with the reference fold (module docs). Results equal
+/// re-rank with the reference fold, or exact integer distances throughout
+/// (i8/u8 with the GEMM or the VNNI kernel; module docs). Results equal
 /// [`search_reference`] bit for bit. Uses rayon's current thread pool and the
 /// fastest kernel this CPU has for this search's type, dim and number of
 /// queries ([`CpuKernel::for_search`]).
@@ -1148,8 +1150,9 @@ impl FloatElem for f16 {
     }
 }
 
-// Integers through the float path (with a fused kernel only; module docs,
-// "Integers and the fused kernels"): exact as f32, re-ranked by their own fold.
+// Integers through the float path (with a fused float kernel only; module
+// docs, "Integers and the fused kernels"): exact as f32, re-ranked by their
+// own fold. Their bytes feed the VNNI kernel instead where it serves.
 impl FloatElem for i8 {
     fn widen(src: &[i8], dst: &mut [f32]) {
         <i8 as IntElem>::widen(src, dst)
@@ -1238,7 +1241,8 @@ struct FloatTask<'a, T> {
     dim: usize,
     /// Rows per block.
     rb: usize,
-    /// The normal rows' ids, and their [`float_aux`] values.
+    /// The normal rows' ids, and their [`float_aux`] values (empty where
+    /// the VNNI kernel runs: it reads `int_rows` instead).
     normal: &'a [usize],
     aux0: &'a [f32],
     aux1: &'a [f32],
@@ -1512,11 +1516,9 @@ fn float_search<T: FloatElem>(
 
     let (c_l2, c_ip, c_cos, abs) = float_bound_consts(dim);
     let (qb, rb) = block_sizes(dim);
-    // The byte kernel's rows are a quarter the bytes of f32 ones, so its
-    // blocks hold four times as many.
     let rb = match kernel {
         CpuKernel::Gemm => rb,
-        _ if int_rows.is_some() => fused::block_rows(dim / 4),
+        _ if int_rows.is_some() => vnni::block_rows(dim),
         _ => fused::block_rows(dim),
     };
     let qblocks = split(normal_q.len(), normal_q.len().div_ceil(qb));

@@ -7,9 +7,10 @@ use super::DType;
 use crate::cost::OpDesc;
 
 /// How much faster the CPU search runs i8/u8 with the VNNI byte kernel than
-/// f32 with the AVX-512 float kernel, the rate the calibration measures
+/// f32, whose work the calibrated rate (an f32 dot-product loop) prices
 /// (BENCHMARKS.md, "Search on the CPU": 100k × 128, 1000 queries, k 10, one
-/// thread: f32 l2 291 ms, i8 and u8 87–98 ms).
+/// thread: f32 l2 291 ms, i8 and u8 87–98 ms). Measured with many queries; a
+/// heuristic for few, which the model's learned timings correct.
 pub(crate) const BYTE_KERNEL_SPEEDUP: f64 = 3.0;
 
 impl DType {

@@ -28,8 +28,10 @@ use super::simd::Simd;
 use super::simd::{Avx2, Avx512};
 use super::{Approx, Cand, CosApprox, IpApprox, L2Approx, Metric, TopK};
 
-/// How the CPU search computes its float dot products.
+/// How the CPU search computes its dot products (more may come: match with
+/// a wildcard arm).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CpuKernel {
     /// The gemm crate's GEMM into a block of dot products, then a selection
     /// pass over the block (any CPU; gemm picks its own instruction set).

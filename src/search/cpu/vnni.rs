@@ -48,6 +48,17 @@ const NARROW: (usize, usize) = (1, 8);
 /// Below this many queries a task packs narrow panels.
 const NARROW_BELOW: usize = 48;
 
+/// Rows per block: about 256 KiB of rows (L2-resident while every query
+/// panel passes over them, as the float kernel's blocks of f32 rows), a
+/// multiple of both tiles' heights (6 and 8) so that only a shard's last
+/// block has rows left over for one-row tiles, and at most 2040 (the float
+/// blocks' 2046, rounded to the tiles): more blocks make more shards for the
+/// threads to share.
+pub(super) fn block_rows(dim: usize) -> usize {
+    const TILES: usize = 24;
+    ((262_144 / dim.max(1)) / TILES * TILES).clamp(TILES, 2040)
+}
+
 /// Whether this CPU has the instructions (AVX-512F, BW and VNNI).
 pub(super) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
