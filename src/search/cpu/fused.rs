@@ -295,9 +295,10 @@ struct State<'s, 'a> {
     exact: &'s mut dyn FnMut(usize, usize) -> f32,
 }
 
-const L2: u8 = 0;
-const IP: u8 = 1;
-const COS: u8 = 2;
+// The metric as a const generic parameter of the kernels (here and `vnni`).
+pub(super) const L2: u8 = 0;
+pub(super) const IP: u8 = 1;
+pub(super) const COS: u8 = 2;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]

@@ -31,6 +31,8 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::fused::{COS, IP, L2};
 use super::{Cand, Metric, TopK};
 
 /// The largest dim served: every sum then fits (u8: `Σ q·x ≤ 65025·dim <
@@ -237,10 +239,6 @@ struct State<'s, 'a> {
     tops: &'s mut [TopK],
     exact: &'s mut dyn FnMut(usize, usize) -> f32,
 }
-
-const L2: u8 = 0;
-const IP: u8 = 1;
-const COS: u8 = 2;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
