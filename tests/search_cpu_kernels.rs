@@ -188,13 +188,8 @@ fn narrow_byte_panels_over_many_blocks_match_the_reference() {
     // 5000 rows of dim 128: blocks of 2040 rows and, with several threads,
     // several shards. Zero rows and a zero query are special for cosine.
     let (n, nq, dim) = (5000, 20, 128);
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 32) as u32
-    };
+    let mut rng = fraglink::search::data::Rng::new(0x2545_f491_4f6c_dd1d);
+    let mut next = move || rng.next_u32();
     let mut bytes = |rows: usize, zero: &[usize]| -> Vec<u8> {
         (0..rows * dim)
             .map(|i| {
