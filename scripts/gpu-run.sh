@@ -6,16 +6,22 @@
 #
 #   scripts/gpu-run.sh OUTDIR [STEP...]
 #
-# Steps, in the default order (every one when none is named):
-#   gpu-tests  the ignored tests: the ones that need a GPU
+# Steps, in the default order (every one but gpu-tests and tests when none
+# is named): what issue 9 and 10 need first, the checks after.
+#   all-tests  every test, the ignored (GPU) ones included, in one nextest
+#              run: the GPU tests start first and the portable ones fill the
+#              other cores beside them (.config/nextest.toml, profile gpu)
 #   search     `fraglink search --device gpu` over metric x dtype x filter
+#   bench      gpu_bench, the GPU contract's figures
+#   peers      exact k-NN against torch and CuPy (benches/scripts/gpu_peers.py;
+#              its goal cases first, then its diagnostic sides, until the
+#              budget's end)
 #   sanitize   compute-sanitizer (memcheck, racecheck, synccheck, initcheck)
 #              over small searches that reach every GPU kernel family
-#   bench      gpu_bench, the GPU contract's figures
-#   peers      exact k-NN against torch and CuPy (benches/scripts/gpu_peers.py)
 #   ivf        IVF-Flat probe splits against one block per query
 #              (benches/scripts/ivf_gpu_bench.py)
 #   ncu        Nsight Compute profiles of the k-NN kernels
+#   gpu-tests  the ignored tests only (to rerun them after a fix)
 #   tests      every other test (portable; CI runs them too, without a GPU)
 #
 # One call of a GPU lease runs at most 10 minutes, and a command killed at
@@ -39,10 +45,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 start=$SECONDS
-outdir=${1:?usage: scripts/gpu-run.sh OUTDIR [gpu-tests|search|sanitize|bench|peers|ivf|ncu|tests ...]}
+outdir=${1:?usage: scripts/gpu-run.sh OUTDIR [all-tests|search|bench|peers|sanitize|ivf|ncu|gpu-tests|tests ...]}
 shift
-all_steps="gpu-tests search sanitize bench peers ivf ncu tests"
-steps=${*:-$all_steps}
+all_steps="all-tests search bench peers sanitize ivf ncu gpu-tests tests"
+default_steps="all-tests search bench peers sanitize ivf ncu"
+steps=${*:-$default_steps}
 for s in $steps; do
   case " $all_steps " in
     *" $s "*) ;;
@@ -326,7 +333,12 @@ peers_step() {
   echo "== exact k-NN against torch / CuPy (benches/scripts/gpu_peers.py, $(left) s left)"
   # GPU_PEERS_ARGS: more arguments for gpu_peers.py, to split the comparison
   # over calls (e.g. '--dtypes f16'); gpu_report.py md merges the cases.
-  script_step peers gpu_peers.py "${GPU_PEERS_ARGS:-}"
+  # --seconds: the script starts nothing that its own timings say would end
+  # after the budget (the goal cases come first), and stops by itself, a
+  # little before the timeout would.
+  local deadline=$(($(left) - 10))
+  [ "$deadline" -ge 1 ] || deadline=1
+  script_step peers gpu_peers.py "--seconds $deadline ${GPU_PEERS_ARGS:-}"
 }
 
 ivf_step() {
@@ -383,11 +395,11 @@ echo "steps: $steps (budget ${budget} s)"
 for step in $steps; do
   # Roughly the least time a step needs to be worth starting.
   case $step in
-    gpu-tests | tests) need=60 ;;
+    all-tests | gpu-tests | tests) need=60 ;;
     ncu | sanitize) need=60 ;;
     *) need=30 ;;
   esac
-  if [ "$gpu" != 1 ] && [ "$step" != tests ]; then
+  if [ "$gpu" != 1 ] && [ "$step" != tests ] && [ "$step" != all-tests ]; then
     record "$step" "left out" 0 0 "no CUDA GPU on this machine"
     continue
   fi
@@ -405,6 +417,8 @@ for step in $steps; do
     continue
   fi
   case $step in
+    # Without a GPU, every test that runs without one.
+    all-tests) if [ "$gpu" = 1 ]; then nextest_step all-tests all; else nextest_step all-tests default; fi ;;
     gpu-tests) nextest_step gpu-tests only ;;
     tests) nextest_step tests default ;;
     *)

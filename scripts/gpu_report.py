@@ -162,7 +162,7 @@ def collect(a):
     steps = read_jsonl(os.path.join(logs, "steps.jsonl"))
     tests = []
     for st in steps:
-        if st["step"] in ("gpu-tests", "tests") and st["status"] not in ("left out", "not started"):
+        if st["step"] in ("all-tests", "gpu-tests", "tests") and st["status"] not in ("left out", "not started"):
             step_tests, started = tests_of_step(logs, st["step"], st["status"])
             tests += step_tests
             st["tests_started"] = started
@@ -209,7 +209,7 @@ def merge(runs):
         if len(seen) > 1:
             raise SystemExit(f"error: the results are of different {key}s: {sorted(seen)}")
     out = dict(runs[0])
-    steps, tests, peer_cases = {}, {}, {}
+    steps, tests, peer_cases, peers_left_out = {}, {}, {}, {}
     for r in runs:
         for key in ("device", "driver", "memory", "commit", "cuda", "doctor"):
             if r.get(key) and not out.get(key):
@@ -223,11 +223,18 @@ def merge(runs):
             # the cases of each, a later call's replacing an earlier one's.
             peer_cases.update({(c["dtype"], c["nq"], c["k"]): c for c in r["peers"]["cases"]})
             out["peers"] = dict(r["peers"], cases=list(peer_cases.values()))
+        for c in (r.get("peers") or {}).get("cases_left_out") or []:
+            peers_left_out[(c["dtype"], c["nq"], c["k"])] = c
         for st in r.get("steps") or []:
             if st["status"] != "left out" or st["step"] not in steps:
                 steps[st["step"]] = st
         for t in r.get("tests") or []:
             tests[(t["binary"], t["test"])] = t
+    if out.get("peers"):
+        # A case one call left out at its deadline and another measured is
+        # not left out.
+        out["peers"] = dict(out["peers"], cases_left_out=[
+            c for key, c in peers_left_out.items() if key not in peer_cases])
     out["steps"] = list(steps.values())
     out["tests"] = list(tests.values())
     out["test_counts"] = test_counts(out["tests"])
@@ -360,6 +367,15 @@ def render(r, summary=False):
                          + f" | {fmt(c.get('tensor_core_vs_scan'))} | {fmt(c.get('scan_splits_gain'))}"
                          + f" | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
         lines.append("")
+        left = [f"{c['dtype']} nq {c['nq']} k {c['k']}" for c in p.get("cases_left_out") or []]
+        if left:
+            lines.append(f"**Cases not measured** ({(p['cases_left_out'][0].get('reason') or '')}): "
+                         + ", ".join(left) + ".\n")
+        sides_left = [f"{c['dtype']} nq {c['nq']} k {c['k']}: " + ", ".join(c["sides_left_out"])
+                      for c in p["cases"] if c.get("sides_left_out")]
+        if sides_left:
+            lines.append("**Diagnostic sides not measured** (the run's deadline): "
+                         + "; ".join(sides_left) + ".\n")
         named = [(c, n[len("fraglink["):-1], s_) for c in p["cases"] for n, s_ in c["sides"].items()
                  if n.startswith("fraglink[")]
         if named:

@@ -301,13 +301,22 @@ fn the_steps_of_several_calls_merge_into_one_report() {
     ]
     .join("\n");
     // The comparison split over the calls (GPU_PEERS_ARGS='--dtypes ...').
+    // Call 1's reached its deadline (`--seconds`) before f16's case and
+    // before its own case's scan; call 2 measures the f16 case.
     let peers = |dtype: &str| {
-        serde_json::json!({"n": 1_000_000, "dim": 128, "batch": 1000, "cases": [{
+        let mut doc = serde_json::json!({"n": 1_000_000, "dim": 128, "batch": 1000, "cases": [{
             "dtype": dtype, "nq": 100, "k": 10, "goal": 1.5, "floor_qps": 1e6,
             "floor_bound": "memory",
             "sides": {"torch.mm+topk": {"qps": 100.0, "recall": 1.0},
-                      "fraglink": {"qps": 200.0, "recall": 1.0}}}]})
-        .to_string()
+                      "fraglink": {"qps": 200.0, "recall": 1.0}}}]});
+        if dtype == "f32" {
+            let reason = "left out at the deadline (--seconds 300): 12 s left, about 40 s needed";
+            doc["cases_left_out"] =
+                serde_json::json!([{"dtype": "f16", "nq": 100, "k": 10, "reason": reason}]);
+            doc["cases"][0]["sides_left_out"] = serde_json::json!(["fraglink/scan"]);
+            doc["cases"][0]["left_out_reason"] = reason.into();
+        }
+        doc.to_string()
     };
     let first = collect_call(
         "1",
@@ -342,8 +351,8 @@ fn the_steps_of_several_calls_merge_into_one_report() {
     assert_eq!(doc["steps"][0]["tests_started"], 4, "{doc}");
     assert_eq!(doc["steps"][0]["tests_reported"], 4, "{doc}");
 
-    // Call 2: the GPU tests again (the failing one fixed) and the portable
-    // tests, both to the end (JUnit).
+    // Call 2: the GPU tests again (the failing one fixed) and every test in
+    // one run (`all-tests`), both to the end (JUnit).
     let junit = |cases: &str| {
         format!(
             "<?xml version=\"1.0\"?><testsuites>\
@@ -353,6 +362,7 @@ fn the_steps_of_several_calls_merge_into_one_report() {
     let steps2 = [
         r#"{"step":"gpu-tests","status":"done","seconds":300,"exit":0,"note":""}"#,
         r#"{"step":"tests","status":"done","seconds":200,"exit":0,"note":""}"#,
+        r#"{"step":"all-tests","status":"done","seconds":250,"exit":0,"note":""}"#,
     ]
     .join("\n");
     let second = collect_call(
@@ -366,6 +376,12 @@ fn the_steps_of_several_calls_merge_into_one_report() {
             (
                 "junit-tests.xml",
                 &junit(r#"<testcase name="a_portable_test" time="0.1"/>"#),
+            ),
+            (
+                "junit-all-tests.xml",
+                &junit(
+                    r#"<testcase name="a_portable_test" time="0.1"/><testcase name="k_beyond_the_scan" time="3.5"/>"#,
+                ),
             ),
             ("peers.json", &peers("f16")),
         ],
@@ -391,10 +407,25 @@ fn the_steps_of_several_calls_merge_into_one_report() {
             && md.contains("| f16 | 100 | 10 | 200 (1) | 100 (1) |"),
         "both calls' comparison cases: {md}"
     );
+    assert!(md.contains("| all-tests | done | 250 |"), "{md}");
+    assert!(
+        !md.contains("Cases not measured"),
+        "call 2 measured the case call 1 left out: {md}"
+    );
+    assert!(
+        md.contains("**Diagnostic sides not measured** (the run's deadline): f32 nq 100 k 10: fraglink/scan."),
+        "{md}"
+    );
     // Call 1 alone: incomplete.
     let md = render_md(&report_py, &[&first], dir.path(), &root);
     assert!(
         md.contains("**Incomplete**: gpu-tests, tests did not run to the end"),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "**Cases not measured** (left out at the deadline (--seconds 300): 12 s left, about 40 s needed): f16 nq 100 k 10."
+        ),
         "{md}"
     );
 

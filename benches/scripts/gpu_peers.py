@@ -37,6 +37,14 @@ out of memory on the distance matrix):
                        `best_variant` says which was fastest, so the planner's
                        pick (the `fraglink` side) can be checked against it
 
+Order, for a run cut short: every case's goal sides first (the peers and
+`fraglink`, the planner's pick: the issue's table), then the diagnostic sides
+of every case (`fraglink/scan`, then `fraglink/scan-1block`, then the
+candidate kernels by name). With `--seconds S` (gpu-run.sh passes what its
+budget has left) nothing is started that the run's own timings say would end
+after S seconds: such cases are listed in `cases_left_out`, such sides in
+their case's `sides_left_out`, and GPU.md says so.
+
 Recall is against the exact answer computed in float64 on the GPU. Each
 case also gets its floor: the larger of the bytes it must read at the
 measured device bandwidth and the FLOPs at the unit's peak (the note names
@@ -213,7 +221,8 @@ def knn_variants(bin_, dtype, k, dim):
     return sorted(f["name"] for f in best.values())
 
 
-def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None, splits=None):
+def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None, splits=None,
+                 timeout=FRAGLINK_TIMEOUT):
     """fraglink's side, timed as the peers are (`timed`): one warm-up search,
     then the median of `reps` (`--repeat reps+1` in one process; the first
     search, which links or loads the kernels, is reported apart). `variant`
@@ -231,9 +240,10 @@ def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None
         env["FRAGLINK_SCAN_SPLITS"] = str(splits)
     started = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=FRAGLINK_TIMEOUT)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"no answer within {FRAGLINK_TIMEOUT} s", "exit": None}
+        return {"error": f"no answer within {timeout:.0f} s", "exit": None,
+                "process_wall_s": time.perf_counter() - started}
     wall = time.perf_counter() - started
     if p.returncode != 0:
         return {"error": p.stderr.strip()[-500:], "exit": p.returncode}
@@ -249,6 +259,54 @@ def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None
             "route": d.get("route"), "gpu_kernel": d.get("gpu_kernel"),
             "first_search_ms": d.get("search_ms_first"), "upload_ms": d.get("upload_ms"),
             "process_wall_s": wall}
+
+
+class Deadline:
+    """`--seconds`: work that would not end before the run's deadline is not
+    started. Its estimates are what the run has seen: the longest goal case
+    at the same nq (else any, else DEFAULT_CASE_S) and the longest fraglink
+    process (else DEFAULT_FRAGLINK_S); a fraglink process is also stopped at
+    the deadline (or FRAGLINK_TIMEOUT, the smaller)."""
+    DEFAULT_CASE_S = 20.0
+    DEFAULT_FRAGLINK_S = 10.0
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.started = time.monotonic()
+        self.case_walls = {}
+        self.fraglink_wall = 0.0
+        self.last_need = 0.0
+
+    def left(self):
+        if self.seconds is None:
+            return float("inf")
+        return self.seconds - (time.monotonic() - self.started)
+
+    def allows(self, need):
+        self.last_need = need
+        return self.left() >= need
+
+    def reason(self):
+        return (f"left out at the deadline (--seconds {self.seconds:g}): {max(self.left(), 0):.0f} s "
+                f"left, about {self.last_need:.0f} s needed")
+
+    def case_estimate(self, nq=None):
+        same = self.case_walls.get(nq)
+        if same:
+            return same
+        return max(self.case_walls.values(), default=self.DEFAULT_CASE_S)
+
+    def case_done(self, nq, wall):
+        self.case_walls[nq] = max(self.case_walls.get(nq, 0.0), wall)
+
+    def fraglink_estimate(self):
+        return self.fraglink_wall or self.DEFAULT_FRAGLINK_S
+
+    def fraglink(self, *args, **kwargs):
+        timeout = max(1.0, min(FRAGLINK_TIMEOUT, self.left()))
+        side = run_fraglink(*args, timeout=timeout, **kwargs)
+        self.fraglink_wall = max(self.fraglink_wall, side.get("process_wall_s") or 0.0)
+        return side
 
 
 def finish_case(case):
@@ -305,11 +363,16 @@ def main():
                     help="nq values whose cases also time every candidate kernel by name ('' for none)")
     ap.add_argument("--variant-k", default="10",
                     help="k values whose cases also time every candidate kernel by name")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="the run's deadline, in seconds from its start: work that would end after "
+                         "it is not started and is listed as left out (default: none)")
     ap.add_argument("--dry-run", action="store_true",
                     help="write the cases' shapes, floors and goals only (no GPU, no torch)")
     ap.add_argument("--bandwidth", type=float, default=3.35e12,
                     help="bytes/s for --dry-run's floors (default: H100 SXM HBM3)")
     a = ap.parse_args()
+    # From the start: torch's import and the device's first use count too.
+    clock = Deadline(a.seconds)
     nqs = [int(v) for v in a.nq.split(",")]
     ks = [int(v) for v in a.k.split(",")]
     large_ks = [int(v) for v in a.large_k.split(",") if v]
@@ -332,6 +395,16 @@ def main():
            "cupy": cp.__version__ if cp else None,
            "n": a.n, "dim": a.dim, "batch": BATCH, "bandwidth_gbps": bandwidth / 1e9, "cases": []}
     tmp = tempfile.mkdtemp(prefix="fraglink-peers-")
+
+    def save():
+        # Written after every case and side, so a late failure or a run cut
+        # at its deadline keeps the rest.
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+    # The diagnostic sides, run after every case's goal sides: (case, side
+    # name, run_fraglink's keyword arguments, the files the case reads).
+    extras = []
     for dtype in a.dtypes.split(","):
         tdt = {"f32": torch.float32, "f16": torch.float16}[dtype]
         x = torch.randn(a.n, a.dim, device="cuda").to(tdt)
@@ -346,6 +419,13 @@ def main():
             qpath = os.path.join(tmp, f"q_{dtype}_{nq}.npy")
             np.save(qpath, q.cpu().numpy())
             for k in ks_of(dtype, nq):
+                case = {"dtype": dtype, "nq": nq, "k": k, "sides": {}, "goal": goal(nq, k)}
+                if not clock.allows(clock.case_estimate(nq)):
+                    # Not started: no half-measured case in the table.
+                    out.setdefault("cases_left_out", []).append(
+                        {"dtype": dtype, "nq": nq, "k": k, "reason": clock.reason()})
+                    continue
+                case_started = time.monotonic()
                 truth = exact(x64, q.double(), k)
                 gt = os.path.join(tmp, f"gt_{dtype}_{nq}_{k}.ivecs")
                 t = truth.cpu().numpy().astype(np.int32)
@@ -354,7 +434,6 @@ def main():
                         f.write(np.int32(k).tobytes())
                         f.write(row.tobytes())
                 elem = ELEM_BYTES[dtype]
-                case = {"dtype": dtype, "nq": nq, "k": k, "sides": {}, "goal": goal(nq, k)}
                 unit = "f16" if dtype == "f16" else "3xtf32"
                 fl, bound = floor_seconds(a.n, a.dim, nq, elem, unit, bandwidth)
                 case["floor_qps"] = nq / fl
@@ -389,29 +468,40 @@ def main():
                     torch.cuda.empty_cache()
                     if cp is not None:
                         cp.get_default_memory_pool().free_all_blocks()
-                case["sides"]["fraglink"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype,
-                                                         a.reps)
-                case["sides"]["fraglink/scan"] = run_fraglink(a.fraglink, base, qpath, gt, k, dtype,
-                                                              a.reps, knn=False)
-                if nq < 2 * sm_count and k <= 256:
-                    case["sides"]["fraglink/scan-1block"] = run_fraglink(
-                        a.fraglink, base, qpath, gt, k, dtype, a.reps, knn=False, splits=1)
-                if nq in variant_nqs and k in variant_ks:
-                    for v in knn_variants(a.fraglink, dtype, k, a.dim):
-                        case["sides"][f"fraglink[{v}]"] = run_fraglink(
-                            a.fraglink, base, qpath, gt, k, dtype, a.reps, variant=v)
+                files = (base, qpath, gt)
+                case["sides"]["fraglink"] = clock.fraglink(a.fraglink, *files, k, dtype, a.reps)
+                clock.case_done(nq, time.monotonic() - case_started)
                 finish_case(case)
                 out["cases"].append(case)
-                # Written after every case, so a late failure keeps the rest.
-                with open(a.out, "w") as f:
-                    json.dump(out, f, indent=1)
+                save()
                 print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer",
-                                                          "tensor_core_vs_scan", "scan_splits_gain",
-                                                          "best_variant", "goal",
-                                                          "goal_met")}),
-                      flush=True)
+                                                          "goal", "goal_met")}), flush=True)
+                extras.append((case, "fraglink/scan", {"knn": False}, files))
+                if nq < 2 * sm_count and k <= 256:
+                    extras.append((case, "fraglink/scan-1block", {"knn": False, "splits": 1}, files))
+                if nq in variant_nqs and k in variant_ks:
+                    for v in knn_variants(a.fraglink, dtype, k, a.dim):
+                        extras.append((case, f"fraglink[{v}]", {"variant": v}, files))
         del x, x64, xf, qall
         torch.cuda.empty_cache()
+    # The scan against the tensor-core path first (every case's), then one
+    # block per query against the row splits, then the candidate kernels by
+    # name: the order in which they answer questions about the planner.
+    rank = {"fraglink/scan": 0, "fraglink/scan-1block": 1}
+    for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 2)):
+        if not clock.allows(clock.fraglink_estimate()):
+            case.setdefault("sides_left_out", []).append(name)
+            case["left_out_reason"] = clock.reason()
+            continue
+        case["sides"][name] = clock.fraglink(a.fraglink, *files, case["k"], case["dtype"], a.reps,
+                                             **kwargs)
+        finish_case(case)
+        save()
+        print(json.dumps({"dtype": case["dtype"], "nq": case["nq"], "k": case["k"], "side": name,
+                          "qps": case["sides"][name].get("qps"),
+                          "best_variant": case["best_variant"],
+                          "tensor_core_vs_scan": case["tensor_core_vs_scan"],
+                          "scan_splits_gain": case["scan_splits_gain"]}), flush=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
     return 0

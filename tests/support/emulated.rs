@@ -196,12 +196,13 @@ pub fn assert_equals_cpu(
     );
 }
 
-/// Runs `job` over `jobs` on two threads (CI has two cores; each job
-/// compiles one program, then runs it).
+/// Runs `job` over `jobs` on a thread per core, two at least (each job
+/// compiles one program, then runs it): CI's two cores, and the sixteen of a
+/// GPU machine, where these tests are the longest of the run.
 pub fn in_parallel<J: Sync>(jobs: &[J], job: impl Fn(&J) + Sync) {
     let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
-        for _ in 0..2 {
+        for _ in 0..super::threads_at_least(2) {
             s.spawn(|| {
                 while let Some(j) =
                     jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))

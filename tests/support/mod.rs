@@ -31,6 +31,15 @@ pub fn without_driver_compute_cache() {
     ONCE.call_once(|| std::env::set_var("CUDA_CACHE_DISABLE", "1"));
 }
 
+/// Threads for a test's own parallel work: one per core, `min` at least
+/// (CI has two cores; on a GPU machine's sixteen, the emulated kernels and
+/// the link checks are the longest tests of the run).
+pub fn threads_at_least(min: usize) -> usize {
+    std::thread::available_parallelism()
+        .map_or(min, |n| n.get())
+        .max(min)
+}
+
 /// The run-time value of the environment variable `name`, if set and non-empty.
 fn env_path(name: &str) -> Option<OsString> {
     std::env::var_os(name).filter(|value| !value.is_empty())

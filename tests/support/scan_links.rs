@@ -34,7 +34,7 @@ pub fn family_plans(family: &str, metric: &str, filter: &str) -> Vec<Planner> {
         .collect()
 }
 
-/// Links `plans` for `arch` on 4 threads and checks each cubin: a CUDA ELF
+/// Links `plans` for `arch` on a thread per core (4 at least) and checks each cubin: a CUDA ELF
 /// with the entry as a kernel, no spills and no stack, 1 to `max_registers`
 /// registers (at most 512 for the 128 threads per block every fraglink
 /// kernel launches with), and the static shared memory `shared_of(plan)`.
@@ -49,7 +49,7 @@ pub fn link_each_checked(
     let shared_of = &shared_of;
     std::thread::scope(|s| {
         let handles: Vec<_> = plans
-            .chunks(plans.len().div_ceil(4).max(1))
+            .chunks(plans.len().div_ceil(super::threads_at_least(4)).max(1))
             .map(|chunk| {
                 s.spawn(move || {
                     let mut out = Vec::new();
