@@ -61,6 +61,14 @@ cargo nextest archive --release --archive-file "$out/fraglink-tests.tar.zst"
 # nextest's included — accept by default) stores each once: 65 MB -> 12 MB.
 zstd -dc "$out/fraglink-tests.tar.zst" | zstd -q --long=27 -19 -T0 -o "$out/fraglink-tests.long.tar.zst"
 mv "$out/fraglink-tests.long.tar.zst" "$out/fraglink-tests.tar.zst"
+# Read the archive back as gpu-run.sh will, with its profile, so a nextest
+# config it cannot take (test groups, filters, priorities) fails here, not in
+# a GPU lease.
+check=$(mktemp -d)
+cargo nextest list --archive-file "$out/fraglink-tests.tar.zst" --workspace-remap "$root" \
+  --extract-to "$check" --profile gpu --run-ignored all -E 'none()' >/dev/null \
+  || { rm -rf "$check"; echo "error: nextest cannot run the archive with profile gpu (above)" >&2; exit 1; }
+rm -rf "$check"
 cp -r "$testdata" "$out/testdata"
 xz -9 -T0 -c "$(command -v cargo-nextest)" >"$out/cargo-nextest.xz"
 echo "== $out"

@@ -198,9 +198,11 @@ pub fn assert_equals_cpu(
 
 /// Runs `job` over `jobs` on a thread per core, two at least (each job
 /// compiles one program, then runs it): CI's two cores, and the sixteen of a
-/// GPU machine, where these tests are the longest of the run.
+/// GPU machine, where these tests are the longest of the run and yield the
+/// CPU to the GPU tests beside them ([`super::yield_cpu_to_other_tests`]).
 pub fn in_parallel<J: Sync>(jobs: &[J], job: impl Fn(&J) + Sync) {
     let next = std::sync::atomic::AtomicUsize::new(0);
+    super::yield_cpu_to_other_tests();
     std::thread::scope(|s| {
         for _ in 0..super::threads_at_least(2) {
             s.spawn(|| {

@@ -40,6 +40,21 @@ pub fn threads_at_least(min: usize) -> usize {
         .max(min)
 }
 
+/// Lowers the calling thread's CPU priority (nice 10), and with it that of
+/// the threads and processes it starts from then on. For the long portable
+/// tests that spread over every core themselves (the emulated kernels, the
+/// link checks): on a GPU machine they run beside the GPU tests
+/// (scripts/gpu-run.sh's one nextest run), whose own links and reference
+/// searches must not wait behind them. Where nothing else runs (CI, `cargo
+/// test`) it changes nothing. A refusal is ignored.
+pub fn yield_cpu_to_other_tests() {
+    // SAFETY: setpriority reads no memory of ours; who = 0 is this thread
+    // on Linux, whose threads each have their own nice value.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+    }
+}
+
 /// The run-time value of the environment variable `name`, if set and non-empty.
 fn env_path(name: &str) -> Option<OsString> {
     std::env::var_os(name).filter(|value| !value.is_empty())

@@ -34,7 +34,8 @@ pub fn family_plans(family: &str, metric: &str, filter: &str) -> Vec<Planner> {
         .collect()
 }
 
-/// Links `plans` for `arch` on a thread per core (4 at least) and checks each cubin: a CUDA ELF
+/// Links `plans` for `arch` on a thread per core (4 at least, at a lower CPU
+/// priority: [`super::yield_cpu_to_other_tests`]) and checks each cubin: a CUDA ELF
 /// with the entry as a kernel, no spills and no stack, 1 to `max_registers`
 /// registers (at most 512 for the 128 threads per block every fraglink
 /// kernel launches with), and the static shared memory `shared_of(plan)`.
@@ -47,6 +48,7 @@ pub fn link_each_checked(
     shared_of: impl Fn(&Planner) -> u32 + Sync,
 ) -> Vec<(String, u32)> {
     let shared_of = &shared_of;
+    super::yield_cpu_to_other_tests();
     std::thread::scope(|s| {
         let handles: Vec<_> = plans
             .chunks(plans.len().div_ceil(super::threads_at_least(4)).max(1))
