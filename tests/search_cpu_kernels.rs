@@ -151,6 +151,8 @@ fn byte_kernels_match_the_reference_at_their_dim_limits() {
                 })
                 .collect()
         };
+        // Also one query alone (the VNNI kernel's single-query path); the
+        // salts pick one with extreme values.
         let sets = [
             (
                 Vectors::u8(u8s(n, 0), dim).unwrap(),
@@ -159,6 +161,14 @@ fn byte_kernels_match_the_reference_at_their_dim_limits() {
             (
                 Vectors::i8(i8s(n, 0), dim).unwrap(),
                 Vectors::i8(i8s(nq, 2), dim).unwrap(),
+            ),
+            (
+                Vectors::u8(u8s(n, 0), dim).unwrap(),
+                Vectors::u8(u8s(1, 3), dim).unwrap(),
+            ),
+            (
+                Vectors::i8(i8s(n, 0), dim).unwrap(),
+                Vectors::i8(i8s(1, 4), dim).unwrap(),
             ),
         ];
         // i8 takes dims up to 33025 (its exact range), u8 up to 66051.

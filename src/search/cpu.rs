@@ -1851,6 +1851,12 @@ mod tests {
                 (613, 33, 65),
                 (257, 130, 17),
                 (400, 12, 70),
+                // One query: the VNNI kernel's single-query path (a dim of
+                // whole 64-byte parts, one with a masked last part, one
+                // below 64 bytes).
+                (900, 128, 1),
+                (333, 132, 1),
+                (70, 12, 1),
             ] {
                 let (b, q) = synthetic(n, dim, nq, dt, n as u64);
                 for m in Metric::ALL {
@@ -1895,7 +1901,7 @@ mod tests {
         assert_eq!(CpuKernel::Gemm.usable(), CpuKernel::Gemm);
         assert_eq!(CpuKernel::for_queries(1), CpuKernel::Gemm);
         assert_eq!(CpuKernel::for_queries(1000), best);
-        // The byte kernel for i8/u8 from 2 queries, where it runs and serves the dim.
+        // The byte kernel for i8/u8 from 1 query, where it runs and serves the dim.
         let vnni = best == CpuKernel::Avx512Vnni;
         for dt in DType::ALL {
             let bytes = matches!(dt, DType::I8 | DType::U8);
@@ -1903,7 +1909,13 @@ mod tests {
                 CpuKernel::for_search(dt, 128, 2) == CpuKernel::Avx512Vnni,
                 vnni && bytes
             );
-            assert_eq!(CpuKernel::for_search(dt, 128, 1), CpuKernel::Gemm);
+            assert_eq!(
+                CpuKernel::for_search(dt, 128, 1) == CpuKernel::Avx512Vnni,
+                vnni && bytes
+            );
+            if !(vnni && bytes) {
+                assert_eq!(CpuKernel::for_search(dt, 128, 1), CpuKernel::Gemm);
+            }
             assert_eq!(
                 CpuKernel::for_search(dt, 130, 100),
                 CpuKernel::for_queries(100)

@@ -116,17 +116,21 @@ impl CpuKernel {
     }
 
     /// [`CpuKernel::for_queries`] for a search of `dtype` vectors of `dim`
-    /// elements: i8 and u8 take the exact VNNI kernel from 2 queries where it
-    /// serves the dim. Measured (one thread, 100k × 128, k = 10, ms per search,
-    /// i8 l2 / i8 ip / u8 l2 / u8 ip; gemm, avx2, avx512vnni):
-    /// - 1 query: 8.9 / 7.2 / 7.2 / 7.4, 13.9 / 13.1 / 9.7 / 10.3, 10.8 / 9.6 / 7.0 / 7.2;
+    /// elements: i8 and u8 take the exact VNNI kernel where it serves the dim,
+    /// one query included (its single-query path). Measured (one thread,
+    /// 100k × 128, k = 10, ms per search, i8 l2 / i8 ip / u8 l2 / u8 ip; gemm,
+    /// avx2, avx512vnni):
+    /// - 1 query: 8.9 / 7.2 / 7.2 / 7.4, 13.9 / 13.1 / 9.7 / 10.3, 10.8 / 9.6 / 7.0 / 7.2
+    ///   with a 16-query panel; with the single-query path and the rows' sums
+    ///   by VNNI (criterion medians, gemm and avx512vnni interleaved by case,
+    ///   2026-11-27): gemm 11.0 / 12.5 / 11.5 / 9.9, avx512vnni 4.7 / 4.2 / 2.8 / 3.0;
     /// - 2 queries: 12.3 / 11.4 / 11.6 / 11.1, 12.4 / 13.1 / 9.9 / 10.5, 10.0 / 10.6 / 6.3 / 6.8;
     /// - 8 queries: 15.5 / 12.9 / 13.4 / 12.8, 14.6 / 10.6 / 10.1 / 9.9, 9.4 / 8.3 / 6.1 / 5.8;
     /// - 20 queries: 17.5 / 15.6 / 16.7 / 16.5, 17.6 / 14.5 / 14.4 / 14.7, 10.7 / 7.3 / 7.9 / 8.2.
     pub fn for_search(dtype: crate::search::DType, dim: usize, nq: usize) -> CpuKernel {
         use crate::search::DType;
         let bytes = matches!(dtype, DType::I8 | DType::U8) && super::vnni::serves(dim);
-        if bytes && nq >= 2 && CpuKernel::detect() == CpuKernel::Avx512Vnni {
+        if bytes && nq >= 1 && CpuKernel::detect() == CpuKernel::Avx512Vnni {
             return CpuKernel::Avx512Vnni;
         }
         CpuKernel::for_queries(nq)

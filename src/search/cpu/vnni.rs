@@ -27,6 +27,11 @@
 //! vector load per 16 queries), rows read where they are (one 4-byte
 //! broadcast per row and group), a register tile of 4 query vectors × 6 rows
 //! (24 + 4 + 1 of 32 registers), or 1 × 8, of i32 accumulators.
+//!
+//! A task of one query packs no panel, where 15 of 16 lanes would be padding:
+//! its bytes are multiplied with each row's 64 at a time (`vpdpbusd` on whole
+//! rows, the last partial 64 masked), one row's sum reduced across the lanes,
+//! and 16 rows' distances finalised together, rows as lanes ([`scan_one`]).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -103,12 +108,60 @@ fn sums(v: &[u8], signed: bool) -> (i32, u32) {
     }
 }
 
+/// [`sums`] with the kernel's own instruction, 64 bytes at a time (the last
+/// part masked): `Σx` is the dot product with ones, and `Σx²` comes from
+/// the product with the flipped bytes, `Σ x·(x ^ 0x80)` = `Σx² ± 128·Σx`
+/// (i8: `(x + 128)·x`, u8: `x·(x − 128)`), every partial sum within ±2³¹
+/// for `v.len() ≤ MAX_DIM`. A search of one query reads its rows twice, for
+/// these sums and for the scan: with the scalar loops the sums took most of
+/// its time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn sums_vnni(v: &[u8], signed: bool) -> (i32, u32) {
+    let flip = _mm512_set1_epi8(0x80u8 as i8);
+    let ones = _mm512_set1_epi8(1);
+    let (mut s, mut sq) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    for part in v.chunks(64) {
+        let mask: __mmask64 = if part.len() == 64 {
+            !0
+        } else {
+            (1u64 << part.len()) - 1
+        };
+        let x = _mm512_maskz_loadu_epi8(mask, part.as_ptr().cast());
+        // Masked-off bytes are 0 in x; their flipped 0x80 meets a 0 operand.
+        let xf = _mm512_xor_si512(x, flip);
+        if signed {
+            s = _mm512_dpbusd_epi32(s, ones, x);
+            sq = _mm512_dpbusd_epi32(sq, xf, x);
+        } else {
+            s = _mm512_dpbusd_epi32(s, x, ones);
+            sq = _mm512_dpbusd_epi32(sq, x, xf);
+        }
+    }
+    let s = _mm512_reduce_add_epi32(s);
+    let shifted = _mm512_reduce_add_epi32(sq);
+    // Wrapping: Σx² < 2³² is the u32 these bits hold.
+    let sq = if signed {
+        shifted.wrapping_sub(s.wrapping_mul(128))
+    } else {
+        shifted.wrapping_add(s.wrapping_mul(128))
+    };
+    (s, sq as u32)
+}
+
 /// Σx and Σx² of each of `rows` (in parallel).
 pub(super) fn row_sums(b: Bytes<'_>, dim: usize, rows: &[usize]) -> Vec<(i32, u32)> {
     use rayon::prelude::*;
-    rows.par_iter()
-        .map(|&r| sums(&b.data[r * dim..(r + 1) * dim], b.signed))
-        .collect()
+    let row = |r: usize| &b.data[r * dim..(r + 1) * dim];
+    #[cfg(target_arch = "x86_64")]
+    if available() && dim <= MAX_DIM {
+        // SAFETY: `available()` holds; rows of at most MAX_DIM bytes.
+        return rows
+            .par_iter()
+            .map(|&r| unsafe { sums_vnni(row(r), b.signed) })
+            .collect();
+    }
+    rows.par_iter().map(|&r| sums(row(r), b.signed)).collect()
 }
 
 /// Per-row values of one search, for the rows of the caller's `normal` list
@@ -139,7 +192,7 @@ impl IntRows {
 /// One task's queries, packed, with their selection state.
 pub(super) struct IntQueries {
     dim: usize,
-    /// Queries per panel: 16 (narrow) or 64 (wide).
+    /// Queries per panel: 16 (narrow) or 64 (wide); 1 for a single query.
     p: usize,
     /// Real queries (the rest of the last panel is padding).
     n: usize,
@@ -158,8 +211,12 @@ impl IntQueries {
     pub(super) fn new(queries: &[&[u8]], signed: bool, dim: usize) -> Self {
         assert!(serves(dim) && queries.iter().all(|q| q.len() == dim));
         let n = queries.len();
-        let (qv, _) = if n < NARROW_BELOW { NARROW } else { WIDE };
-        let p = qv * 16;
+        // One query: its flipped bytes in order (the layout below with p = 1).
+        let p = match n {
+            1 => 1,
+            _ if n < NARROW_BELOW => NARROW.0 * 16,
+            _ => WIDE.0 * 16,
+        };
         let np = n.div_ceil(p);
         let mut panels = vec![0u8; np * p * dim];
         let (mut qq, mut qs) = (vec![0u32; np * p], vec![0f32; np * p]);
@@ -223,7 +280,9 @@ pub(super) fn scan_block(
     // SAFETY: `available()` holds (asserted above) and every row has `dim`
     // bytes, a multiple of 4 (`IntQueries::new` asserted `serves(dim)`).
     unsafe {
-        if st.q.p == WIDE.0 * 16 {
+        if st.q.p == 1 {
+            scan_one_metric(&mut st, signed, metric)
+        } else if st.q.p == WIDE.0 * 16 {
             scan_metric::<{ WIDE.0 }, { WIDE.1 }>(&mut st, signed, metric)
         } else {
             scan_metric::<{ NARROW.0 }, { NARROW.1 }>(&mut st, signed, metric)
@@ -254,6 +313,148 @@ unsafe fn scan_metric<const QV: usize, const R: usize>(
         (false, Metric::L2) => scan::<QV, R, false, L2>(st),
         (false, Metric::InnerProduct) => scan::<QV, R, false, IP>(st),
         (false, Metric::Cosine) => scan::<QV, R, false, COS>(st),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn scan_one_metric(st: &mut State<'_, '_>, signed: bool, metric: Metric) {
+    match (signed, metric) {
+        (true, Metric::L2) => scan_one::<true, L2>(st),
+        (true, Metric::InnerProduct) => scan_one::<true, IP>(st),
+        (true, Metric::Cosine) => scan_one::<true, COS>(st),
+        (false, Metric::L2) => scan_one::<false, L2>(st),
+        (false, Metric::InnerProduct) => scan_one::<false, IP>(st),
+        (false, Metric::Cosine) => scan_one::<false, COS>(st),
+    }
+}
+
+/// One query over every row of the block, 16 rows at a time: each row's
+/// instruction sum (its bytes and the query's, 64 at a time, the last
+/// partial 64 masked: a masked load reads nothing beyond the row) reduced
+/// across the lanes, then the 16 rows finalised as [`tile`] finalises one
+/// query's lanes, rows as lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn scan_one<const SIGNED: bool, const M: u8>(st: &mut State<'_, '_>) {
+    let (dim, m) = (st.q.dim, st.block.rows.len());
+    let q = st.q.panels.as_ptr();
+    let (whole, tail) = (dim / 64, dim % 64);
+    let tail_mask: __mmask64 = (1u64 << tail) - 1;
+    let mut j = 0;
+    while j < m {
+        let c = (m - j).min(16);
+        let mut raw = [0i32; 16];
+        for (r, raw_r) in raw.iter_mut().enumerate().take(c) {
+            let x = st.block.rows[j + r].as_ptr();
+            let mut acc = _mm512_setzero_si512();
+            let dp = |acc: __m512i, qv: __m512i, xv: __m512i| {
+                // The unsigned operand first: i8 queries flipped, u8 rows.
+                if SIGNED {
+                    _mm512_dpbusd_epi32(acc, qv, xv)
+                } else {
+                    _mm512_dpbusd_epi32(acc, xv, qv)
+                }
+            };
+            for g in 0..whole {
+                let qv = _mm512_loadu_si512(q.add(64 * g).cast());
+                let xv = _mm512_loadu_si512(x.add(64 * g).cast());
+                acc = dp(acc, qv, xv);
+            }
+            if tail != 0 {
+                let qv = _mm512_maskz_loadu_epi8(tail_mask, q.add(64 * whole).cast());
+                let xv = _mm512_maskz_loadu_epi8(tail_mask, x.add(64 * whole).cast());
+                acc = dp(acc, qv, xv);
+            }
+            // Wrapping adds: the exact sum, whatever the order (it fits).
+            *raw_r = _mm512_reduce_add_epi32(acc);
+        }
+        finish_one::<SIGNED, M>(st, &raw, j, c);
+        j += c;
+    }
+}
+
+/// Rows `j .. j + c` (c ≤ 16, lanes beyond c ignored) of one query: their
+/// instruction sums `raw` to exact distances, offered where below the
+/// query's threshold.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn finish_one<const SIGNED: bool, const M: u8>(
+    st: &mut State<'_, '_>,
+    raw: &[i32; 16],
+    j: usize,
+    c: usize,
+) {
+    let aux = st.block.aux;
+    let at = st.block.at + j;
+    // The rows' values as lanes (padding lanes 0 or 1: never offered).
+    let lanes_i = |v: &[i32]| {
+        let mut a = [0i32; 16];
+        a[..c].copy_from_slice(&v[at..at + c]);
+        _mm512_loadu_si512(a.as_ptr().cast())
+    };
+    let dot = _mm512_add_epi32(_mm512_loadu_si512(raw.as_ptr().cast()), lanes_i(&aux.corr));
+    let as_f32 = |x: __m512i| {
+        if SIGNED {
+            _mm512_cvtepi32_ps(x)
+        } else {
+            _mm512_cvtepu32_ps(x)
+        }
+    };
+    // The same integer and IEEE operations, in the same order, as `tile`.
+    let d = match M {
+        L2 => {
+            let mut xx = [0u32; 16];
+            xx[..c].copy_from_slice(&aux.xx[at..at + c]);
+            let s = _mm512_add_epi32(
+                _mm512_set1_epi32(st.q.qq[0] as i32),
+                _mm512_loadu_si512(xx.as_ptr().cast()),
+            );
+            _mm512_cvtepu32_ps(_mm512_sub_epi32(s, _mm512_add_epi32(dot, dot)))
+        }
+        IP => _mm512_mul_ps(as_f32(dot), _mm512_set1_ps(-1.0)),
+        _ => {
+            let mut xs = [1.0f32; 16];
+            xs[..c].copy_from_slice(&aux.xs[at..at + c]);
+            let denom = _mm512_mul_ps(_mm512_set1_ps(st.q.qs[0]), _mm512_loadu_ps(xs.as_ptr()));
+            _mm512_sub_ps(_mm512_set1_ps(1.0), _mm512_div_ps(as_f32(dot), denom))
+        }
+    };
+    let valid = ((1u32 << c) - 1) as u16;
+    let thr = _mm512_set1_ps(st.q.thr[0]);
+    let mask = _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(valid, d, thr) as u32;
+    if mask != 0 {
+        let mut ds = [0.0f32; 16];
+        _mm512_storeu_ps(ds.as_mut_ptr(), d);
+        offer_rows(st, &ds, mask, j);
+    }
+}
+
+/// The rare path of one query: offers row `j + lane` with its exact
+/// distance for every set bit of `mask`, in row order, each still below the
+/// threshold the rows before it left (as [`tile`] offers them, a row at a
+/// time).
+#[inline(never)]
+fn offer_rows(st: &mut State<'_, '_>, ds: &[f32; 16], mut mask: u32, j: usize) {
+    while mask != 0 {
+        let lane = mask.trailing_zeros() as usize;
+        mask &= mask - 1;
+        let d = ds[lane];
+        if !(d < st.q.thr[0]) {
+            continue;
+        }
+        let exact = &mut *st.exact;
+        let top = &mut st.tops[0];
+        top.offer(
+            Cand {
+                lo: d,
+                hi: d,
+                id: st.block.ids[j + lane],
+                exact: true,
+            },
+            &mut |id| exact(0, id),
+        );
+        st.q.thr[0] = top.threshold();
     }
 }
 
