@@ -440,7 +440,7 @@ fn offer_rows(st: &mut State<'_, '_>, ds: &[f32; 16], mut mask: u32, j: usize) {
         let lane = mask.trailing_zeros() as usize;
         mask &= mask - 1;
         let d = ds[lane];
-        if !(d < st.q.thr[0]) {
+        if d.partial_cmp(&st.q.thr[0]) != Some(std::cmp::Ordering::Less) {
             continue;
         }
         let exact = &mut *st.exact;
