@@ -394,32 +394,22 @@ unsafe fn finish_one<const SIGNED: bool, const M: u8>(
         _mm512_loadu_si512(a.as_ptr().cast())
     };
     let dot = _mm512_add_epi32(_mm512_loadu_si512(raw.as_ptr().cast()), lanes_i(&aux.corr));
-    let as_f32 = |x: __m512i| {
-        if SIGNED {
-            _mm512_cvtepi32_ps(x)
-        } else {
-            _mm512_cvtepu32_ps(x)
-        }
-    };
-    // The same integer and IEEE operations, in the same order, as `tile`.
-    let d = match M {
-        L2 => {
+    let (q, xs) = (&*st.q, &aux.xs);
+    let d = distances::<SIGNED, M>(
+        dot,
+        || _mm512_set1_epi32(q.qq[0] as i32),
+        || {
             let mut xx = [0u32; 16];
             xx[..c].copy_from_slice(&aux.xx[at..at + c]);
-            let s = _mm512_add_epi32(
-                _mm512_set1_epi32(st.q.qq[0] as i32),
-                _mm512_loadu_si512(xx.as_ptr().cast()),
-            );
-            _mm512_cvtepu32_ps(_mm512_sub_epi32(s, _mm512_add_epi32(dot, dot)))
-        }
-        IP => _mm512_mul_ps(as_f32(dot), _mm512_set1_ps(-1.0)),
-        _ => {
-            let mut xs = [1.0f32; 16];
-            xs[..c].copy_from_slice(&aux.xs[at..at + c]);
-            let denom = _mm512_mul_ps(_mm512_set1_ps(st.q.qs[0]), _mm512_loadu_ps(xs.as_ptr()));
-            _mm512_sub_ps(_mm512_set1_ps(1.0), _mm512_div_ps(as_f32(dot), denom))
-        }
-    };
+            _mm512_loadu_si512(xx.as_ptr().cast())
+        },
+        || _mm512_set1_ps(q.qs[0]),
+        || {
+            let mut v = [1.0f32; 16];
+            v[..c].copy_from_slice(&xs[at..at + c]);
+            _mm512_loadu_ps(v.as_ptr())
+        },
+    );
     let valid = ((1u32 << c) - 1) as u16;
     let thr = _mm512_set1_ps(st.q.thr[0]);
     let mask = _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(valid, d, thr) as u32;
@@ -515,31 +505,14 @@ unsafe fn tile<const QV: usize, const R: usize, const SIGNED: bool, const M: u8>
         for (v, &raw) in acc_r.iter().enumerate() {
             let qi = q0 + v * 16;
             let dot = _mm512_add_epi32(raw, corr);
-            let as_f32 = |x: __m512i| {
-                if SIGNED {
-                    _mm512_cvtepi32_ps(x)
-                } else {
-                    _mm512_cvtepu32_ps(x)
-                }
-            };
-            let d = match M {
-                // qq + xx − 2·dot: Σ(q − x)² ∈ [0, 2³²), exact in wrapping
-                // 32-bit arithmetic; the reference's `a as f32`.
-                L2 => {
-                    let qq = _mm512_loadu_si512(st.q.qq.as_ptr().add(qi).cast());
-                    let s = _mm512_add_epi32(qq, _mm512_set1_epi32(aux.xx[at] as i32));
-                    _mm512_cvtepu32_ps(_mm512_sub_epi32(s, _mm512_add_epi32(dot, dot)))
-                }
-                // −(a as f32): an exact product by −1 (so 0 gives −0, as the reference).
-                IP => _mm512_mul_ps(as_f32(dot), _mm512_set1_ps(-1.0)),
-                // finalize_cosine: 1 − a / (√qq · √xx); zero norms are special rows
-                // and queries, never here.
-                _ => {
-                    let qs = _mm512_loadu_ps(st.q.qs.as_ptr().add(qi));
-                    let denom = _mm512_mul_ps(qs, _mm512_set1_ps(aux.xs[at]));
-                    _mm512_sub_ps(_mm512_set1_ps(1.0), _mm512_div_ps(as_f32(dot), denom))
-                }
-            };
+            let q = &*st.q;
+            let d = distances::<SIGNED, M>(
+                dot,
+                || _mm512_loadu_si512(q.qq.as_ptr().add(qi).cast()),
+                || _mm512_set1_epi32(aux.xx[at] as i32),
+                || _mm512_loadu_ps(q.qs.as_ptr().add(qi)),
+                || _mm512_set1_ps(aux.xs[at]),
+            );
             let thr = _mm512_loadu_ps(st.q.thr.as_ptr().add(qi));
             let mask = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(d, thr) as u32;
             if mask != 0 {
@@ -547,6 +520,46 @@ unsafe fn tile<const QV: usize, const R: usize, const SIGNED: bool, const M: u8>
                 _mm512_storeu_ps(ds.as_mut_ptr(), d);
                 offer_lanes(st, &ds, mask, qi, jr);
             }
+        }
+    }
+}
+
+/// Exact distances of 16 lanes (queries of a panel, or rows of one query)
+/// from their dot products `dot` (the rows' corrections added) and, taken
+/// only where the metric needs them, the lanes' Σq² and Σx² (l2) or √Σq² and
+/// √Σx² (cosine): the reference's integer folds, converted and finalised
+/// with its IEEE operations in its order.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn distances<const SIGNED: bool, const M: u8>(
+    dot: __m512i,
+    qq: impl FnOnce() -> __m512i,
+    xx: impl FnOnce() -> __m512i,
+    qs: impl FnOnce() -> __m512,
+    xs: impl FnOnce() -> __m512,
+) -> __m512 {
+    // u8: the dot products' bits as u32.
+    let as_f32 = |x: __m512i| {
+        if SIGNED {
+            _mm512_cvtepi32_ps(x)
+        } else {
+            _mm512_cvtepu32_ps(x)
+        }
+    };
+    match M {
+        // qq + xx − 2·dot: Σ(q − x)² ∈ [0, 2³²), exact in wrapping
+        // 32-bit arithmetic; the reference's `a as f32`.
+        L2 => {
+            let s = _mm512_add_epi32(qq(), xx());
+            _mm512_cvtepu32_ps(_mm512_sub_epi32(s, _mm512_add_epi32(dot, dot)))
+        }
+        // −(a as f32): an exact product by −1 (so 0 gives −0, as the reference).
+        IP => _mm512_mul_ps(as_f32(dot), _mm512_set1_ps(-1.0)),
+        // finalize_cosine: 1 − a / (√qq · √xx); zero norms are special rows
+        // and queries, never here.
+        _ => {
+            let denom = _mm512_mul_ps(qs(), xs());
+            _mm512_sub_ps(_mm512_set1_ps(1.0), _mm512_div_ps(as_f32(dot), denom))
         }
     }
 }
