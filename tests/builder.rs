@@ -6,18 +6,33 @@
 
 use std::path::Path;
 
-use fraglink::build::toolkit::{Origin, Toolkit};
+use fraglink::build::toolkit::{Discovery, Origin, Toolkit};
 use fraglink::build::{BuildError, BuildReport, Builder, Family};
 
+/// The toolkit fraglink was built with, where it still is; else the one run-time
+/// discovery finds (`FRAGLINK_CUDA_ROOT`, `CUDA_PATH`, `CUDA_HOME`,
+/// /usr/local/cuda, Python's wheels; never a download). A GPU machine runs these
+/// tests from an archive built elsewhere, without the build's toolkit.
 fn toolkit() -> Toolkit {
-    Toolkit {
+    let baked = Toolkit {
         root: env!("FRAGLINK_BAKED_CUDA_ROOT").into(),
         nvrtc: env!("FRAGLINK_BAKED_NVRTC_PATH").into(),
         nvjitlink: env!("FRAGLINK_BAKED_NVJITLINK_PATH").into(),
         nvfatbin: env!("FRAGLINK_BAKED_NVFATBIN_PATH").into(),
         include_dirs: std::env::split_paths(env!("FRAGLINK_BAKED_CUDA_INCLUDES")).collect(),
         origin: Origin::Root("FRAGLINK_BAKED_CUDA_ROOT".into()),
+    };
+    if baked.nvrtc.is_file() && baked.nvfatbin.is_file() {
+        return baked;
     }
+    Discovery::from_env(None)
+        .and_then(|d| d.find())
+        .unwrap_or_else(|e| {
+            panic!(
+                "the build's toolkit is gone ({}) and none was found at run time: {e}",
+                baked.root.display()
+            )
+        })
 }
 
 /// A crate directory with one matrix and the given sources.

@@ -280,41 +280,23 @@ fn pinned_async_roundtrip() {
     assert!(s.gbps() > 0.0);
 
     // Why downloads avoid write-combined memory: the host reads the result,
-    // and host reads of write-combined memory are uncached. Same data, same
-    // summation, both buffers: the plain one must not be the slow one.
-    let mut wc = PinnedBuffer::<f32>::for_upload(&ctx, host.len()).unwrap();
-    wc.as_mut_slice().unwrap().copy_from_slice(&host);
-    // The fastest of 5 reads each, interleaved: other test processes share
-    // the cores, and one preempted sample must not decide.
-    let read_once = |b: &PinnedBuffer<f32>| {
-        let t0 = std::time::Instant::now();
-        let mut sum = 0.0f64;
-        for _ in 0..3 {
-            sum += b
-                .as_slice()
-                .unwrap()
-                .iter()
-                .map(|&x| f64::from(x))
-                .sum::<f64>();
-        }
-        (t0.elapsed(), sum)
-    };
-    let (mut t_plain, mut t_wc) = (std::time::Duration::MAX, std::time::Duration::MAX);
-    let (mut s_plain, mut s_wc) = (0.0, 0.0);
-    for _ in 0..5 {
-        let (t, s) = read_once(&out);
-        (t_plain, s_plain) = (t_plain.min(t), s);
-        let (t, s) = read_once(&wc);
-        (t_wc, s_wc) = (t_wc.min(t), s);
-    }
-    assert_eq!(s_plain.to_bits(), s_wc.to_bits());
-    eprintln!(
-        "host read of 4 MiB ×3, fastest of 5: plain pinned {t_plain:?}, write-combined {t_wc:?}"
+    // and host reads of write-combined memory are uncached. The driver's own
+    // record of each allocation says which kind it is. (A timed comparison of
+    // host reads stood here; on an H200 machine with 16 busy cores the plain
+    // buffer read slower, a figure of the machine's load and of the summation's
+    // dependency chain, not of the memory: timings belong in benches.)
+    let wc_flag = cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+    assert_ne!(
+        pinned.driver_flags().unwrap() & wc_flag,
+        0,
+        "upload staging"
     );
-    assert!(
-        t_plain <= t_wc * 2,
-        "plain pinned reads ({t_plain:?}) should not be slower than write-combined ones ({t_wc:?})"
-    );
+    assert_eq!(out.driver_flags().unwrap() & wc_flag, 0, "download buffer");
+    let wc = PinnedBuffer::<f32>::for_upload(&ctx, host.len()).unwrap();
+    assert!(wc.is_write_combined());
+    assert_ne!(wc.driver_flags().unwrap() & wc_flag, 0);
+    let plain = PinnedBuffer::<f32>::for_download(&ctx, 16).unwrap();
+    assert_eq!(plain.driver_flags().unwrap() & wc_flag, 0);
 }
 
 #[test]

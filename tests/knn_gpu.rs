@@ -609,7 +609,8 @@ fn f16copy_makes_its_copies_once_and_refuses_what_f16_cannot_hold() {
         .unwrap_err()
         .to_string();
     assert!(e.contains(name) && e.contains("queries"), "{e}");
-    // Rows beyond it: refused for f16copy, served by the default precision.
+    // Rows beyond it: refused for f16copy by name; the default (f16copy from
+    // 16 queries, knn::F16COPY_MIN_QUERIES) falls back to plain TF32.
     let Vectors::F32(b) = &base else {
         unreachable!()
     };
@@ -625,4 +626,19 @@ fn f16copy_makes_its_copies_once_and_refuses_what_f16_cannot_hold() {
     let found = index.search(&queries, &params).unwrap();
     let want = search_cpu(&rows, &queries, &params).unwrap();
     assert!(found.neighbors.bitwise_eq(&want));
+    assert_eq!(
+        found.knn.map(|p| p.precision),
+        Some(knn::Precision::Tf32),
+        "the fallback from f16copy"
+    );
+    // The same queries over rows f16 holds: f16copy by default.
+    let index = gpu.upload(&base).unwrap();
+    let found = index.search(&queries, &params).unwrap();
+    assert!(found
+        .neighbors
+        .bitwise_eq(&search_cpu(&base, &queries, &params).unwrap()));
+    assert_eq!(
+        found.knn.map(|p| p.precision),
+        Some(knn::Precision::F16Copy)
+    );
 }

@@ -4,8 +4,8 @@
 mod support;
 
 use fraglink::link::metadata::{
-    check_cubin, cubin_resources, entry_resources, parse_info_log, sm_from_e_flags, CubinError,
-    KernelMetadata, MetadataError, EM_CUDA,
+    check_cubin, cubin_resources, entry_resources, kernel_param_sizes, parse_info_log,
+    sm_from_e_flags, CubinError, KernelMetadata, MetadataError, EM_CUDA,
 };
 use fraglink::sys::{InputType, NvJitLink};
 
@@ -15,8 +15,9 @@ const FILTER: &str = "filter_bitset_u32";
 
 const ARCHS: [(&str, u32); 3] = [("sm_75", 75), ("sm_80", 80), ("sm_90", 90)];
 
-/// Links scan + metric + filter for `arch`; returns (cubin, info log).
-fn link(arch: &str, fragments: [&str; 3], verbose: bool) -> (Vec<u8>, String) {
+/// Links `fragments` (the first one the kernel) for `arch`; returns (cubin,
+/// info log).
+fn link(arch: &str, fragments: &[&str], verbose: bool) -> (Vec<u8>, String) {
     // These tests read ptxas's output in the info log.
     support::without_driver_compute_cache();
     let nvjitlink = NvJitLink::open(None).expect("nvJitLink (paths baked at build time)");
@@ -30,7 +31,7 @@ fn link(arch: &str, fragments: [&str; 3], verbose: bool) -> (Vec<u8>, String) {
         options.push("-verbose".into());
     }
     let mut h = nvjitlink.create(&options).expect("nvJitLinkCreate");
-    for name in fragments {
+    for &name in fragments {
         let info = fraglink::fragments::find(name)
             .unwrap_or_else(|| panic!("fragment {name} is not embedded"));
         h.add(InputType::Fatbin, info.fatbin, info.name)
@@ -42,7 +43,7 @@ fn link(arch: &str, fragments: [&str; 3], verbose: bool) -> (Vec<u8>, String) {
 }
 
 fn default_link(arch: &str) -> (Vec<u8>, String) {
-    link(arch, [SCAN, METRIC, FILTER], true)
+    link(arch, &[SCAN, METRIC, FILTER], true)
 }
 
 /// Small deterministic generator (xorshift64).
@@ -156,7 +157,7 @@ fn device_functions_are_listed_but_are_not_kernels() {
     // f16 cosine pulls in libdevice slow paths (sqrt, division) as device functions.
     let (cubin, log) = link(
         "sm_80",
-        [
+        &[
             "scan_f16_i64_v8_k256",
             "metric_cosine_f16",
             "filter_none_i64",
@@ -210,7 +211,7 @@ fn missing_entry_is_named_with_what_exists() {
 
 #[test]
 fn link_without_verbose_says_so() {
-    let (cubin, log) = link("sm_80", [SCAN, METRIC, FILTER], false);
+    let (cubin, log) = link("sm_80", &[SCAN, METRIC, FILTER], false);
     assert!(check_cubin(&cubin, SCAN).is_ok());
     let e = entry_resources(&log, SCAN).unwrap_err();
     assert!(e.verbose_missing(), "{e}");
@@ -350,7 +351,7 @@ fn cubin_resources_agree_with_ptxas() {
         let metric = format!("metric_l2_{dtype}");
         let filter = format!("filter_bitset_{idx}");
         for (arch, _) in ARCHS {
-            let (cubin, log) = link(arch, [f.name, &metric, &filter], true);
+            let (cubin, log) = link(arch, &[f.name, &metric, &filter], true);
             let Ok(from_log) = entry_resources(&log, f.name) else {
                 // nvJitLink printed nothing (the case the fallback exists for).
                 continue;
@@ -378,4 +379,34 @@ fn cubin_resources_agree_with_ptxas() {
     assert!(checked > 0, "no link printed ptxas output to compare with");
     let e = cubin_resources(&default_link("sm_90").0, "nope").unwrap_err();
     assert!(matches!(e, CubinError::EntryMissing { .. }), "{e}");
+}
+
+/// The parameter sizes the launcher takes from the cubin (so that it asks
+/// `cuFuncGetParamInfo` for exactly that many) are the kernels' declared
+/// parameters, in order: templates/scan.cu.j2 (three pointers, a u64, three
+/// u32, two pointers) and templates/knn_select.cu.j2 (two pointers, five u32,
+/// two pointers), on every arch.
+#[test]
+fn parameter_sizes_come_from_the_cubin_in_declaration_order() {
+    let scan = [8, 8, 8, 8, 4, 4, 4, 8, 8];
+    let select = [8, 8, 4, 4, 4, 4, 4, 8, 8];
+    for (arch, _) in ARCHS {
+        let (cubin, _) = default_link(arch);
+        assert_eq!(
+            kernel_param_sizes(&cubin, SCAN).unwrap().as_deref(),
+            Some(&scan[..]),
+            "{SCAN} {arch}"
+        );
+        // No `.nv.info.<entry>` for a name the cubin does not define.
+        assert_eq!(kernel_param_sizes(&cubin, "nope").unwrap(), None);
+        let (cubin, _) = link(arch, &["knn_select_b256"], false);
+        assert_eq!(
+            kernel_param_sizes(&cubin, "knn_select_b256")
+                .unwrap()
+                .as_deref(),
+            Some(&select[..]),
+            "knn_select_b256 {arch}"
+        );
+    }
+    assert!(kernel_param_sizes(b"not a cubin", SCAN).is_err());
 }

@@ -842,7 +842,7 @@ impl Launcher {
             function,
             entry: entry.to_owned(),
             resources: merged,
-            params: param_sizes(function),
+            params: param_sizes(function, cubin, entry),
             limits: *ctx.limits(),
             sm_count: ctx.info().sm_count,
             cooperative: ctx.info().cooperative_launch,
@@ -1193,22 +1193,26 @@ fn collect_timings(st: &mut TimingState, wait: bool) {
     }
 }
 
-/// Sizes of the kernel's parameters (`cuFuncGetParamInfo`, CUDA ≥ 12.4,
-/// which the availability probe guarantees).
-fn param_sizes(function: sys::CUfunction) -> Option<Vec<usize>> {
-    let mut sizes = Vec::new();
-    for index in 0..4096usize {
+/// Sizes of the kernel's parameters: as many as the cubin records
+/// (`metadata::kernel_param_sizes`), each asked of the driver
+/// (`cuFuncGetParamInfo`, CUDA ≥ 12.4, which the availability probe
+/// guarantees), which has the last word on the launch. The count comes from
+/// the cubin because the driver API of CUDA 13.0 has no call for it, and
+/// asking past the last parameter is an API error compute-sanitizer reports.
+/// None when the cubin does not say (then launches are not checked).
+fn param_sizes(function: sys::CUfunction, cubin: &[u8], entry: &str) -> Option<Vec<usize>> {
+    let recorded = metadata::kernel_param_sizes(cubin, entry).ok()??;
+    let mut sizes = Vec::with_capacity(recorded.len());
+    for index in 0..recorded.len() {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: `function` is live; two valid out-pointers.
         let rc = unsafe { sys::cuFuncGetParamInfo(function, index, &mut offset, &mut size) };
-        match rc {
-            sys::CUresult::CUDA_SUCCESS => sizes.push(size),
-            // Past the last parameter.
-            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
-            _ => return None,
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            return Some(recorded);
         }
+        sizes.push(size);
     }
-    None
+    Some(sizes)
 }
 
 #[cfg(test)]

@@ -452,6 +452,23 @@ impl<T> PinnedBuffer<T> {
     pub fn is_write_combined(&self) -> bool {
         pinned_alloc_flags(self.direction) & sys::CU_MEMHOSTALLOC_WRITECOMBINED as c_uint != 0
     }
+
+    /// The flags the driver holds for the allocation (`cuMemHostGetFlags`:
+    /// `CU_MEMHOSTALLOC_*`), to check what [`Self::is_write_combined`] says
+    /// against the memory itself. 0 for an empty buffer (no allocation).
+    pub fn driver_flags(&self) -> GpuResult<u32> {
+        let Some(s) = &self.inner else { return Ok(0) };
+        // SAFETY: the context is alive (held by the allocation).
+        unsafe { result::ctx::set_current(s.ctx.cu_ctx()) }
+            .map_err(driver_error("cuCtxSetCurrent"))?;
+        let mut flags: c_uint = 0;
+        // SAFETY: `s.ptr` is a live `cuMemHostAlloc` allocation; a valid
+        // out-pointer.
+        unsafe { sys::cuMemHostGetFlags(&mut flags, s.ptr as *mut std::ffi::c_void) }
+            .result()
+            .map_err(driver_error("cuMemHostGetFlags"))?;
+        Ok(flags)
+    }
 }
 
 /// An asynchronous copy in flight. [`Self::wait`] blocks until it is done

@@ -544,6 +544,7 @@ const EIFMT_HVAL: u8 = 3;
 const EIFMT_SVAL: u8 = 4;
 const EIATTR_FRAME_SIZE: u8 = 0x11;
 const EIATTR_REGCOUNT: u8 = 0x2f;
+const EIATTR_KPARAM_INFO: u8 = 0x17;
 /// Shared memory the hardware reserves per block from sm_80 on.
 const RESERVED_SHARED_BYTES: u32 = 1024;
 
@@ -618,6 +619,18 @@ pub fn cubin_resources(bytes: &[u8], entry: &str) -> Result<CubinResources, Cubi
 
 /// The value of attribute `attr` for symbol `sym` in an `.nv.info` section.
 fn nv_info_value(data: &[u8], attr: u8, sym: u32) -> Option<u32> {
+    let mut found = None;
+    nv_info_svals(data, |a, body| {
+        if found.is_none() && a == attr && body.len() >= 8 && read_u32(body, 0) == Some(sym) {
+            found = read_u32(body, 4);
+        }
+    });
+    found
+}
+
+/// Calls `f(attribute, body)` for each sized (`EIFMT_SVAL`) record of an
+/// `.nv.info` section, in order, until the records end or one is malformed.
+fn nv_info_svals(data: &[u8], mut f: impl FnMut(u8, &[u8])) {
     let mut at = 0usize;
     while at + 2 <= data.len() {
         let (fmt, a) = (data[at], data[at + 1]);
@@ -627,18 +640,58 @@ fn nv_info_value(data: &[u8], attr: u8, sym: u32) -> Option<u32> {
             // then 2 bytes of value (or padding) for these three.
             EIFMT_NVAL | EIFMT_BVAL | EIFMT_HVAL => at += 2,
             EIFMT_SVAL => {
-                let len = usize::from(read_u16(data, at)?);
+                let Some(len) = read_u16(data, at) else {
+                    return;
+                };
                 at += 2;
-                let body = data.get(at..at.checked_add(len)?)?;
-                if a == attr && len >= 8 && read_u32(body, 0)? == sym {
-                    return read_u32(body, 4);
-                }
-                at += len;
+                let Some(body) = at
+                    .checked_add(usize::from(len))
+                    .and_then(|end| data.get(at..end))
+                else {
+                    return;
+                };
+                f(a, body);
+                at += usize::from(len);
             }
-            _ => return None,
+            _ => return,
         }
     }
-    None
+}
+
+/// The sizes in bytes of `entry`'s parameters, in declaration order, from the
+/// `EIATTR_KPARAM_INFO` records of its `.nv.info.<entry>` section (ordinal at
+/// byte 4 of a record, size in bits 18..32 of its last word; tests check it
+/// against the kernels' declarations). `None` when the cubin has no such
+/// section, or its records do not number the parameters 0, 1, … without gaps.
+///
+/// The launcher asks the driver for exactly this many parameters: probing
+/// `cuFuncGetParamInfo` until it fails made compute-sanitizer's memcheck
+/// report the expected `CUDA_ERROR_INVALID_VALUE` as an error at every load.
+pub fn kernel_param_sizes(bytes: &[u8], entry: &str) -> Result<Option<Vec<usize>>, CubinError> {
+    let elf = Elf::parse(bytes)?;
+    let Some(data) = elf.section_named(format!(".nv.info.{entry}").as_bytes())? else {
+        return Ok(None);
+    };
+    let mut by_ordinal: Vec<Option<usize>> = Vec::new();
+    let mut malformed = false;
+    nv_info_svals(data, |attr, body| {
+        if attr != EIATTR_KPARAM_INFO {
+            return;
+        }
+        let (Some(ordinal), Some(word)) = (read_u16(body, 4), read_u32(body, 8)) else {
+            malformed = true;
+            return;
+        };
+        let ordinal = usize::from(ordinal);
+        if by_ordinal.len() <= ordinal {
+            by_ordinal.resize(ordinal + 1, None);
+        }
+        malformed |= by_ordinal[ordinal].replace((word >> 18) as usize).is_some();
+    });
+    if malformed {
+        return Ok(None);
+    }
+    Ok(by_ordinal.into_iter().collect())
 }
 
 struct Elf<'a> {
@@ -791,6 +844,28 @@ impl<'a> Elf<'a> {
             link: field32(40)?,
             entsize: field64(56)?,
         })
+    }
+
+    /// The contents of the first section called `name`, if any.
+    fn section_named(&self, name: &[u8]) -> Result<Option<&'a [u8]>, CubinError> {
+        let names = self.section(u64::from(self.shstrndx))?;
+        let names = range(self.bytes, names.offset, names.size)
+            .ok_or_else(|| truncated("section name table"))?;
+        for i in 0..self.shnum {
+            let sec = self.section(i)?;
+            let Some(tail) = usize::try_from(sec.name).ok().and_then(|o| names.get(o..)) else {
+                continue;
+            };
+            if tail
+                .strip_prefix(name)
+                .is_some_and(|rest| rest.first() == Some(&0))
+            {
+                return range(self.bytes, sec.offset, sec.size)
+                    .map(Some)
+                    .ok_or_else(|| truncated(String::from_utf8_lossy(name).into_owned()));
+            }
+        }
+        Ok(None)
     }
 
     fn symtab(&self) -> Result<Option<Symtab<'a>>, CubinError> {

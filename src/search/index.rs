@@ -64,7 +64,7 @@ use super::knn::gpu::{enabled_by_env, f16copy_refused, variant_by_env, KnnRows, 
 use super::knn::norms::Norms;
 use super::knn::select::SelectSearch;
 use super::knn::special::{self, SpecialRows};
-use super::knn::{choose_select, f16copy, KnnPlan, Precision};
+use super::knn::{choose_fallback, choose_select, f16copy, Precision};
 use super::plan::{plan, ScanPlan};
 use super::resident_bits::ResidentBits;
 use super::{Bitset, DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
@@ -580,10 +580,19 @@ impl GpuIndex {
             let plans = [kp.tile_planner(), kp.rerank_planner(), part.plan.planner()];
             LinkRuntime::global()?.link_all(&plans.each_ref(), self.gpu.context().arch())?;
         }
-        let staged = if kp.precision == Precision::F16Copy {
-            Some(self.f16_copies(rows, tq, &kp, base)?)
+        // f16copy: the copies, or (where an element has no finite f16) the
+        // named variant's error, or for the default plain TF32 instead.
+        let (kp, staged) = if kp.precision == Precision::F16Copy {
+            match self.f16_copies(rows, tq, base)? {
+                Ok(copies) => (kp, Some(copies)),
+                Err(what) if variant.is_some() => return Err(f16copy_refused(&kp, what)),
+                Err(_) => match choose_fallback(&request) {
+                    Some(tf32) => (tf32, None),
+                    None => return Ok(None),
+                },
+            }
         } else {
-            None
+            (kp, None)
         };
         let bits = match &tensor_params.filter {
             Filter::Bitset(b) if skipping => {
@@ -711,36 +720,38 @@ impl GpuIndex {
 
     /// An f16copy plan's operands: the queries' f16 bits (rounded here, on
     /// the host) and the rows' f16 copies (made by the first search that
-    /// asks: [`KnnRows::f16_copy`], from `base` where given). An error naming
-    /// the variant where queries or rows hold an element without a finite
-    /// f16 (|v| > 65504, NaN or infinite); the queries are checked first, so
-    /// a refused search makes no copy of the rows.
+    /// asks: [`KnnRows::f16_copy`], from `base` where given). `Err(what)`,
+    /// "the queries" or "the rows", where they hold an element without a
+    /// finite f16 (|v| > 65504, NaN or infinite); the queries are checked
+    /// first, so a refused search makes no copy of the rows.
+    #[allow(clippy::type_complexity)]
     fn f16_copies(
         &self,
         rows: &KnnRows,
         queries: &Vectors,
-        kp: &KnnPlan,
         base: Option<&Vectors>,
-    ) -> Result<(Arc<DeviceVectors>, Vec<u16>), GpuSearchError> {
-        let query_bits = match queries {
+    ) -> Result<Result<(Arc<DeviceVectors>, Vec<u16>), &'static str>, GpuSearchError> {
+        let Some(query_bits) = (match queries {
             Vectors::F32(m) => f16copy::to_f16_bits(m.data()),
             _ => None,
-        }
-        .ok_or_else(|| f16copy_refused(kp, "the queries"))?;
+        }) else {
+            return Ok(Err("the queries"));
+        };
         let host = match base {
             Some(Vectors::F32(m)) => Some(m.data()),
             _ => None,
         };
-        let row_copies = rows
-            .f16_copy(
-                self.gpu.transfer(),
-                self.gpu.pool(),
-                &self.data,
-                self.shape.dim,
-                host,
-            )?
-            .ok_or_else(|| f16copy_refused(kp, "the rows"))?;
-        Ok((row_copies, query_bits))
+        let Some(row_copies) = rows.f16_copy(
+            self.gpu.transfer(),
+            self.gpu.pool(),
+            &self.data,
+            self.shape.dim,
+            host,
+        )?
+        else {
+            return Ok(Err("the rows"));
+        };
+        Ok(Ok((row_copies, query_bits)))
     }
 
     /// The device copy of `filter`'s bits (`None` without a bitset), kept

@@ -4,7 +4,7 @@
 //! Rules ([`choose`]), each a reason to keep the exact scan instead (`None`):
 //! - the dtype's precision must exist for the device: f16 (f16 MMA) and
 //!   i8/u8 (integer MMA) from sm_75, f32 (TF32) from sm_80, f32 through f16
-//!   copies (f16copy, named only) from sm_75 — the variant's
+//!   copies (f16copy, from 16 queries) from sm_75 — the variant's
 //!   `min_arch`, and the fragment must be built for an arch that links there;
 //! - `k` ≤ the largest capacity whose shared memory fits the device (1024 on
 //!   an H100, 512 on an A100, 256 on sm_86); the smallest capacity ≥ k is
@@ -16,15 +16,17 @@
 //!   u8 `dim ≤ 32896` (the s32 accumulator stays exact, and the exact squared
 //!   norm, carried as f32 bits, stays below the NaN bit patterns).
 //!
-//! Precision for f32: 3xTF32 by default (its margin, dominated by the
-//! accumulation allowance 3·dim·2⁻²⁰, is about 10× narrower than TF32's 2⁻⁸
-//! at dim 128, so fewer candidates reach the exact re-rank); plain TF32 and
-//! f16copy (f16 copies of the rows and queries, from sm_75: half the bytes
-//! a search reads, where small batches are bound by memory, and twice
-//! TF32's MMA rate, for a margin of 2⁻¹⁰ per product: several times
-//! 3xTF32's candidates, `examples/knn_margin_cost.rs`) only when asked ([`choose_named`],
-//! e.g. by a benchmark) — which one is faster is for the GPU benchmark to
-//! say.
+//! Precision for f32, chosen by measurement (an H200, GPU.md at commit
+//! 6f7ea6a, 1M x 128, k 10, every variant by name): f16copy (f16 copies of
+//! the rows and queries, from sm_75: half the bytes a search reads and twice
+//! TF32's MMA rate, for a margin of 2⁻¹⁰ per product) from
+//! [`F16COPY_MIN_QUERIES`] queries on, 2.1x as fast as 3xTF32 at 100 and
+//! 10 000 queries; plain TF32 (sm_80) below, 1.2x 3xTF32 at one query. Where
+//! the rows or queries hold an element without a finite f16, the search falls
+//! back to TF32 ([`choose_fallback`]). 3xTF32 (a margin about 10x narrower
+//! than TF32's at dim 128, so fewer candidates reach the exact re-rank, at
+//! three MMAs per product) only when named ([`choose_named`], e.g. by a
+//! benchmark). Only k 10 was measured for every variant.
 //!
 //! Block shape (`qtile` queries × `rtile` rows per iteration, 4 warps): the
 //! smallest capacity ≥ k among the variants whose shared memory fits the
@@ -32,7 +34,8 @@
 //! the shapes two blocks of which fit an SM where any do, then the
 //! largest query tile that at least two tiles of queries fill (a 64-query
 //! tile reads each row once per 64 queries, and its warps reuse each operand
-//! fragment for two MMAs), else the smallest. Row chunks ([`chunks`]): query
+//! fragment for two MMAs), else the smallest (for kernels staging f16: at
+//! most 32 queries, filled four times: `pick`). Row chunks ([`chunks`]): query
 //! tiles × chunks fill one wave of the device's resident blocks, so nq = 1
 //! still spreads over every SM (the small-batch split), never chunks shorter
 //! than one row iteration.
@@ -101,10 +104,13 @@ impl Precision {
         }
     }
 
-    /// The default precision of `dtype`.
-    pub fn default_for(dtype: DType) -> Precision {
+    /// The default precision of `dtype` for a search of `nq` queries (module
+    /// docs): f32 reads the rows' f16 copies from [`F16COPY_MIN_QUERIES`]
+    /// queries on, plain TF32 below.
+    pub fn default_for(dtype: DType, nq: usize) -> Precision {
         match dtype {
-            DType::F32 => Precision::Tf32x3,
+            DType::F32 if nq >= F16COPY_MIN_QUERIES => Precision::F16Copy,
+            DType::F32 => Precision::Tf32,
             DType::F16 => Precision::F16,
             DType::I8 | DType::U8 => Precision::Int,
         }
@@ -399,10 +405,30 @@ pub struct KnnRequest<'a> {
     pub k: usize,
 }
 
+/// Queries from which an f32 search takes the f16copy variants by default:
+/// one full query tile of the smallest shape. On an H200 (GPU.md, commit
+/// 6f7ea6a, 1M x 128, k 10) they searched 2.1x as fast as 3xTF32 at 100 and
+/// 10 000 queries, and 0.8x at one query, where plain TF32 was fastest
+/// (1.2x 3xTF32, as at 100 and 10 000 queries).
+pub const F16COPY_MIN_QUERIES: usize = 16;
+
 /// The planner's variant for a search, or `None` when the exact scan must
-/// serve it (module docs).
+/// serve it (module docs). Where f16copy is the default but no variant of it
+/// serves the search, plain TF32's.
 pub fn choose(r: &KnnRequest<'_>) -> Option<KnnPlan> {
-    candidates(r, None).and_then(|c| pick(&c, r.nq, r.shared.per_sm))
+    candidates(r, None)
+        .and_then(|c| pick(&c, r.nq, r.shared.per_sm))
+        .or_else(|| choose_fallback(r))
+}
+
+/// The plan when the default precision cannot serve `r`: for f32 rows that
+/// f16copy cannot take (no variant, or elements without a finite f16, which
+/// the search finds when it makes the copies), plain TF32's; `None` else.
+pub fn choose_fallback(r: &KnnRequest<'_>) -> Option<KnnPlan> {
+    if Precision::default_for(r.dtype, r.nq) != Precision::F16Copy {
+        return None;
+    }
+    candidates(r, Some(Precision::Tf32)).and_then(|c| pick(&c, r.nq, r.shared.per_sm))
 }
 
 /// The variant for a search with a candidate kernel perhaps named (a
@@ -470,7 +496,7 @@ pub fn choose_variant(r: &KnnRequest<'_>, name: &str) -> Result<KnnPlan, String>
 /// `None` when the search is outside the kernels' range.
 fn candidates(r: &KnnRequest<'_>, precision: Option<Precision>) -> Option<Vec<KnnPlan>> {
     let (dtype, dim, k) = (r.dtype, r.dim, r.k);
-    let precision = precision.unwrap_or(Precision::default_for(dtype));
+    let precision = precision.unwrap_or(Precision::default_for(dtype, r.nq));
     if k == 0 || r.n_rows == 0 || r.n_rows >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
         return None;
     }
@@ -492,7 +518,10 @@ fn candidates(r: &KnnRequest<'_>, precision: Option<Precision>) -> Option<Vec<Kn
 /// shapes two blocks of which fit an SM's `sm_shared` bytes, where any do
 /// (one block of 4 warps per SM leaves it idle while it waits on memory);
 /// then the largest query tile that `nq` fills twice, else the smallest
-/// tile.
+/// tile. Kernels staging f16 (f16 rows, f16copy) take at most 32-query tiles,
+/// and only those `nq` fills four times: on an H200 (GPU.md, commit 6f7ea6a,
+/// 1M x 128, k 10) 16-query tiles were 1.1x as fast as 32-query ones at 100
+/// queries, and 32-query tiles 1.2x as fast as 64-query ones at 10 000.
 fn pick(c: &[KnnPlan], nq: usize, sm_shared: u32) -> Option<KnnPlan> {
     let capacity = c.iter().map(|p| p.capacity).min()?;
     let staging = if c.iter().any(|p| p.staging == Staging::A16) {
@@ -510,8 +539,12 @@ fn pick(c: &[KnnPlan], nq: usize, sm_shared: u32) -> Option<KnnPlan> {
     } else {
         same
     };
+    let (fill, max_qtile) = match same.first().map(|p| p.staged_dtype()) {
+        Some(DType::F16) => (4, 32),
+        _ => (2, u32::MAX),
+    };
     same.iter()
-        .filter(|p| nq >= 2 * p.qtile as usize)
+        .filter(|p| p.qtile <= max_qtile && nq >= fill * p.qtile as usize)
         .max_by_key(|p| (p.qtile, p.rtile))
         .or_else(|| same.iter().min_by_key(|p| (p.qtile, p.rtile)))
         .map(|p| (*p).clone())
@@ -657,11 +690,25 @@ mod tests {
         let e = choose_variant(&r36, "knn_tile_f32_f16copy_q16_r64_k32_a16").unwrap_err();
         assert!(e.contains("multiple of 8"), "{e}");
         assert!(choose_variant(&r36, "knn_tile_f32_tf32x3_q16_r64_k32_a16").is_ok());
+        // f32 by default: plain TF32 below 16 queries, f16copy from there
+        // (sm_75 too), TF32 again where f16copy cannot take the data.
         let p = pick(SM80, DType::F32, 1, 10).unwrap();
         assert_eq!(
             (p.precision, p.tile.name),
-            (Precision::Tf32x3, "knn_tile_f32_tf32x3_q16_r64_k32_a16")
+            (Precision::Tf32, "knn_tile_f32_tf32_q16_r64_k32_a16")
         );
+        for device in [SM75, SM80, SM90] {
+            let p = pick(device, DType::F32, F16COPY_MIN_QUERIES, 10).unwrap();
+            assert_eq!(p.precision, Precision::F16Copy, "{device:?}");
+        }
+        let p = pick(SM90, DType::F32, 100, 10).unwrap();
+        assert_eq!(p.tile.name, "knn_tile_f32_f16copy_q16_r64_k32_a16");
+        let r100 = req(SM90, DType::F32, 1_000_000, 128, 100, 10);
+        let t = choose_fallback(&r100).unwrap();
+        assert_eq!(t.tile.name, "knn_tile_f32_tf32_q32_r64_k32_a16");
+        assert!(choose_fallback(&req(SM75, DType::F32, 1_000_000, 128, 100, 10)).is_none());
+        assert!(choose_fallback(&req(SM90, DType::F32, 1_000_000, 128, 1, 10)).is_none());
+        assert!(choose_fallback(&req(SM90, DType::F16, 1_000_000, 128, 100, 10)).is_none());
         assert_eq!(
             pick(SM75, DType::F16, 1, 10).unwrap().precision,
             Precision::F16
@@ -771,16 +818,22 @@ mod tests {
     #[test]
     fn capacity_tile_and_limits() {
         let shape = |p: KnnPlan| (p.qtile, p.rtile, p.capacity);
-        // Large batches: the 64-query tile; 100 queries fill two 32-query tiles.
+        // Large batches: the 64-query tile; 100 queries fill two 32-query
+        // tiles.
         assert_eq!(
-            shape(pick(SM90, DType::F16, 10_000, 10).unwrap()),
+            shape(pick(SM90, DType::I8, 10_000, 10).unwrap()),
             (64, 64, 32)
         );
-        assert_eq!(
-            shape(pick(SM90, DType::F16, 127, 10).unwrap()),
-            (32, 64, 32)
-        );
-        assert_eq!(shape(pick(SM90, DType::F16, 10, 10).unwrap()), (16, 64, 32));
+        assert_eq!(shape(pick(SM90, DType::I8, 127, 10).unwrap()), (32, 64, 32));
+        assert_eq!(shape(pick(SM90, DType::I8, 10, 10).unwrap()), (16, 64, 32));
+        // Kernels staging f16 (f16 rows, f32 through f16copy): at most the
+        // 32-query tile, where the queries fill it four times.
+        for d in [DType::F16, DType::F32] {
+            assert_eq!(shape(pick(SM90, d, 10_000, 10).unwrap()), (32, 64, 32));
+            assert_eq!(shape(pick(SM90, d, 128, 10).unwrap()), (32, 64, 32));
+            assert_eq!(shape(pick(SM90, d, 127, 10).unwrap()), (16, 64, 32));
+            assert_eq!(shape(pick(SM90, d, 100, 10).unwrap()), (16, 64, 32));
+        }
         let p = pick(SM90, DType::F16, 10_000, 10).unwrap();
         assert_eq!(p.rerank.name, "knn_rerank_f16_k32");
         assert_eq!(
@@ -853,8 +906,14 @@ mod tests {
         // A100 (163 KiB per block, 164 per SM): q64 fits one block per SM,
         // q32 two.
         assert_eq!(on(kib(163), kib(164), 10_000, 10).unwrap().qtile, 32);
-        // H100: q64, two per SM.
-        assert_eq!(on(kib(227), kib(228), 10_000, 10).unwrap().qtile, 64);
+        // H100: q64 would fit two per SM, but f16 staging takes at most 32
+        // (pick); i8 rows take q64.
+        assert_eq!(on(kib(227), kib(228), 10_000, 10).unwrap().qtile, 32);
+        let i8_on_h100 = choose(&KnnRequest {
+            dtype: DType::I8,
+            ..req(SM90, DType::F16, 1_000_000, 128, 10_000, 10)
+        });
+        assert_eq!(i8_on_h100.unwrap().qtile, 64);
         // Without opt-in (48 KiB) the smallest variant still fits.
         let p = choose(&KnnRequest {
             shared: SharedMemory {
