@@ -1622,7 +1622,7 @@ fn routed_first(b: &Bench) -> Result<Vec<Figure>, String> {
         first[i] = wall.ms();
         figures.push(
             Figure::new(format!("routed_first.{device}.first"), wall.ms(), "ms").note(format!(
-                "first SearchIndex::search on --device {device} as the caller waits for it: {}; {data}; of it: link {} ms, upload {} ms, search {} ms (medians); routes: {}",
+                "first SearchIndex::search on --device {device} as the caller waits for it: {}; {data}; of it: link {}, upload {}, search {} (medians); routes: {}",
                 wall.describe(),
                 fmt_ms(col(&runs[i], "first", "link_ms").ms()),
                 fmt_ms(col(&runs[i], "first", "upload_ms").ms()),
@@ -1633,7 +1633,7 @@ fn routed_first(b: &Bench) -> Result<Vec<Figure>, String> {
         let next = col(&runs[i], "second", "ms");
         figures.push(
             Figure::new(format!("routed_first.{device}.second"), next.ms(), "ms").note(format!(
-                "the next search of the same index, after any background link finished (waited {} ms, median): {}; routes: {}",
+                "the next search of the same index, after any background link finished (waited {}, median): {}; routes: {}",
                 fmt_ms(Stats::of(&runs[i].iter().filter_map(|r| r["wait_ms"].as_f64()).map(|m| m / 1e3).collect::<Vec<_>>()).ms()),
                 next.describe(),
                 routes(&runs[i], "second"),

@@ -361,7 +361,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--variant-nq", default="1,100,10000",
                     help="nq values whose cases also time every candidate kernel by name ('' for none)")
-    ap.add_argument("--variant-k", default="10",
+    ap.add_argument("--variant-k", default="10,100",
                     help="k values whose cases also time every candidate kernel by name")
     ap.add_argument("--seconds", type=float, default=None,
                     help="the run's deadline, in seconds from its start: work that would end after "
