@@ -283,6 +283,12 @@ struct radix_round {
     below += pick[1];
     equal = pick[2];
     shift -= 8;
+    // Every thread has read the pick before any writes the shared words beside
+    // it: ptxas reads the three words with one 16-byte load that also covers
+    // s_count, which thread 0 resets next where the collect pass follows
+    // (knn_select_b256, sm_90, nvJitLink 13.0: compute-sanitizer's racecheck
+    // reported that unused read as a race on an H200).
+    __syncthreads();
     return shift >= 0;
   }
 };
@@ -311,12 +317,7 @@ __device__ FRAGLINK_INLINE void run_select(const float* __restrict__ dists, cons
   // one order of magnitude share their top byte), and warps adding to one shared
   // histogram would serialise on them.
   __shared__ uint32_t s_hist[WARPS][256];
-  // Three words used, four declared and 16-byte aligned: ptxas reads the three
-  // with one 16-byte load, which must not cover s_count. It did (knn_select_b256,
-  // sm_90, nvJitLink 13.0: the load at 0x9e10 read s_count with the pick while
-  // thread 0 reset s_count for the collect pass), and compute-sanitizer's
-  // racecheck reported the unused word's read as a race on an H200.
-  __shared__ __align__(16) uint32_t s_pick[4];
+  __shared__ uint32_t s_pick[3];
   __shared__ uint32_t s_count;
   uint64_t* const s_keys = reinterpret_cast<uint64_t*>(scan::dynamic_shared());
 

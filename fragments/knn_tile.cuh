@@ -817,7 +817,14 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
                                            float* __restrict__ merged_hi, uint32_t* __restrict__ merged_ids,
                                            uint32_t* __restrict__ out_ids, float* __restrict__ out_dists) {
   constexpr int BLOCK = FRAGLINK_KNN_BLOCK;
-  constexpr int S = scan::next_pow2(CAP + BLOCK);
+  // Scratch for at least four tiles of offers (BlockTopK's phases), not one: a
+  // tile with any candidate otherwise sorts all S slots, and on an H200 (nq 1,
+  // 1M x 128 f32, k 10, GPU.md at commit 6f7ea6a) the re-rank's merge launch
+  // (512 slots a block) took 65 us and its final launch (1056 slots, one block)
+  // 86 us, against 302 us for the candidate kernel: barrier-bound bitonic sorts
+  // of 256 keys, one per tile. Shared memory: 8 bytes a slot (8 KiB at CAP 32,
+  // 16 KiB at 1024).
+  constexpr int S = scan::next_pow2(CAP + 4 * BLOCK);
   __shared__ float s_key[S];
   __shared__ uint32_t s_id[S];
 

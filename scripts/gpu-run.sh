@@ -393,12 +393,16 @@ ivf_step() {
 }
 
 # Kernel profiles for whoever tunes the kernels next: Nsight Compute on the
-# second (warm) search of n 1M x 128 f32, k 10 (the first for knn-nq1000, below):
-# the tensor-core kernels at nq 1 and 1000, the scan at nq 1.
+# second (warm) search of n 1M x 128 f32, k 10 (the first for knn-nq1000 and
+# knn-nq100-k100, below): the tensor-core kernels at nq 1 and 1000, the scan at
+# nq 1, and the tensor-core kernels at nq 100 with k 100.
 ncu_step() {
   local t0=$SECONDS status=done spec rc failed=0
   echo "== kernel profiles (ncu, $(left) s left)"
-  # name, nq, FRAGLINK_GPU_KNN, launches of the first search (skipped), launches profiled.
+  # name, nq, FRAGLINK_GPU_KNN, launches of the first search (skipped), launches
+  # profiled, k. knn-nq100-k100: the case furthest from its goal in the first H200
+  # run (0.44-0.49x torch); its first search's launches (candidates, the re-rank's
+  # merge and final levels).
   # At nq 1 a search's rows span hundreds of chunks, so the re-rank has its merge
   # level: knn_tile, knn_rerank (merge), knn_rerank (final). At nq 1000 (16 query
   # tiles of 64) the chunks fit one re-rank level on an H100 or H200 where the tile
@@ -406,7 +410,7 @@ ncu_step() {
   # merge level is added; so that case profiles the first search's launches, two
   # or three (a third of the next search's is a repeat), not the second search's:
   # ncu flushes the caches before each profiled kernel either way.
-  for spec in "knn-nq1 1 1 3 3" "knn-nq1000 1000 1 0 3" "scan-nq1 1 0 1 1"; do
+  for spec in "knn-nq1 1 1 3 3 10" "knn-nq1000 1000 1 0 3 10" "scan-nq1 1 0 1 1 10" "knn-nq100-k100 100 1 0 3 100"; do
     if [ "$(left)" -le 30 ]; then status=stopped; break; fi
     set -- $spec
     # Clocks as the application sees them (ncu's default locks them at base).
@@ -416,7 +420,7 @@ ncu_step() {
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
       --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
       -f -o "$logs/ncu-$1" \
-      "$bin" search --device gpu --json --n 1000000 --dim 128 --nq "$2" --k 10 --dtype f32 \
+      "$bin" search --device gpu --json --n 1000000 --dim 128 --nq "$2" --k "$6" --dtype f32 \
       --repeat 2 >"$logs/ncu-$1.out" 2>&1
     rc=$?
     echo "ncu $1 exit $rc"

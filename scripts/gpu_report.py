@@ -419,7 +419,8 @@ def render(r, summary=False):
         lines.append("")
     prof = [c for c in (r.get("profiles") or []) if c.get("kernels")]
     if prof:
-        lines.append("## Kernel profiles (Nsight Compute; n 1M x 128 f32, k 10, the second search)\n")
+        lines.append("## Kernel profiles (Nsight Compute; n 1M x 128 f32; k 10 unless the case names k 100; "
+                     "the second search, or the first for knn-nq1000 and knn-nq100-k100)\n")
         lines.append("| case | kernel | grid | block | " + " | ".join(NCU_METRICS) + " |")
         lines.append("| --- | --- | --- | --- | " + " | ".join("---" for _ in NCU_METRICS) + " |")
         for c in prof:

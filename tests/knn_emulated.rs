@@ -92,6 +92,10 @@ struct Case<'a> {
     /// The candidate kernel's staging, where not the planner's pick (an
     /// `Any` variant over rows of 16-byte groups: its 16-byte copies).
     staging: Option<Staging>,
+    /// The query tile, where not the planner's pick: the cases written for
+    /// the 32- and 64-query tiles name them, since the planner gives kernels
+    /// staging f16 (f16, f16copy) at most 32, filled four times.
+    qtile: Option<u32>,
 }
 
 impl<'a> Case<'a> {
@@ -107,13 +111,14 @@ impl<'a> Case<'a> {
             tile_grid: u32::MAX,
             rerank_grid: u32::MAX,
             staging: None,
+            qtile: None,
         }
     }
 }
 
 /// The plan of case `c`: the planner's pick (tile shape, capacity and
-/// staging, unless the case names one) at the dtype's default precision, as
-/// the variant of `precision`.
+/// staging, unless the case names a query tile or staging) at the dtype's
+/// default precision, as the variant of `precision`.
 fn plan_of(c: &Case<'_>, metric: Metric, precision: Precision) -> KnnPlan {
     let r = KnnRequest {
         device: Arch::sm(90),
@@ -131,7 +136,7 @@ fn plan_of(c: &Case<'_>, metric: Metric, precision: Precision) -> KnnPlan {
         "knn_tile_{}_{}_q{}_r{}_k{}{}",
         pick.dtype.name(),
         precision.name(),
-        pick.qtile,
+        c.qtile.unwrap_or(pick.qtile),
         pick.rtile,
         pick.capacity,
         c.staging.unwrap_or(pick.staging).suffix()
@@ -465,20 +470,26 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             100,
             8,
         ),
-        Case::new(
-            label("140 queries, k 10 (query tile 64, a partial last tile)"),
-            &base,
-            queries.clone(),
-            10,
-            12,
-        ),
-        Case::new(
-            label("70 queries, k 100 (query tile 32, capacity 128)"),
-            &base,
-            queries.slice_rows(0, 70),
-            100,
-            8,
-        ),
+        Case {
+            qtile: Some(64),
+            ..Case::new(
+                label("140 queries, k 10 (query tile 64, a partial last tile)"),
+                &base,
+                queries.clone(),
+                10,
+                12,
+            )
+        },
+        Case {
+            qtile: Some(32),
+            ..Case::new(
+                label("70 queries, k 100 (query tile 32, capacity 128)"),
+                &base,
+                queries.slice_rows(0, 70),
+                100,
+                8,
+            )
+        },
         Case::new(
             label("k 200 (capacity 256)"),
             &base,
@@ -495,6 +506,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         ),
         Case {
             staging: Some(Staging::Any),
+            qtile: Some(64),
             ..Case::new(
                 label("140 queries, k 10 (query tile 64), any staging"),
                 &base,
@@ -505,6 +517,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         },
         Case {
             staging: Some(Staging::Any),
+            qtile: Some(32),
             ..Case::new(
                 label("70 queries, k 100 (query tile 32, capacity 128), any staging"),
                 &base,
@@ -523,6 +536,7 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         Case {
             tile_grid: 1,
             rerank_grid: 3,
+            qtile: Some(32),
             ..Case::new(
                 label("70 queries, k 7 (query tile 32), grid-stride loops"),
                 &base,
@@ -533,8 +547,9 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         },
         Case {
             filter: Some(Bitset::random(n, 0.25, 5)),
+            qtile: Some(32),
             ..Case::new(
-                label("odd dim, bitset filter, a quarter of the rows"),
+                label("odd dim, bitset filter, a quarter of the rows (query tile 32)"),
                 &odd_base,
                 odd_queries.slice_rows(0, 17),
                 10,

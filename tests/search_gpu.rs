@@ -14,6 +14,7 @@ use fraglink::link::metadata::check_cubin;
 use fraglink::search::cpu::search_cpu;
 use fraglink::search::data::synthetic;
 use fraglink::search::gpu::{GpuSearchError, GpuSearcher};
+use fraglink::search::knn;
 use fraglink::search::plan::plan;
 use fraglink::search::route::{Device, RouteError, Searcher};
 use fraglink::search::{
@@ -357,9 +358,13 @@ fn an_index_uploaded_once_answers_every_batch_like_the_cpu() {
                             let part = queries.slice_rows(b.start, b.end);
                             let want = search_cpu(&base, &part, &params).unwrap();
                             let found = index.search(&part, &params).unwrap();
-                            if found.knn.is_some() {
-                                // The queries' norms (aux0, aux1).
+                            if let Some(kp) = &found.knn {
+                                // The queries' norms (aux0, aux1), and for
+                                // f16copy (f32 from 16 queries) their f16 bits.
                                 moved += 8 * part.rows() as u64;
+                                if kp.precision == knn::Precision::F16Copy {
+                                    moved += 2 * (part.rows() * dim) as u64;
+                                }
                             }
                             let got = found.neighbors;
                             let what = format!(
@@ -397,10 +402,16 @@ fn an_index_uploaded_once_answers_every_batch_like_the_cpu() {
                 }
             }
             // Every byte sent after the upload was a query or a changed
-            // filter: the rows never crossed again.
+            // filter, or once the rows' f16 copies (an f16copy search made
+            // them): the rows never crossed again.
+            let copies = index.device_bytes() - base.size_bytes() as u64 - norms;
+            assert!(
+                copies == 0 || (dtype == DType::F32 && copies == 2 * (n * dim) as u64),
+                "{dtype}: {copies}"
+            );
             assert_eq!(
                 gpu.transfer().stats().bytes_to_device - uploads,
-                moved,
+                moved + copies,
                 "{dtype} n {n} dim {dim}"
             );
         }

@@ -279,6 +279,12 @@ impl GpuIndex {
         self.shape.size_bytes() + self.knn.as_ref().map_or(0, KnnRows::device_bytes)
     }
 
+    /// Bytes the one-time upload moved: [`Self::device_bytes`] less the rows'
+    /// f16 copies, which the first f16copy search makes.
+    pub fn upload_bytes(&self) -> u64 {
+        self.device_bytes() - self.knn.as_ref().map_or(0, KnnRows::f16_copy_bytes)
+    }
+
     /// Wall time of the one-time upload (norms on the host, allocation and
     /// copies, synchronised).
     pub fn upload_time(&self) -> Duration {

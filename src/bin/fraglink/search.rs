@@ -378,7 +378,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     // Null when nothing was uploaded (the CPU route).
     let upload = index
         .resident()
-        .map(|g| (g.device_bytes(), g.upload_time().as_secs_f64()));
+        .map(|g| (g.upload_bytes(), g.upload_time().as_secs_f64()));
 
     // Recall against exact ground truth.
     let pb = spinner("exact ground truth", quiet);

@@ -125,14 +125,21 @@ impl KnnRows {
     pub fn device_bytes(&self) -> u64 {
         let n = self.sq.len() as u64 * 4;
         let special = self.copied.as_ref().map_or(0, |(_, v)| v.size_bytes());
-        let copy = match &*self.f16.lock().unwrap_or_else(|p| p.into_inner()) {
+        n * (1 + u64::from(self.norm.is_some()) + u64::from(self.inv.is_some()))
+            + self.f16_copy_bytes()
+            + special
+    }
+
+    /// Device bytes of the rows' f16 copies: 0 until an f16copy search made
+    /// them ([`Self::f16_copy`]).
+    pub fn f16_copy_bytes(&self) -> u64 {
+        match &*self.f16.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(Some(v)) => match &**v {
                 DeviceVectors::F16(b) => b.len() as u64 * 2,
                 _ => 0,
             },
             _ => 0,
-        };
-        n * (1 + u64::from(self.norm.is_some()) + u64::from(self.inv.is_some())) + copy + special
+        }
     }
 
     /// The f16 copies of the f32 `rows` ([`f16copy`]) for
