@@ -131,7 +131,7 @@ impl KnnRows {
     }
 
     /// Device bytes of the rows' f16 copies: 0 until an f16copy search made
-    /// them ([`Self::f16_copy`]).
+    /// them (`f16_copy`).
     pub fn f16_copy_bytes(&self) -> u64 {
         match &*self.f16.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(Some(v)) => match &**v {
