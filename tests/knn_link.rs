@@ -43,9 +43,11 @@ fn tile_shared(p: &Planner) -> u32 {
     tile_static_bytes(elem_bytes(p), qt, rt, cap) - unused
 }
 
-/// knn_rerank's: scan.cuh's block top-k, next_pow2(CAP + 128) (f32, u32) keys.
+/// knn_rerank's: scan.cuh's block top-k over next_pow2(CAP + 4 × 128) (f32,
+/// u32) keys, the capacity and four tiles of offers (knn_tile.cuh's
+/// run_rerank).
 fn rerank_shared(p: &Planner) -> u32 {
-    (param(p, "capacity") + 128).next_power_of_two() * 8
+    (param(p, "capacity") + 4 * 128).next_power_of_two() * 8
 }
 
 /// The tile plans (every metric and filter) whose variant needs at most `arch`.
