@@ -404,8 +404,8 @@ ncu_step() {
   # run (0.44-0.49x torch); its first search's launches (candidates, the re-rank's
   # merge and final levels).
   # At nq 1 a search's rows span hundreds of chunks, so the re-rank has its merge
-  # level: knn_tile, knn_rerank (merge), knn_rerank (final). At nq 1000 (16 query
-  # tiles of 64) the chunks fit one re-rank level on an H100 or H200 where the tile
+  # level: knn_tile, knn_rerank (merge), knn_rerank (final). At nq 1000 (f16copy:
+  # 32 query tiles of 32) the chunks fit one re-rank level on an H100 or H200 where the tile
   # kernel fits 2 blocks per SM (16 chunks at most: two launches), but with 3 a
   # merge level is added; so that case profiles the first search's launches, two
   # or three (a third of the next search's is a repeat), not the second search's:

@@ -580,12 +580,6 @@ impl GpuIndex {
         let Some(kp) = kp else {
             return Ok(None);
         };
-        if let Some(part) = &special_scan {
-            // The scan of the special rows links with the pair, all three at
-            // once when cold (the launches below then find them in memory).
-            let plans = [kp.tile_planner(), kp.rerank_planner(), part.plan.planner()];
-            LinkRuntime::global()?.link_all(&plans.each_ref(), self.gpu.context().arch())?;
-        }
         // f16copy: the copies, or (where an element has no finite f16) the
         // named variant's error, or for the default plain TF32 instead.
         let (kp, staged) = if kp.precision == Precision::F16Copy {
@@ -600,6 +594,12 @@ impl GpuIndex {
         } else {
             (kp, None)
         };
+        if let Some(part) = &special_scan {
+            // The scan of the special rows links with the pair, all three at
+            // once when cold (the launches below then find them in memory).
+            let plans = [kp.tile_planner(), kp.rerank_planner(), part.plan.planner()];
+            LinkRuntime::global()?.link_all(&plans.each_ref(), self.gpu.context().arch())?;
+        }
         let bits = match &tensor_params.filter {
             Filter::Bitset(b) if skipping => {
                 Some(self.skip_bits.of(self.gpu.transfer(), self.gpu.pool(), b)?)

@@ -416,9 +416,13 @@ pub const F16COPY_MIN_QUERIES: usize = 16;
 /// serve it (module docs). Where f16copy is the default but no variant of it
 /// serves the search, plain TF32's.
 pub fn choose(r: &KnnRequest<'_>) -> Option<KnnPlan> {
-    candidates(r, None)
-        .and_then(|c| pick(&c, r.nq, r.shared.per_sm))
-        .or_else(|| choose_fallback(r))
+    plan_at(r, None).or_else(|| choose_fallback(r))
+}
+
+/// The picked plan among those serving `r` at `precision` (default: the
+/// dtype's for `r.nq`).
+fn plan_at(r: &KnnRequest<'_>, precision: Option<Precision>) -> Option<KnnPlan> {
+    candidates(r, precision).and_then(|c| pick(&c, r.nq, r.shared.per_sm))
 }
 
 /// The plan when the default precision cannot serve `r`: for f32 rows that
@@ -428,7 +432,7 @@ pub fn choose_fallback(r: &KnnRequest<'_>) -> Option<KnnPlan> {
     if Precision::default_for(r.dtype, r.nq) != Precision::F16Copy {
         return None;
     }
-    candidates(r, Some(Precision::Tf32)).and_then(|c| pick(&c, r.nq, r.shared.per_sm))
+    plan_at(r, Some(Precision::Tf32))
 }
 
 /// The variant for a search with a candidate kernel perhaps named (a
