@@ -317,16 +317,26 @@ __device__ FRAGLINK_INLINE bool launch_ok(const T* dataset, const T* queries, co
          blockDim.y == 1 && blockDim.z == 1;
 }
 
-// Row splits: block (x, y) of a grid gridDim.y high scans rows
-// [split_point(n_rows, y, gridDim.y), split_point(n_rows, y + 1, gridDim.y)) of its
-// queries and writes that split's best k at out[(q * gridDim.y + y) * k ...]; the host
-// merges each query's splits in the same key order (src/search/splits.rs). So a few
-// queries over many rows still fill the GPU; gridDim.y = 1 is one block per query.
-// split_point is floor(n * y / splits) without the 64-bit product, which could
-// overflow: with n = a * splits + r, it is a * y + floor(r * y / splits), where
-// r * y < 65535^2 (gridDim.y <= 65535).
-__device__ FRAGLINK_INLINE uint64_t split_point(uint64_t n, uint64_t y, uint64_t splits) {
-  return (n / splits) * y + (n % splits) * y / splits;
+// Row splits: block (x, y) of a grid gridDim.y high scans rows [begin, end) of
+// split_rows(n_rows, y, gridDim.y) for its queries and writes that split's best k at
+// out[(q * gridDim.y + y) * k ...]; the host merges each query's splits in the same key
+// order (src/search/splits.rs). So a few queries over many rows still fill the GPU;
+// gridDim.y = 1 is one block per query.
+//
+// Split y starts at floor(n * y / splits), computed without the 64-bit product, which
+// could overflow: with n = a * splits + r, it is a * y + floor(r * y / splits). Both
+// ends take one 64-bit division (a), and r * y, r * (y + 1) < 65535 * 65536 < 2^32
+// (r < splits <= 65535) divide in 32 bits. ptxas expands each 64-bit division into a
+// long inline sequence: three of them per end were about 20 ms of every cold scan link
+// (nvJitLink 12.9, sm_90).
+struct RowRange {
+  uint64_t begin;
+  uint64_t end;
+};
+__device__ FRAGLINK_INLINE RowRange split_rows(uint64_t n, uint32_t y, uint32_t splits) {
+  const uint64_t a = n / splits;
+  const uint32_t r = static_cast<uint32_t>(n - a * splits);
+  return RowRange{a * y + r * y / splits, a * (y + 1) + r * (y + 1) / splits};
 }
 
 // The whole scan; see the top of this file and fragments/README.md for the contract.
@@ -353,10 +363,14 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
   const Idx invalid = idx_abi<Idx>::invalid;
   const uint64_t split = blockIdx.y;
   const uint64_t splits = gridDim.y;
-  const uint64_t row_begin = split_point(n_rows, split, splits);
-  const uint64_t row_end = split_point(n_rows, split + 1, splits);
+  const RowRange rows = split_rows(n_rows, blockIdx.y, gridDim.y);
+  const uint64_t row_begin = rows.begin;
+  const uint64_t row_end = rows.end;
 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
+    // The short loops stay rolled: unrolled (4x, with a remainder) they run the
+    // same stores and cost ptxas time at every cold link.
+#pragma unroll 1
     for (int i = tid; i < S; i += BLOCK) {
       s_dist[i] = inf;
       s_id[i] = invalid;
@@ -383,6 +397,7 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
     }
 
     const uint64_t out = (q * splits + split) * k;
+#pragma unroll 1
     for (uint32_t j = static_cast<uint32_t>(tid); j < k; j += BLOCK) {
       out_ids[out + j] = s_id[j];
       out_dists[out + j] = s_dist[j];

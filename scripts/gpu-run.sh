@@ -235,8 +235,7 @@ search_step() {
 
 # The sanitizer's cases: NAME TOOLS ENV ARGS. Small searches that reach every
 # GPU kernel family: the tensor-core candidates and their re-rank (f32 with a
-# partial query tile: f16copy by default from 16 queries, plain TF32 below,
-# 3xTF32 by name; f16 cosine with a bitset over rows of dim 100 (200 bytes:
+# partial query tile: f16copy by default, plain TF32 and 3xTF32 by name; f16 cosine with a bitset over rows of dim 100 (200 bytes:
 # a staging-0 variant and its 4-byte copies; the others take `_a16` variants),
 # u8 at nq 1 where a query's
 # rows span blocks and the re-rank merges, i8 inner product at k 300, f32 through
@@ -250,7 +249,7 @@ search_step() {
 # synccheck where blocks exchange through shared memory; initcheck on two.
 sanitize_cases="\
 tile-f32 memcheck,racecheck,synccheck,initcheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 70 --k 10
-tile-tf32 memcheck,racecheck FRAGLINK_GPU_KNN=1 --n 6000 --nq 10 --k 10
+tile-tf32 memcheck,racecheck FRAGLINK_KNN_VARIANT=knn_tile_f32_tf32_q16_r64_k32_a16 --n 6000 --nq 10 --k 10
 tile-tf32x3 memcheck,racecheck FRAGLINK_KNN_VARIANT=knn_tile_f32_tf32x3_q32_r64_k32_a16 --n 6000 --nq 70 --k 10
 tile-f16 memcheck,racecheck FRAGLINK_GPU_KNN=1 --dtype f16 --dim 100 --metric cosine --filter bitset:0.5 --n 6000 --nq 40 --k 100
 tile-u8-nq1 memcheck FRAGLINK_GPU_KNN=1 --dtype u8 --filter bitset:0.5 --n 30000 --nq 1 --k 10

@@ -598,7 +598,7 @@ fn beyond_the_scan_the_plan_names_the_large_k_path() {
     };
     let v = plan_of("500");
     assert_eq!(
-        v["link"]["entry"], "knn_tile_f32_tf32_q16_r64_k512_a16",
+        v["link"]["entry"], "knn_tile_f32_f16copy_q16_r64_k512_a16",
         "{v}"
     );
     assert_eq!(v["fragments"][1], "knn_rerank_f32_k512", "{v}");

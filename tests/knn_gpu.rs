@@ -609,8 +609,8 @@ fn f16copy_makes_its_copies_once_and_refuses_what_f16_cannot_hold() {
         .unwrap_err()
         .to_string();
     assert!(e.contains(name) && e.contains("queries"), "{e}");
-    // Rows beyond it: refused for f16copy by name; the default (f16copy from
-    // 16 queries, knn::F16COPY_MIN_QUERIES) falls back to plain TF32.
+    // Rows beyond it: refused for f16copy by name; the default (f16copy)
+    // falls back to plain TF32.
     let Vectors::F32(b) = &base else {
         unreachable!()
     };

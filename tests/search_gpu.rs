@@ -360,7 +360,7 @@ fn an_index_uploaded_once_answers_every_batch_like_the_cpu() {
                             let found = index.search(&part, &params).unwrap();
                             if let Some(kp) = &found.knn {
                                 // The queries' norms (aux0, aux1), and for
-                                // f16copy (f32 from 16 queries) their f16 bits.
+                                // f16copy (f32's default) their f16 bits.
                                 moved += 8 * part.rows() as u64;
                                 if kp.precision == knn::Precision::F16Copy {
                                     moved += 2 * (part.rows() * dim) as u64;

@@ -22,6 +22,6 @@ pub mod special;
 pub use beyond::BeyondScan;
 pub use plan::{
     choose, choose_fallback, choose_named, choose_variant, KnnPlan, KnnRequest, Precision, Staging,
-    F16COPY_MIN_QUERIES, KNN_FAMILY,
+    KNN_FAMILY,
 };
 pub use select::{choose_select, SelectPlan, SELECT_FAMILY};

@@ -4,7 +4,7 @@
 //! Rules ([`choose`]), each a reason to keep the exact scan instead (`None`):
 //! - the dtype's precision must exist for the device: f16 (f16 MMA) and
 //!   i8/u8 (integer MMA) from sm_75, f32 (TF32) from sm_80, f32 through f16
-//!   copies (f16copy, from 16 queries) from sm_75 — the variant's
+//!   copies (f16copy, the default) from sm_75 — the variant's
 //!   `min_arch`, and the fragment must be built for an arch that links there;
 //! - `k` ≤ the largest capacity whose shared memory fits the device (1024 on
 //!   an H100, 512 on an A100, 256 on sm_86); the smallest capacity ≥ k is
@@ -19,14 +19,15 @@
 //! Precision for f32, chosen by measurement (an H200, GPU.md at commit
 //! 6f7ea6a, 1M x 128, k 10, every variant by name): f16copy (f16 copies of
 //! the rows and queries, from sm_75: half the bytes a search reads and twice
-//! TF32's MMA rate, for a margin of 2⁻¹⁰ per product) from
-//! [`F16COPY_MIN_QUERIES`] queries on, 2.1x as fast as 3xTF32 at 100 and
-//! 10 000 queries; plain TF32 (sm_80) below, 1.2x 3xTF32 at one query. Where
-//! the rows or queries hold an element without a finite f16, the search falls
-//! back to TF32 ([`choose_fallback`]). 3xTF32 (a margin about 10x narrower
-//! than TF32's at dim 128, so fewer candidates reach the exact re-rank, at
-//! three MMAs per product) only when named ([`choose_named`], e.g. by a
-//! benchmark). Only k 10 was measured for every variant.
+//! TF32's MMA rate, for a margin of 2⁻¹⁰ per product) at every batch size:
+//! its 16-query tiles searched 1.55x, 2.07x and 1.92x as fast as the best
+//! 3xTF32 variant at 1, 100 and 10 000 queries, where plain TF32's best were
+//! 1.22x, 1.22x and 1.2x. Where the rows or queries hold an element without a
+//! finite f16, the search falls back to plain TF32 (sm_80;
+//! [`choose_fallback`]). 3xTF32 (a margin about 10x narrower than TF32's at
+//! dim 128, so fewer candidates reach the exact re-rank, at three MMAs per
+//! product) only when named ([`choose_named`], e.g. by a benchmark). Only
+//! k 10 was measured for every variant.
 //!
 //! Block shape (`qtile` queries × `rtile` rows per iteration, 4 warps): the
 //! smallest capacity ≥ k among the variants whose shared memory fits the
@@ -104,13 +105,11 @@ impl Precision {
         }
     }
 
-    /// The default precision of `dtype` for a search of `nq` queries (module
-    /// docs): f32 reads the rows' f16 copies from [`F16COPY_MIN_QUERIES`]
-    /// queries on, plain TF32 below.
-    pub fn default_for(dtype: DType, nq: usize) -> Precision {
+    /// The default precision of `dtype` (module docs): f32 reads the rows'
+    /// f16 copies.
+    pub fn default_for(dtype: DType) -> Precision {
         match dtype {
-            DType::F32 if nq >= F16COPY_MIN_QUERIES => Precision::F16Copy,
-            DType::F32 => Precision::Tf32,
+            DType::F32 => Precision::F16Copy,
             DType::F16 => Precision::F16,
             DType::I8 | DType::U8 => Precision::Int,
         }
@@ -405,13 +404,6 @@ pub struct KnnRequest<'a> {
     pub k: usize,
 }
 
-/// Queries from which an f32 search takes the f16copy variants by default:
-/// one full query tile of the smallest shape. On an H200 (GPU.md, commit
-/// 6f7ea6a, 1M x 128, k 10) they searched 2.1x as fast as 3xTF32 at 100 and
-/// 10 000 queries, and 0.8x at one query, where plain TF32 was fastest
-/// (1.2x 3xTF32, as at 100 and 10 000 queries).
-pub const F16COPY_MIN_QUERIES: usize = 16;
-
 /// The planner's variant for a search, or `None` when the exact scan must
 /// serve it (module docs). Where f16copy is the default but no variant of it
 /// serves the search, plain TF32's.
@@ -429,7 +421,7 @@ fn plan_at(r: &KnnRequest<'_>, precision: Option<Precision>) -> Option<KnnPlan> 
 /// f16copy cannot take (no variant, or elements without a finite f16, which
 /// the search finds when it makes the copies), plain TF32's; `None` else.
 pub fn choose_fallback(r: &KnnRequest<'_>) -> Option<KnnPlan> {
-    if Precision::default_for(r.dtype, r.nq) != Precision::F16Copy {
+    if Precision::default_for(r.dtype) != Precision::F16Copy {
         return None;
     }
     plan_at(r, Some(Precision::Tf32))
@@ -500,7 +492,7 @@ pub fn choose_variant(r: &KnnRequest<'_>, name: &str) -> Result<KnnPlan, String>
 /// `None` when the search is outside the kernels' range.
 fn candidates(r: &KnnRequest<'_>, precision: Option<Precision>) -> Option<Vec<KnnPlan>> {
     let (dtype, dim, k) = (r.dtype, r.dim, r.k);
-    let precision = precision.unwrap_or(Precision::default_for(dtype, r.nq));
+    let precision = precision.unwrap_or(Precision::default_for(dtype));
     if k == 0 || r.n_rows == 0 || r.n_rows >= u32::MAX as usize || dim == 0 || dim > MAX_DIM {
         return None;
     }
@@ -665,10 +657,13 @@ mod tests {
 
     #[test]
     fn precision_follows_dtype_and_arch() {
-        // f32 on sm_75: the f16copy variants only, for searches naming one.
+        // f32 on sm_75: the f16copy variants only (TF32 needs sm_80).
         assert!(available(SM75, DType::F32) && available(SM80, DType::F32));
         assert!(available(SM75, DType::F16) && available(SM75, DType::U8));
-        assert!(pick(SM75, DType::F32, 1, 10).is_none(), "TF32 needs sm_80");
+        assert_eq!(
+            pick(SM75, DType::F32, 1, 10).unwrap().precision,
+            Precision::F16Copy
+        );
         let r = req(SM75, DType::F32, 1_000_000, 128, 1, 10);
         let named = |n: &str| choose_named(&r, Some(n));
         let h = named("knn_tile_f32_f16copy_q16_r64_k32_a16")
@@ -694,24 +689,24 @@ mod tests {
         let e = choose_variant(&r36, "knn_tile_f32_f16copy_q16_r64_k32_a16").unwrap_err();
         assert!(e.contains("multiple of 8"), "{e}");
         assert!(choose_variant(&r36, "knn_tile_f32_tf32x3_q16_r64_k32_a16").is_ok());
-        // f32 by default: plain TF32 below 16 queries, f16copy from there
-        // (sm_75 too), TF32 again where f16copy cannot take the data.
-        let p = pick(SM80, DType::F32, 1, 10).unwrap();
-        assert_eq!(
-            (p.precision, p.tile.name),
-            (Precision::Tf32, "knn_tile_f32_tf32_q16_r64_k32_a16")
-        );
+        // f32 by default: f16copy at every batch size (sm_75 too), plain
+        // TF32 where f16copy cannot take the data.
         for device in [SM75, SM80, SM90] {
-            let p = pick(device, DType::F32, F16COPY_MIN_QUERIES, 10).unwrap();
-            assert_eq!(p.precision, Precision::F16Copy, "{device:?}");
+            for nq in [1, 16, 10_000] {
+                let p = pick(device, DType::F32, nq, 10).unwrap();
+                assert_eq!(p.precision, Precision::F16Copy, "{device:?} nq {nq}");
+            }
         }
+        let p = pick(SM80, DType::F32, 1, 10).unwrap();
+        assert_eq!(p.tile.name, "knn_tile_f32_f16copy_q16_r64_k32_a16");
         let p = pick(SM90, DType::F32, 100, 10).unwrap();
         assert_eq!(p.tile.name, "knn_tile_f32_f16copy_q16_r64_k32_a16");
         let r100 = req(SM90, DType::F32, 1_000_000, 128, 100, 10);
         let t = choose_fallback(&r100).unwrap();
         assert_eq!(t.tile.name, "knn_tile_f32_tf32_q32_r64_k32_a16");
         assert!(choose_fallback(&req(SM75, DType::F32, 1_000_000, 128, 100, 10)).is_none());
-        assert!(choose_fallback(&req(SM90, DType::F32, 1_000_000, 128, 1, 10)).is_none());
+        let t = choose_fallback(&req(SM90, DType::F32, 1_000_000, 128, 1, 10)).unwrap();
+        assert_eq!(t.tile.name, "knn_tile_f32_tf32_q16_r64_k32_a16");
         assert!(choose_fallback(&req(SM90, DType::F16, 1_000_000, 128, 100, 10)).is_none());
         assert_eq!(
             pick(SM75, DType::F16, 1, 10).unwrap().precision,
