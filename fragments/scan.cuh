@@ -10,8 +10,11 @@
 //   [0, CAP) are the best keys so far, sorted ascending; slots [CAP, S) are scratch.
 //   for each tile of BLOCK consecutive rows:
 //     thread t computes the distance of row tile + t (if it exists and the filter
-//     allows it) with VL-element vector loads, folding elements in order through
-//     the metric; a NaN distance becomes +inf.
+//     allows it), folding elements in order through the metric; a NaN distance
+//     becomes +inf. The rows come through shared memory in 128-byte chunks, the
+//     next chunk in flight while one is folded (RowStage; from sm_80), where the variant's
+//     copies are 4 or 16 bytes; else each thread loads its row with VL-element
+//     vector loads.
 //     the key is a candidate iff it is smaller than the current k-th best key.
 //     if any thread of the block has a candidate (__syncthreads_or): the tile's keys
 //     (candidates, else the sentinel) take the next BLOCK scratch slots, and once
@@ -28,6 +31,7 @@
 #pragma once
 
 #include "abi.cuh"
+#include "copy_async.cuh"
 
 // Threads per block. The launcher must launch exactly this many (blockDim = (128,1,1)).
 #define FRAGLINK_SCAN_BLOCK 128
@@ -339,6 +343,86 @@ __device__ FRAGLINK_INLINE RowRange split_rows(uint64_t n, uint32_t y, uint32_t 
   return RowRange{a * y + r * y / splits, a * (y + 1) + r * (y + 1) / splits};
 }
 
+// ----- rows staged through shared memory -----------------------------------------
+// The scan reads its rows in chunks of 128 bytes per row: a block copies the chunk
+// of each of its tile's 128 rows into shared memory (the 16- or 4-byte copies of one
+// row's chunk are consecutive threads' copies, so a warp reads whole 128-byte lines),
+// and then each thread folds its own row's chunk from there, in element order. The
+// next chunk (of this tile, else of the next) is in flight while the current one is
+// folded, as a cp.async group from sm_80. Loading each thread's row straight from
+// global memory instead touched 32 lines per warp load, 16 of 128 bytes used, and
+// kept one load per thread in flight: on an H200 (GPU.md, commit 6f7ea6a) the scan
+// of one query over 1M x 128 f32 took 695 us, 5x the time its 512 MB take at the
+// memory's rate. Variants whose copies would be 1 or 2 bytes (f16, i8, u8 at
+// veclen 1) keep the direct loads: cp.async copies 4, 8 or 16 bytes.
+//
+// From sm_80 only (and under the kernel emulator): before, the copies are plain loads
+// and stores that overlap nothing, and the stages' 36 KB would leave one block on an
+// sm_75 SM (64 KB of shared memory), so sm_75 keeps the direct loads.
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(FRAGLINK_HOST_SIMT)
+#define FRAGLINK_SCAN_ROW_STAGES 1
+#else
+#define FRAGLINK_SCAN_ROW_STAGES 0
+#endif
+template <typename T, int VL>
+struct RowStage {
+  static constexpr int VEC = static_cast<int>(sizeof(T)) * VL;  // bytes of one copy
+  static constexpr bool ENABLED = FRAGLINK_SCAN_ROW_STAGES && (VEC == 4 || VEC == 16);
+  static constexpr int CHUNK_BYTES = 128;
+  static constexpr int CH = CHUNK_BYTES / static_cast<int>(sizeof(T));  // elements
+  static constexpr int PIECES = CHUNK_BYTES / VEC;                       // copies a row
+  // A row's chunk is VEC bytes longer in shared memory than in global memory, so the
+  // threads of a warp, each reading its own row, hit distinct banks.
+  static constexpr int LD = CHUNK_BYTES + VEC;
+  static constexpr int BYTES = FRAGLINK_SCAN_BLOCK * LD;  // one stage
+};
+
+__device__ FRAGLINK_INLINE uint32_t min_u32(uint64_t a, uint32_t b) {
+  return a < b ? static_cast<uint32_t>(a) : b;
+}
+
+// Starts the copy of chunk c (elements [c * CH, min(dim, (c + 1) * CH))) of rows
+// [tile, tile + rows) into `stage` (row r at r * LD bytes) as one commit group. Must be
+// called by all threads of the block.
+template <typename T, int VL>
+__device__ FRAGLINK_INLINE void stage_chunk(unsigned char* stage, const T* __restrict__ dataset, uint64_t tile,
+                                            uint32_t rows, uint32_t dim, uint32_t c) {
+  typedef RowStage<T, VL> RS;
+  const uint32_t first = c * static_cast<uint32_t>(RS::CH);
+  const uint32_t pieces = min_u32(dim - first, static_cast<uint32_t>(RS::CH)) / VL;
+  // Rolled: the copies are asynchronous, so they are all in flight either way.
+#pragma unroll 1
+  for (int pass = 0; pass < RS::PIECES; ++pass) {
+    const uint32_t i = static_cast<uint32_t>(pass * FRAGLINK_SCAN_BLOCK) + threadIdx.x;
+    const uint32_t r = i / RS::PIECES;
+    const uint32_t p = i % RS::PIECES;
+    if (r < rows && p < pieces) {
+      copy_async<RS::VEC, false>(stage + r * RS::LD + p * RS::VEC, dataset + (tile + r) * dim + first + p * VL, true);
+    }
+  }
+  copy_commit();
+}
+
+// Folds `elems` elements of a staged row chunk `x` (and the query's `q`) into `st`, in
+// order: the same steps as distance() takes over those elements. Rolled: the scan is
+// bound by memory with ample issue slots to spare (about 10 of 128 per SM and cycle
+// at an H200's bandwidth for f32), and unrolled (whole chunks, or two vectors a step)
+// the loop made the cold link 30 to 90 ms longer (nvJitLink 12.9, sm_90).
+template <typename T, int VL>
+__device__ FRAGLINK_INLINE void fold_chunk(typename metric_abi<T>::state* st, const unsigned char* x,
+                                           const T* __restrict__ q, uint32_t elems) {
+  typedef metric_abi<T> M;
+#pragma unroll 1
+  for (uint32_t j = 0; j < elems; j += VL) {
+    const vec<T, VL> xv = *reinterpret_cast<const vec<T, VL>*>(x + j * sizeof(T));
+    const vec<T, VL> qv = load_vec<T, VL>(q + j);
+#pragma unroll
+    for (int e = 0; e < VL; ++e) {
+      M::accumulate(st, qv.v[e], xv.v[e]);
+    }
+  }
+}
+
 // The whole scan; see the top of this file and fragments/README.md for the contract.
 template <typename T, typename Idx, int VL, int CAP>
 __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __restrict__ queries,
@@ -350,8 +434,12 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
   static_assert(VL >= 1 && (VL & (VL - 1)) == 0, "veclen must be a power of two");
   static_assert(CAP >= 1 && (CAP & (CAP - 1)) == 0, "capacity must be a power of two");
 
+  typedef RowStage<T, VL> RS;
+
   __shared__ float s_dist[S];
   __shared__ Idx s_id[S];
+  // Two stages of row chunks (RowStage), where the variant stages its rows.
+  __shared__ __align__(16) unsigned char s_rows[RS::ENABLED ? 2 * RS::BYTES : 16];
 
   // Contract violations write nothing: every block returns before its first memory
   // access (see launch_ok).
@@ -379,21 +467,75 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
 
     const T* __restrict__ qrow = queries + q * dim;
     BlockTopK<CAP, S, BLOCK, Idx> top(s_dist, s_id);
-    for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
-      const bool last = tile + BLOCK >= row_end;
-      const uint64_t row = tile + static_cast<uint64_t>(tid);
-      float d = inf;
-      Idx id = invalid;
-      bool candidate = false;
-      if (row < row_end && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row))) {
-        d = distance<T, VL>(qrow, dataset + row * dim, dim);
-        if (d != d) {
-          d = inf;  // NaN → +inf: the row stays a valid (last-ranked) result
-        }
-        id = static_cast<Idx>(row);
-        candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
+    if constexpr (RS::ENABLED) {
+      typedef metric_abi<T> M;
+      const uint32_t chunks = (dim + RS::CH - 1) / RS::CH;
+      if (chunks != 0 && row_begin < row_end) {
+        stage_chunk<T, VL>(s_rows, dataset, row_begin, min_u32(row_end - row_begin, BLOCK), dim, 0);
       }
-      top.offer(candidate, d, id, last);
+      int stage = 0;
+      for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
+        const bool last = tile + BLOCK >= row_end;
+        const uint32_t rows_here = min_u32(row_end - tile, BLOCK);
+        const uint64_t row = tile + static_cast<uint64_t>(tid);
+        const bool active = static_cast<uint32_t>(tid) < rows_here &&
+                            idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row));
+        typename M::state st;
+        M::init(&st);
+#pragma unroll 1
+        for (uint32_t c = 0; c < chunks; ++c) {
+          // The next chunk into the other stage (whose last reader passed the barrier
+          // that ended the previous step), or an empty group: the wait counts groups.
+          // One call site: each is inlined, and the copies' loop is ptxas time.
+          const bool same_tile = c + 1 < chunks;
+          const uint64_t next_tile = same_tile ? tile : tile + BLOCK;
+          if (next_tile < row_end) {
+            stage_chunk<T, VL>(s_rows + (stage ^ 1) * RS::BYTES, dataset, next_tile, min_u32(row_end - next_tile, BLOCK),
+                               dim, same_tile ? c + 1 : 0);
+          } else {
+            copy_commit();
+          }
+          copy_wait<1>();
+          __syncthreads();  // every thread's copies of this chunk have landed
+          if (active) {
+            const uint32_t first = c * static_cast<uint32_t>(RS::CH);
+            fold_chunk<T, VL>(&st, s_rows + stage * RS::BYTES + tid * RS::LD, qrow + first,
+                              min_u32(dim - first, static_cast<uint32_t>(RS::CH)));
+          }
+          __syncthreads();  // read before the next step copies into this stage
+          stage ^= 1;
+        }
+        float d = inf;
+        Idx id = invalid;
+        bool candidate = false;
+        if (active) {
+          d = M::finalize(&st);
+          if (d != d) {
+            d = inf;
+          }
+          id = static_cast<Idx>(row);
+          candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
+        }
+        top.offer(candidate, d, id, last);
+      }
+    } else {  // the direct loads: distance()
+      (void)s_rows;
+      for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
+        const bool last = tile + BLOCK >= row_end;
+        const uint64_t row = tile + static_cast<uint64_t>(tid);
+        float d = inf;
+        Idx id = invalid;
+        bool candidate = false;
+        if (row < row_end && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row))) {
+          d = distance<T, VL>(qrow, dataset + row * dim, dim);
+          if (d != d) {
+            d = inf;  // NaN → +inf: the row stays a valid (last-ranked) result
+          }
+          id = static_cast<Idx>(row);
+          candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
+        }
+        top.offer(candidate, d, id, last);
+      }
     }
 
     const uint64_t out = (q * splits + split) * k;

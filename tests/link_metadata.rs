@@ -88,9 +88,12 @@ fn real_links_have_the_entry_and_sane_resources() {
             "{arch}: {res:?}"
         );
         assert_eq!(res.stack_bytes, 0, "{arch}: {res:?}");
-        // fragments/README.md: capacity 128 → S = 256 slots × (4 + 4) bytes.
+        // fragments/README.md: capacity 128 → S = 256 slots × (4 + 4) bytes,
+        // and from sm_80 two stages of 128 row chunks of 128 + 16 bytes
+        // (scan.cuh's RowStage).
         if let Some(smem) = res.shared_bytes {
-            assert_eq!(smem, 2048, "{arch}: {res:?}");
+            let stages = if sm >= 80 { 2 * 128 * 144 } else { 0 };
+            assert_eq!(smem, 2048 + stages, "{arch}: {res:?}");
         }
         // The block-wide top-k synchronises.
         assert!(res.barriers.unwrap_or(1) >= 1, "{arch}: {res:?}");
@@ -175,9 +178,10 @@ fn device_functions_are_listed_but_are_not_kernels() {
         assert!(!other.entry_is_kernel, "{f} is a device function");
     }
     let res = entry_resources(&log, "scan_f16_i64_v8_k256").unwrap();
-    // capacity 256 → S = 512 slots × (4 + 8) bytes.
+    // capacity 256 → S = 512 slots × (4 + 8) bytes, and (sm_80) the row
+    // stages.
     if let Some(smem) = res.shared_bytes {
-        assert_eq!(smem, 6144, "{res:?}");
+        assert_eq!(smem, 6144 + 2 * 128 * 144, "{res:?}");
     }
     assert_eq!(
         (res.spill_stores, res.spill_loads, res.stack_bytes),

@@ -117,6 +117,10 @@ fn scan_kernels_match_the_cpu_path_under_emulation() {
         // 300 rows: more than two 128-row tiles and a partial one; dim 48 is
         // a whole number of every vector width.
         let (base, queries) = synthetic(300, 48, 9, dtype, 21);
+        // dim 144: the staged variants' rows in several 128-byte chunks and a
+        // partial one (f32 4 x 32 + 16 elements, f16 2 x 64 + 16, i8/u8
+        // 128 + 16); dim 48 is one chunk or less but for f32.
+        let (wide, wide_queries) = synthetic(200, 144, 3, dtype, 24);
         let kernels = emulated::kernels("scan", |f| {
             param(f, "dtype") == dtype.name()
                 && param(f, "idx") == idx
@@ -136,6 +140,7 @@ fn scan_kernels_match_the_cpu_path_under_emulation() {
                 let f = Some(filter.clone());
                 check_scan(&exe, kernel, metric, &base, &queries, cap, f, splits);
             }
+            check_scan(&exe, kernel, metric, &wide, &wide_queries, k, None, 2);
         }
         // More splits than tiles (5 of 60 rows), and a split count that
         // leaves some splits without a row (7 of 5 rows): all padding there;

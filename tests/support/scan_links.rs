@@ -106,10 +106,32 @@ pub fn link_all_checked(rt: &LinkRuntime, plans: &[Planner], arch: Arch) {
         let scan = p.static_fragments()[0];
         let idx_bytes = if idx_of(scan) == "i64" { 8 } else { 4 };
         let slots = (capacity(p) + 128).next_power_of_two();
-        slots * (4 + idx_bytes)
+        slots * (4 + idx_bytes) + row_stage_bytes(scan, arch)
     };
     let (small, large): (Vec<Planner>, Vec<Planner>) =
         plans.iter().cloned().partition(|p| capacity(p) <= 256);
     link_each_checked(rt, &small, arch, 64, shared);
     link_each_checked(rt, &large, arch, 80, shared);
+}
+
+/// The brute-force scan's two stages of 128 row chunks of 128 bytes plus the
+/// copy size (scan.cuh's `RowStage`): from sm_80, for variants whose copies
+/// (element size × veclen) are 4 or 16 bytes; 0 elsewhere (and for the IVF
+/// scan).
+pub fn row_stage_bytes(scan: &fraglink::fragment::FragmentInfo, arch: Arch) -> u32 {
+    let elem = match scan.param("dtype") {
+        Some("f32") => 4,
+        Some("f16") => 2,
+        _ => 1,
+    };
+    let copy = elem
+        * scan
+            .param("veclen")
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0);
+    if scan.family == "scan" && arch.number >= 80 && (copy == 4 || copy == 16) {
+        2 * 128 * (128 + copy)
+    } else {
+        0
+    }
 }
