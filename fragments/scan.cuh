@@ -352,8 +352,8 @@ __device__ FRAGLINK_INLINE RowRange split_rows(uint64_t n, uint32_t y, uint32_t 
 // folded, as a cp.async group from sm_80. Loading each thread's row straight from
 // global memory instead touched 32 lines per warp load, 16 of 128 bytes used, and
 // kept one load per thread in flight: on an H200 (GPU.md, commit 6f7ea6a) the scan
-// of one query over 1M x 128 f32 took 695 us, 5x the time its 512 MB take at the
-// memory's rate. Variants whose copies would be 1 or 2 bytes (f16, i8, u8 at
+// of one query over 1M x 128 f32 took 695 us, 6.5x the 107 us its 512 MB take at
+// the H200's 4.8 TB/s. Variants whose copies would be 1 or 2 bytes (f16, i8, u8 at
 // veclen 1) keep the direct loads: cp.async copies 4, 8 or 16 bytes.
 //
 // From sm_80 only (and under the kernel emulator): before, the copies are plain loads
@@ -405,8 +405,8 @@ __device__ FRAGLINK_INLINE void stage_chunk(unsigned char* stage, const T* __res
 
 // Folds `elems` elements of a staged row chunk `x` (and the query's `q`) into `st`, in
 // order: the same steps as distance() takes over those elements. Rolled: the scan is
-// bound by memory with ample issue slots to spare (about 10 of 128 per SM and cycle
-// at an H200's bandwidth for f32), and unrolled (whole chunks, or two vectors a step)
+// bound by memory with ample issue slots to spare (by estimate about 10 of 128 per SM
+// and cycle at an H200's bandwidth for f32), and unrolled (whole chunks, or two vectors a step)
 // the loop made the cold link 30 to 90 ms longer (nvJitLink 12.9, sm_90).
 template <typename T, int VL>
 __device__ FRAGLINK_INLINE void fold_chunk(typename metric_abi<T>::state* st, const unsigned char* x,
@@ -467,19 +467,27 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
 
     const T* __restrict__ qrow = queries + q * dim;
     BlockTopK<CAP, S, BLOCK, Idx> top(s_dist, s_id);
+    // The staged rows' chunk count, and their first chunk in flight (RowStage).
+    uint32_t chunks = 0;
+    int stage = 0;  // the stage the current chunk is in
     if constexpr (RS::ENABLED) {
-      typedef metric_abi<T> M;
-      const uint32_t chunks = (dim + RS::CH - 1) / RS::CH;
+      chunks = (dim + RS::CH - 1) / RS::CH;
       if (chunks != 0 && row_begin < row_end) {
         stage_chunk<T, VL>(s_rows, dataset, row_begin, min_u32(row_end - row_begin, BLOCK), dim, 0);
       }
-      int stage = 0;
-      for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
-        const bool last = tile + BLOCK >= row_end;
-        const uint32_t rows_here = min_u32(row_end - tile, BLOCK);
-        const uint64_t row = tile + static_cast<uint64_t>(tid);
-        const bool active = static_cast<uint32_t>(tid) < rows_here &&
-                            idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row));
+    } else {
+      (void)s_rows;
+      (void)chunks;
+      (void)stage;
+    }
+    for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
+      const bool last = tile + BLOCK >= row_end;
+      const uint64_t row = tile + static_cast<uint64_t>(tid);
+      const bool active =
+          row < row_end && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row));
+      float d = inf;
+      if constexpr (RS::ENABLED) {
+        typedef metric_abi<T> M;
         typename M::state st;
         M::init(&st);
 #pragma unroll 1
@@ -505,37 +513,22 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
           __syncthreads();  // read before the next step copies into this stage
           stage ^= 1;
         }
-        float d = inf;
-        Idx id = invalid;
-        bool candidate = false;
         if (active) {
           d = M::finalize(&st);
-          if (d != d) {
-            d = inf;
-          }
-          id = static_cast<Idx>(row);
-          candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
         }
-        top.offer(candidate, d, id, last);
+      } else if (active) {
+        d = distance<T, VL>(qrow, dataset + row * dim, dim);
       }
-    } else {  // the direct loads: distance()
-      (void)s_rows;
-      for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
-        const bool last = tile + BLOCK >= row_end;
-        const uint64_t row = tile + static_cast<uint64_t>(tid);
-        float d = inf;
-        Idx id = invalid;
-        bool candidate = false;
-        if (row < row_end && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row))) {
-          d = distance<T, VL>(qrow, dataset + row * dim, dim);
-          if (d != d) {
-            d = inf;  // NaN → +inf: the row stays a valid (last-ranked) result
-          }
-          id = static_cast<Idx>(row);
-          candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
+      Idx id = invalid;
+      bool candidate = false;
+      if (active) {
+        if (d != d) {
+          d = inf;  // NaN → +inf: the row stays a valid (last-ranked) result
         }
-        top.offer(candidate, d, id, last);
+        id = static_cast<Idx>(row);
+        candidate = key_less(d, id, s_dist[k - 1], s_id[k - 1]);
       }
+      top.offer(candidate, d, id, last);
     }
 
     const uint64_t out = (q * splits + split) * k;
