@@ -501,3 +501,34 @@ fn a_closed_stdout_ends_the_cli_without_a_panic() {
         out.status
     );
 }
+
+/// `FRAGLINK_FAST_COMPILE`: a level links its own cache entry (another key
+/// than the default link's), `0` is the default link, and a value that is no
+/// level is exit 2 naming the variable.
+#[test]
+fn fast_compile_is_its_own_entry_and_a_bad_level_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let cache_env = ("FRAGLINK_CACHE_DIR", cache.as_os_str());
+    let args = link_args();
+    let plain = ok(&fraglink_env(&[cache_env], &args), "default link");
+    let min = ok(
+        &fraglink_env(&[cache_env, ("FRAGLINK_FAST_COMPILE", os("min"))], &args),
+        "FRAGLINK_FAST_COMPILE=min",
+    );
+    assert_eq!(min["source"], "linked");
+    assert_ne!(min["key"], plain["key"]);
+    let off = ok(
+        &fraglink_env(&[cache_env, ("FRAGLINK_FAST_COMPILE", os("0"))], &args),
+        "FRAGLINK_FAST_COMPILE=0",
+    );
+    assert_eq!(
+        (&off["key"], &off["source"]),
+        (&plain["key"], &Value::from("disk"))
+    );
+    exit_2(
+        &fraglink_env(&[cache_env, ("FRAGLINK_FAST_COMPILE", os("fast"))], &args),
+        "FRAGLINK_FAST_COMPILE=fast",
+        &["FRAGLINK_FAST_COMPILE", "\"fast\"", "min"],
+    );
+}

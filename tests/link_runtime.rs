@@ -8,7 +8,7 @@ use fraglink::build::Arch;
 use fraglink::fragments::{FilterFragment, MetricFragment, NoneFilter, ScanFragment, F32, L2, U32};
 use fraglink::link::disk::DiskCacheConfig;
 use fraglink::link::metadata::check_cubin;
-use fraglink::link::{LinkError, LinkRuntime, Planner, RuntimeConfig, Source};
+use fraglink::link::{FastCompile, LinkError, LinkRuntime, Planner, RuntimeConfig, Source};
 use support::scan_links::{family_plans, link_all_checked};
 
 fn runtime(disk: Option<&std::path::Path>) -> LinkRuntime {
@@ -229,6 +229,42 @@ fn every_opt_level_links() {
     keys.sort();
     keys.dedup();
     assert_eq!(keys.len(), 4);
+}
+
+#[test]
+fn every_fast_compile_level_links_and_the_runtime_default_applies() {
+    // nvJitLink takes `-Ofc=<level>` only without an `-O` level (ptxas
+    // refuses the pair): each level must link, `Off` is the plain -O3 link,
+    // and a runtime's default reaches plans that set no level, not those that do.
+    let rt = runtime(None);
+    let plain = rt.link(&typed_plan(), Arch::sm(90)).unwrap();
+    let mut keys = vec![plain.key];
+    for level in [FastCompile::Min, FastCompile::Mid, FastCompile::Max] {
+        let l = rt
+            .link(&typed_plan().fast_compile(level), Arch::sm(90))
+            .unwrap_or_else(|e| panic!("fast compile {level}: {e}"));
+        check_cubin(&l.kernel.cubin, "scan_f32_u32_v4_k128").unwrap();
+        keys.push(l.key);
+    }
+    let off = rt
+        .link(&typed_plan().fast_compile(FastCompile::Off), Arch::sm(90))
+        .unwrap();
+    assert_eq!(off.key, plain.key);
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 4);
+
+    let min = rt
+        .link(&typed_plan().fast_compile(FastCompile::Min), Arch::sm(90))
+        .unwrap();
+    let fast = runtime(None);
+    assert!(fast.set_fast_compile(Some(FastCompile::Min)));
+    assert!(!fast.set_fast_compile(None), "settled once");
+    assert_eq!(fast.link(&typed_plan(), Arch::sm(90)).unwrap().key, min.key);
+    let kept = fast
+        .link(&typed_plan().fast_compile(FastCompile::Off), Arch::sm(90))
+        .unwrap();
+    assert_eq!(kept.key, plain.key);
 }
 
 #[test]

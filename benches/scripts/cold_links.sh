@@ -5,9 +5,13 @@
 # on a new configuration less module load and launch (issue 9's target: 50 ms).
 # Rounds go through the plans in turn, so a machine that gets busier slows
 # every plan alike. Prints a table (median, min, max of `link_ms`, the time
-# inside nvJitLink; registers; cubin bytes), then one JSON line.
+# inside nvJitLink; registers; cubin bytes), then one JSON line. Each plan is
+# linked at every fast-compile level of LEVELS (FRAGLINK_FAST_COMPILE; `0` is
+# full optimisation) in turn, and each level's median is also given as a
+# fraction of the first level's.
 #
-#   bash benches/scripts/cold_links.sh [ROUNDS] [ARCH]   (default 5, sm_90)
+#   bash benches/scripts/cold_links.sh [ROUNDS] [ARCH] [LEVELS]
+#   (default 5, sm_90, "0 min")
 #
 # Needs a release build (`cargo build --release`); no GPU. The figures depend
 # on the host CPU and the nvJitLink release (`fraglink doctor` names it): compare
@@ -16,6 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-5}
 ARCH=${2:-sm_90}
+read -r -a LEVELS <<<"${3:-0 min}"
 BIN=${FRAGLINK_BIN:-target/release/fraglink}
 [ -x "$BIN" ] || { echo "error: $BIN not built (cargo build --release)" >&2; exit 2; }
 WORK=$(mktemp -d)
@@ -29,6 +34,7 @@ PLANS=(
   "ivf_scan_f32_v4_k128_asc metric_l2_f32 filter_none_i64"
   "ivf_scan_f32_v4_k1024_asc metric_l2_f32 filter_none_i64"
   "knn_tile_f32_tf32x3_q64_r64_k32_a16 metric_l2_f32 filter_none_u32"
+  "knn_tile_f32_f16copy_q32_r64_k32_a16 metric_l2_f32 filter_none_u32"
   "knn_tile_f16_f16_q16_r64_k128 metric_l2_f16 filter_bitset_u32"
   "knn_rerank_f32_k32 metric_l2_f32"
   "knn_rerank_f16_k256 metric_inner_product_f16"
@@ -37,27 +43,38 @@ PLANS=(
 )
 for round in $(seq "$ROUNDS"); do
   for i in "${!PLANS[@]}"; do
-    # shellcheck disable=SC2086 # a plan is a list of fragment names
-    FRAGLINK_CACHE_DISABLE=1 "$BIN" link --arch "$ARCH" --json ${PLANS[$i]} >>"$WORK/$i.jsonl"
+    for level in "${LEVELS[@]}"; do
+      # shellcheck disable=SC2086 # a plan is a list of fragment names
+      FRAGLINK_CACHE_DISABLE=1 FRAGLINK_FAST_COMPILE=$level "$BIN" link --arch "$ARCH" --json ${PLANS[$i]} \
+        >>"$WORK/$i.$level.jsonl"
+    done
   done
 done
-python3 - "$WORK" "$ARCH" "$ROUNDS" "${#PLANS[@]}" <<'EOF'
+python3 - "$WORK" "$ARCH" "$ROUNDS" "${#PLANS[@]}" "${LEVELS[@]}" <<'EOF'
 import json, statistics, sys
 work, arch, rounds, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+levels = sys.argv[5:]
 out = []
-print(f"cold links for {arch}, {rounds} rounds, fresh process each, no disk cache; link_ms = inside nvJitLink")
-print(f"{'entry':42} {'median':>8} {'min':>8} {'max':>8} {'regs':>5} {'cubin B':>8}")
+print(f"cold links for {arch}, {rounds} rounds, fresh process each, no disk cache; link_ms = inside nvJitLink;"
+      f" fast-compile levels {' '.join(levels)}")
+print(f"{'entry':42} {'level':>5} {'median':>8} {'min':>8} {'max':>8} {'/ ' + levels[0]:>6} {'regs':>5} {'cubin B':>8}")
 for i in range(n):
-    runs = [json.loads(line) for line in open(f"{work}/{i}.jsonl")]
-    bad = [r["source"] for r in runs if r["source"] != "linked"]
-    if bad:
-        sys.exit(f"error: {runs[0]['entry']}: served from {bad[0]}, not linked")
-    ms = sorted(r["link_ms"] for r in runs)
-    last = runs[-1]
-    row = {"entry": last["entry"], "median_ms": statistics.median(ms), "min_ms": ms[0],
-           "max_ms": ms[-1], "registers": last["registers"], "cubin_bytes": last["cubin_bytes"]}
-    out.append(row)
-    print(f"{row['entry']:42} {row['median_ms']:8.1f} {row['min_ms']:8.1f} {row['max_ms']:8.1f} "
-          f"{row['registers']:5} {row['cubin_bytes']:8}")
-print(json.dumps({"arch": arch, "rounds": rounds, "plans": out}))
+    first = None
+    for level in levels:
+        runs = [json.loads(line) for line in open(f"{work}/{i}.{level}.jsonl")]
+        bad = [r["source"] for r in runs if r["source"] != "linked"]
+        if bad:
+            sys.exit(f"error: {runs[0]['entry']}: served from {bad[0]}, not linked")
+        ms = sorted(r["link_ms"] for r in runs)
+        last = runs[-1]
+        row = {"entry": last["entry"], "fast_compile": level, "median_ms": statistics.median(ms),
+               "min_ms": ms[0], "max_ms": ms[-1], "registers": last["registers"],
+               "spill_stores": last["spill_stores"], "stack_bytes": last["stack_bytes"],
+               "cubin_bytes": last["cubin_bytes"]}
+        first = first or row["median_ms"]
+        row["of_first_level"] = row["median_ms"] / first
+        out.append(row)
+        print(f"{row['entry']:42} {level:>5} {row['median_ms']:8.1f} {row['min_ms']:8.1f} {row['max_ms']:8.1f} "
+              f"{row['of_first_level']:6.2f} {row['registers']:5} {row['cubin_bytes']:8}")
+print(json.dumps({"arch": arch, "rounds": rounds, "levels": levels, "plans": out}))
 EOF

@@ -28,6 +28,11 @@ out of memory on the distance matrix):
                        query, as before the row splits), only where the
                        split count differs (nq < 2 x SMs, k <= 256):
                        `scan_splits_gain` = fraglink/scan over it
+  fraglink/fast-link   `fraglink` with FRAGLINK_FAST_COMPILE=min: kernels linked
+                       at nvJitLink's -Ofc=min (about half the cold link, see
+                       benches/scripts/cold_links.sh), so that their speed is
+                       known before a plan takes that level:
+                       `fast_link_vs_default` = it over `fraglink`
   fraglink[<variant>]  for the cases of --variant-nq x --variant-k: fraglink
                        with FRAGLINK_KNN_VARIANT naming each candidate kernel
                        (knn_tile_*) of the dtype, per precision (f32: TF32,
@@ -39,8 +44,8 @@ out of memory on the distance matrix):
 
 Order, for a run cut short: every case's goal sides first (the peers and
 `fraglink`, the planner's pick: the issue's table), then the diagnostic sides
-of every case (`fraglink/scan`, then `fraglink/scan-1block`, then the
-candidate kernels by name). With `--seconds S` (gpu-run.sh passes what its
+of every case (`fraglink/scan`, then `fraglink/fast-link`, then
+`fraglink/scan-1block`, then the candidate kernels by name). With `--seconds S` (gpu-run.sh passes what its
 budget has left) nothing is started that the run's own timings say would end
 after S seconds: such cases are listed in `cases_left_out`, such sides in
 their case's `sides_left_out`, and GPU.md says so.
@@ -222,18 +227,22 @@ def knn_variants(bin_, dtype, k, dim):
 
 
 def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None, splits=None,
-                 timeout=FRAGLINK_TIMEOUT):
+                 fast_compile=None, timeout=FRAGLINK_TIMEOUT):
     """fraglink's side, timed as the peers are (`timed`): one warm-up search,
     then the median of `reps` (`--repeat reps+1` in one process; the first
     search, which links or loads the kernels, is reported apart). `variant`
     names the candidate kernel (FRAGLINK_KNN_VARIANT), `splits` fixes the
-    scan's row splits (FRAGLINK_SCAN_SPLITS)."""
+    scan's row splits (FRAGLINK_SCAN_SPLITS), `fast_compile` the link's
+    fast-compile level (FRAGLINK_FAST_COMPILE)."""
     cmd = [bin_, "search", "--device", "gpu", "--json", "--base", base, "--queries", queries,
            "--groundtruth", gt, "--k", str(k), "--metric", "l2", "--dtype", dtype,
            "--repeat", str(reps + 1)]
     env = dict(os.environ, FRAGLINK_GPU_KNN="1" if knn else "0")
     env.pop("FRAGLINK_KNN_VARIANT", None)
     env.pop("FRAGLINK_SCAN_SPLITS", None)
+    env.pop("FRAGLINK_FAST_COMPILE", None)
+    if fast_compile:
+        env["FRAGLINK_FAST_COMPILE"] = fast_compile
     if variant:
         env["FRAGLINK_KNN_VARIANT"] = variant
     if splits:
@@ -322,6 +331,8 @@ def finish_case(case):
     case["tensor_core_vs_scan"] = (fq / sq) if (fq and sq) else None
     oq = case["sides"].get("fraglink/scan-1block", {}).get("qps")
     case["scan_splits_gain"] = (sq / oq) if (sq and oq) else None
+    lq = case["sides"].get("fraglink/fast-link", {}).get("qps")
+    case["fast_link_vs_default"] = (lq / fq) if (fq and lq) else None
     r = case["fraglink_vs_best_peer"]
     case["goal_met"] = None if (case["goal"] is None or r is None) else r >= case["goal"]
 
@@ -477,6 +488,7 @@ def main():
                 print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer",
                                                           "goal", "goal_met")}), flush=True)
                 extras.append((case, "fraglink/scan", {"knn": False}, files))
+                extras.append((case, "fraglink/fast-link", {"fast_compile": "min"}, files))
                 if nq < 2 * sm_count and k <= 256:
                     extras.append((case, "fraglink/scan-1block", {"knn": False, "splits": 1}, files))
                 if nq in variant_nqs and k in variant_ks:
@@ -484,11 +496,12 @@ def main():
                         extras.append((case, f"fraglink[{v}]", {"variant": v}, files))
         del x, x64, xf, qall
         torch.cuda.empty_cache()
-    # The scan against the tensor-core path first (every case's), then one
-    # block per query against the row splits, then the candidate kernels by
-    # name: the order in which they answer questions about the planner.
-    rank = {"fraglink/scan": 0, "fraglink/scan-1block": 1}
-    for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 2)):
+    # The scan against the tensor-core path first (every case's), then the
+    # fast-compile links, then one block per query against the row splits,
+    # then the candidate kernels by name: the order in which they answer
+    # questions about the planner.
+    rank = {"fraglink/scan": 0, "fraglink/fast-link": 1, "fraglink/scan-1block": 2}
+    for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 3)):
         if not clock.allows(clock.fraglink_estimate()):
             case.setdefault("sides_left_out", []).append(name)
             case["left_out_reason"] = clock.reason()
@@ -501,6 +514,7 @@ def main():
                           "qps": case["sides"][name].get("qps"),
                           "best_variant": case["best_variant"],
                           "tensor_core_vs_scan": case["tensor_core_vs_scan"],
+                          "fast_link_vs_default": case["fast_link_vs_default"],
                           "scan_splits_gain": case["scan_splits_gain"]}), flush=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -30,6 +30,9 @@ pub struct LinkOptions {
     pub kernels_used: Vec<String>,
     /// `-split-compile=<threads>` (0 = as many as the machine has).
     pub split_compile: Option<u32>,
+    /// `-Ofc=<level>`: see [`FastCompile`]. `None` and `Some(Off)` pass
+    /// nothing.
+    pub fast_compile: Option<FastCompile>,
     pub ftz: Option<bool>,
     pub prec_div: Option<bool>,
     pub prec_sqrt: Option<bool>,
@@ -46,6 +49,7 @@ impl LinkOptions {
             max_registers: None,
             kernels_used: Vec::new(),
             split_compile: None,
+            fast_compile: None,
             ftz: None,
             prec_div: None,
             prec_sqrt: None,
@@ -60,12 +64,19 @@ impl LinkOptions {
             a.push("-lto".to_string());
         }
         let opt = self.opt_level.min(3);
-        a.extend([
-            format!("-arch={}", self.arch.real()),
-            format!("-O{}", if opt == 0 { 0 } else { 3 }),
-            "-verbose".to_string(),
-        ]);
-        if opt == 1 || opt == 2 {
+        a.push(format!("-arch={}", self.arch.real()));
+        let fast = self.fast_compile.and_then(FastCompile::flag);
+        let ptxas_level = (opt == 1 || opt == 2) && fast.is_none();
+        match fast {
+            // nvJitLink hands its -O level on to ptxas, which refuses it
+            // beside -Ofc ("Conflicting options -opt-level=<0,2,3> and
+            // --Ofast-compile=min", 12.9 and 13.0 alike): the fast-compile
+            // level stands for the optimisation level.
+            Some(flag) => a.push(flag),
+            None => a.push(format!("-O{}", if opt == 0 { 0 } else { 3 })),
+        }
+        a.push("-verbose".to_string());
+        if ptxas_level {
             a.push(format!("-Xptxas=-O{opt}"));
         }
         if self.lineinfo {
@@ -91,6 +102,63 @@ impl LinkOptions {
             }
         }
         a
+    }
+}
+
+/// nvJitLink's `-Ofc=<level>` (`--Ofast-compile`, as in nvcc): a shorter
+/// link for slower code, in NVVM and ptxas both. Measured with nvJitLink 12.9
+/// and 13.0 for sm_90 on a 2-core VM (`benches/scripts/cold_links.sh`):
+/// `Min` links the scan in about two thirds of the time and the k-NN re-rank
+/// in half, with the same registers or a few more; NVVM then leaves loads
+/// unvectorised, so the kernel's speed must be measured on the GPU before a
+/// plan takes it (gpu_peers.py's `fraglink/fast-link` side). `Max` gave
+/// kernels with stack frames and three times the registers; it is here for
+/// completeness, not for search kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FastCompile {
+    /// `-Ofc=0`: full optimisation (nothing is passed). A plan that says so
+    /// keeps it where the runtime's default is another level.
+    #[serde(rename = "0")]
+    Off,
+    Min,
+    Mid,
+    Max,
+}
+
+impl FastCompile {
+    pub const VALUES: &'static str = "0, min, mid or max";
+
+    /// The level from its nvJitLink spelling (`0`, `min`, `mid`, `max`;
+    /// case and surrounding whitespace ignored).
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "0" | "off" => Some(FastCompile::Off),
+            "min" => Some(FastCompile::Min),
+            "mid" => Some(FastCompile::Mid),
+            "max" => Some(FastCompile::Max),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FastCompile::Off => "0",
+            FastCompile::Min => "min",
+            FastCompile::Mid => "mid",
+            FastCompile::Max => "max",
+        }
+    }
+
+    /// The nvJitLink flag, `None` for [`Off`](Self::Off).
+    fn flag(self) -> Option<String> {
+        (self != FastCompile::Off).then(|| format!("-Ofc={}", self.as_str()))
+    }
+}
+
+impl std::fmt::Display for FastCompile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -226,6 +294,33 @@ mod tests {
             "-lto -arch=sm_90 -O3 -verbose -Xptxas=-O1 -lineinfo -maxrregcount=64 -kernels-used=scan \
              -split-compile=0 -ftz=false -prec-div=true -prec-sqrt=true -fma=true"
         );
+    }
+
+    #[test]
+    fn fast_compile_replaces_the_optimisation_level() {
+        let mut o = LinkOptions::new(Arch::sm(90));
+        o.opt_level = 1;
+        o.fast_compile = Some(FastCompile::Min);
+        assert_eq!(o.to_args(), ["-lto", "-arch=sm_90", "-Ofc=min", "-verbose"]);
+        o.fast_compile = Some(FastCompile::Off);
+        assert_eq!(
+            o.to_args(),
+            ["-lto", "-arch=sm_90", "-O3", "-verbose", "-Xptxas=-O1"]
+        );
+        for level in [
+            FastCompile::Off,
+            FastCompile::Min,
+            FastCompile::Mid,
+            FastCompile::Max,
+        ] {
+            assert_eq!(FastCompile::parse(level.as_str()), Some(level));
+            let json = serde_json::to_string(&level).unwrap();
+            assert_eq!(json, format!("\"{level}\""));
+            assert_eq!(serde_json::from_str::<FastCompile>(&json).unwrap(), level);
+        }
+        assert_eq!(FastCompile::parse(" MIN "), Some(FastCompile::Min));
+        assert_eq!(FastCompile::parse("off"), Some(FastCompile::Off));
+        assert_eq!(FastCompile::parse("fast"), None);
     }
 
     #[test]

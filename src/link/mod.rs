@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 pub use cache::{CacheStats, Source};
 pub use key::LinkKey;
-pub use linker::{LinkOptions, Linker};
+pub use linker::{FastCompile, LinkOptions, Linker};
 pub use metadata::KernelMetadata;
 pub use planner::{PlanSettings, Planner};
 pub use runtime::{DiskPayload, LinkRuntime, Linked, LinkedKernel, RuntimeConfig};

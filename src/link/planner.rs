@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::build::arch::Arch;
 use crate::fragment::{FragmentInfo, StaticFragment};
 
-use super::linker::LinkOptions;
+use super::linker::{FastCompile, LinkOptions};
 use super::memo::KeyMemo;
 use super::runtime::{LinkRuntime, Linked};
 use super::LinkError;
@@ -19,6 +19,10 @@ pub struct PlanSettings {
     pub lineinfo: bool,
     pub max_registers: Option<u32>,
     pub split_compile: Option<u32>,
+    /// `None`: the runtime's default ([`LinkRuntime`]: `FRAGLINK_FAST_COMPILE`
+    /// for the process-wide one, full optimisation otherwise).
+    #[serde(default)]
+    pub fast_compile: Option<FastCompile>,
     pub ftz: Option<bool>,
     pub prec_div: Option<bool>,
     pub prec_sqrt: Option<bool>,
@@ -33,6 +37,7 @@ impl Default for PlanSettings {
             lineinfo: false,
             max_registers: None,
             split_compile: None,
+            fast_compile: None,
             ftz: None,
             prec_div: None,
             prec_sqrt: None,
@@ -187,6 +192,13 @@ impl Planner {
         self.settings.split_compile = Some(threads);
         self.changed()
     }
+    /// nvJitLink's fast-compile level ([`FastCompile`]): a shorter link for
+    /// slower code; it stands for the optimisation level where it is not
+    /// [`FastCompile::Off`].
+    pub fn fast_compile(mut self, level: FastCompile) -> Self {
+        self.settings.fast_compile = Some(level);
+        self.changed()
+    }
     pub fn ftz(mut self, on: bool) -> Self {
         self.settings.ftz = Some(on);
         self.changed()
@@ -238,6 +250,7 @@ impl Planner {
         o.lineinfo = s.lineinfo;
         o.max_registers = s.max_registers;
         o.split_compile = s.split_compile;
+        o.fast_compile = s.fast_compile;
         o.ftz = s.ftz;
         o.prec_div = s.prec_div;
         o.prec_sqrt = s.prec_sqrt;

@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! {"fraglink_profile":1}
-//! {"entries":["scan_f32_u32_v4_k32"],"fragments":["scan_f32_u32_v4_k32","metric_l2_f32","filter_none_u32"],"settings":{"opt_level":3,"lineinfo":false,"max_registers":null,"split_compile":null,"ftz":null,"prec_div":null,"prec_sqrt":null,"fma":null},"arch":"sm_90"}
+//! {"entries":["scan_f32_u32_v4_k32"],"fragments":["scan_f32_u32_v4_k32","metric_l2_f32","filter_none_u32"],"settings":{"opt_level":3,"lineinfo":false,"max_registers":null,"split_compile":null,"fast_compile":null,"ftz":null,"prec_div":null,"prec_sqrt":null,"fma":null},"arch":"sm_90"}
 //! {"note":"skipped `my_kernel` for sm_90: run-time source fragments (`my_metric`) are not recorded; link them at run time"}
 //! ```
 //!

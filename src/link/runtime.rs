@@ -45,7 +45,7 @@ use crate::sys::{InputType, Nvrtc, Output};
 use super::cache::{CacheStats, DigestState, SingleFlightCache, Source, Weighed};
 use super::disk::{DiskCache, DiskCacheConfig, DiskCacheError, DiskLookup, MAX_ENTRY_BYTES};
 use super::key::LinkKey;
-use super::linker::{LinkInput, LinkOptions, Linker};
+use super::linker::{FastCompile, LinkInput, LinkOptions, Linker};
 use super::metadata::{self, KernelMetadata};
 use super::planner::Planner;
 use super::profile::ProfileWriter;
@@ -127,6 +127,8 @@ pub struct Linked {
 
 /// Environment variable: linked kernels kept in memory.
 pub const ENV_MEMORY_ENTRIES: &str = "FRAGLINK_MEMORY_CACHE_ENTRIES";
+/// The process-wide runtime's fast-compile level ([`fast_compile_from_env`]).
+pub const ENV_FAST_COMPILE: &str = "FRAGLINK_FAST_COMPILE";
 /// Linked kernels kept in memory by default.
 pub const DEFAULT_MEMORY_ENTRIES: usize = 256;
 /// Run-time source fragments kept compiled (LTO-IR) in memory by default.
@@ -176,6 +178,26 @@ impl RuntimeConfig {
             Err(_) => Err(invalid("expected a whole number of entries, such as 256")),
         }
     }
+}
+
+/// The value of `FRAGLINK_FAST_COMPILE`: unset or empty is `None` (full
+/// optimisation); otherwise one of [`FastCompile::VALUES`]. Anything else is
+/// [`LinkError::InvalidEnv`].
+pub fn fast_compile_from_env(value: Option<&OsStr>) -> Result<Option<FastCompile>, LinkError> {
+    let Some(v) = value.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    v.to_str()
+        .and_then(FastCompile::parse)
+        .map(Some)
+        .ok_or_else(|| LinkError::InvalidEnv {
+            var: ENV_FAST_COMPILE,
+            value: v.to_string_lossy().into_owned(),
+            reason: format!(
+                "expected nvJitLink's fast-compile level: {}",
+                FastCompile::VALUES
+            ),
+        })
 }
 
 /// The disk cache's configuration from the environment; `None` (with a
@@ -271,8 +293,13 @@ pub struct LinkRuntime {
     /// Where linked and served plans are recorded: from `FRAGLINK_PROFILE`
     /// on the first link of the global runtime, or [`Self::set_profile`].
     profile: OnceCell<Option<ProfileWriter>>,
-    /// Only the global runtime reads `FRAGLINK_PROFILE`.
-    profile_from_env: bool,
+    /// The process-wide runtime ([`Self::global`]): the only one that reads
+    /// `FRAGLINK_PROFILE` and `FRAGLINK_FAST_COMPILE`.
+    global: bool,
+    /// The fast-compile level of plans that set none: from
+    /// `FRAGLINK_FAST_COMPILE` on the global runtime's first link, or
+    /// [`Self::set_fast_compile`]; otherwise `None` (full optimisation).
+    fast_compile: OnceCell<Option<FastCompile>>,
 }
 
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(0);
@@ -463,7 +490,8 @@ impl LinkRuntime {
             cuda_includes: OnceCell::new(),
             sources: SingleFlightCache::new(DEFAULT_SOURCE_ENTRIES),
             profile: OnceCell::new(),
-            profile_from_env: false,
+            global: false,
+            fast_compile: OnceCell::new(),
         }
     }
 
@@ -478,7 +506,7 @@ impl LinkRuntime {
     pub fn global() -> Result<&'static LinkRuntime, LinkError> {
         GLOBAL.get_or_try_init(|| {
             let mut rt = LinkRuntime::unconfigured(Linker::open()?, DEFAULT_MEMORY_ENTRIES);
-            rt.profile_from_env = true;
+            rt.global = true;
             Ok(rt)
         })
     }
@@ -565,6 +593,30 @@ impl LinkRuntime {
         self.sources.set_capacity(entries);
     }
 
+    /// The fast-compile level for plans that set none ([`PlanSettings::fast_compile`]);
+    /// call it before the first link: `false` when this runtime's level was
+    /// already settled, by an earlier call or by its first link (the global
+    /// runtime's from `FRAGLINK_FAST_COMPILE`, any other's as `None`).
+    ///
+    /// [`PlanSettings::fast_compile`]: super::PlanSettings::fast_compile
+    pub fn set_fast_compile(&self, level: Option<FastCompile>) -> bool {
+        self.fast_compile.set(level).is_ok()
+    }
+
+    /// `plan`'s options for `arch`, with this runtime's fast-compile level
+    /// where the plan sets none (read from `FRAGLINK_FAST_COMPILE` once,
+    /// by the global runtime; an invalid value fails every link, naming it).
+    fn options_for(&self, plan: &Planner, arch: Arch) -> Result<LinkOptions, LinkError> {
+        let mut options = plan.options(arch);
+        if options.fast_compile.is_none() {
+            options.fast_compile = *self.fast_compile.get_or_try_init(|| match self.global {
+                true => fast_compile_from_env(std::env::var_os(ENV_FAST_COMPILE).as_deref()),
+                false => Ok(None),
+            })?;
+        }
+        Ok(options)
+    }
+
     /// Applies `FRAGLINK_MEMORY_CACHE_ENTRIES` once, unless the capacity
     /// was given explicitly.
     fn settle_memory(&self) -> Result<(), LinkError> {
@@ -589,7 +641,7 @@ impl LinkRuntime {
     fn profile(&self) -> Option<&ProfileWriter> {
         self.profile
             .get_or_init(|| {
-                if self.profile_from_env {
+                if self.global {
                     ProfileWriter::from_env()
                 } else {
                     None
@@ -794,7 +846,7 @@ impl LinkRuntime {
                 },
             });
         }
-        let options = plan.options(arch);
+        let options = self.options_for(plan, arch)?;
         let args = options.to_args();
         let pairs: Vec<(&str, &str)> = inputs.iter().map(|i| (i.name, i.hash.as_ref())).collect();
         let entries: Vec<&str> = plan.entries().iter().map(String::as_str).collect();
@@ -950,6 +1002,30 @@ mod tests {
         bad.extend_from_slice(&1u32.to_le_bytes());
         bad.push(0xff);
         assert!(DiskPayload::decode(&bad).is_none());
+    }
+
+    #[test]
+    fn fast_compile_policy() {
+        assert_eq!(fast_compile_from_env(None).unwrap(), None);
+        assert_eq!(fast_compile_from_env(Some(OsStr::new(""))).unwrap(), None);
+        assert_eq!(
+            fast_compile_from_env(Some(OsStr::new(" min "))).unwrap(),
+            Some(FastCompile::Min)
+        );
+        assert_eq!(
+            fast_compile_from_env(Some(OsStr::new("0"))).unwrap(),
+            Some(FastCompile::Off)
+        );
+        for bad in ["1", "fast", "max!"] {
+            let e = fast_compile_from_env(Some(OsStr::new(bad))).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(&e, LinkError::InvalidEnv { var, value, .. }
+                    if *var == ENV_FAST_COMPILE && value == bad),
+                "{msg}"
+            );
+            assert!(msg.contains("min") && msg.contains(bad), "{msg}");
+        }
     }
 
     #[test]
