@@ -1673,6 +1673,10 @@ fn run_subcommand(env: &ChildEnv<'_>, args: &[&str], what: &str) -> Result<Value
         .env("CUDA_CACHE_PATH", env.cuda_cache)
         .env_remove("FRAGLINK_CACHE_DISABLE")
         .env_remove("CUDA_CACHE_DISABLE")
+        .env(
+            "FRAGLINK_FAST_COMPILE",
+            if env.mode == "cold_fast" { "min" } else { "0" },
+        )
         .output()
         .map_err(|e| format!("spawning the {what} child: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1804,6 +1808,7 @@ fn opt_levels(b: &Bench) -> Result<Vec<Figure>, String> {
 fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
     let rounds = if b.reps.quick { 1 } else { 3 };
     let mut cold = Vec::new();
+    let mut cold_fast = Vec::new();
     let mut disk = Vec::new();
     let mut compute_cache: Vec<Result<Value, String>> = Vec::new();
     let mut prelinks = Vec::new();
@@ -1817,6 +1822,15 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             mode: "cold",
             fraglink_cache: fraglink_cache.path(),
             cuda_cache: cuda_cache.path(),
+        })?);
+        // Cold again at nvJitLink's -Ofc=min (FRAGLINK_FAST_COMPILE), over
+        // caches of its own: the shorter link's first call.
+        let fast_cache = temp_dir("gpu_bench_fraglink_cache")?;
+        let fast_cuda = temp_dir("gpu_bench_cuda_cache")?;
+        cold_fast.push(run_child(&ChildEnv {
+            mode: "cold_fast",
+            fraglink_cache: fast_cache.path(),
+            cuda_cache: fast_cuda.path(),
         })?);
         // Disk: the cold run's fraglink cache; nvJitLink is not called.
         disk.push(run_child(&ChildEnv {
@@ -1881,7 +1895,7 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
         runs.iter()
             .all(|r| (0..2).all(|c| r["configs"][c]["result_ok"].as_bool() == Some(true)))
     };
-    if !all_ok(&cold) || !all_ok(&disk) || !all_ok(&prelinked) {
+    if !all_ok(&cold) || !all_ok(&cold_fast) || !all_ok(&disk) || !all_ok(&prelinked) {
         return Err("a first-call child's scan result failed its check".into());
     }
     let mut figures = Vec::new();
@@ -1889,6 +1903,13 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
         (
             "cold",
             &cold,
+            "linked",
+            TARGET_FIRST_LINKED,
+            T_FIRST_LINKED_MS,
+        ),
+        (
+            "cold_fast",
+            &cold_fast,
             "linked",
             TARGET_FIRST_LINKED,
             T_FIRST_LINKED_MS,
@@ -1910,6 +1931,7 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             let frags = (if config == 0 { CONFIG_A } else { CONFIG_B }).join(" + ");
             let caches = match mode {
                 "cold" => "empty FRAGLINK_CACHE_DIR and empty CUDA_CACHE_PATH (the driver compute cache nvJitLink also uses)",
+                "cold_fast" => "as first_call.cold (empty caches of its own), linked with FRAGLINK_FAST_COMPILE=min (nvJitLink -Ofc=min: a shorter link of slower code; the kernels' speed is the peers' fraglink/fast-link side)",
                 "prelinked" => "a FRAGLINK_CACHE_DIR filled ahead of time by a separate prelink process (first_call.prelinked.prelink_seconds) and a new empty CUDA_CACHE_PATH",
                 _ => "the cold run's FRAGLINK_CACHE_DIR",
             };
