@@ -109,9 +109,14 @@ impl LinkOptions {
 /// link for slower code, in NVVM and ptxas both. Measured with nvJitLink 12.9
 /// and 13.0 for sm_90 on a 2-core VM (`benches/scripts/cold_links.sh`):
 /// `Min` links the scan in about two thirds of the time and the k-NN re-rank
-/// in half, with the same registers or a few more; NVVM then leaves loads
-/// unvectorised, so the kernel's speed must be measured on the GPU before a
-/// plan takes it (gpu_peers.py's `fraglink/fast-link` side). `Max` gave
+/// in half, with the same registers or a few more. What it gives up shows in
+/// the SASS (nvdisasm, sm_90): loops stay rolled and loads unvectorised, so
+/// the exact in-order fold of `knn_rerank_f32_k32` keeps 7 global loads
+/// instead of 96 (1320 -> 504 instructions; one row's fold then waits on
+/// each element's load in turn), `knn_tile_f16_f16_q16_r64_k32_a16` 16
+/// instead of 88 (its MMAs, 4 HMMA, and cp.async copies are the same). The
+/// kernels' speed must therefore be measured on the GPU before a plan takes
+/// this level (gpu_peers.py's `fraglink/fast-link` side). `Max` gave
 /// kernels with stack frames and three times the registers; it is here for
 /// completeness, not for search kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
