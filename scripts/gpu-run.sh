@@ -409,6 +409,13 @@ ncu_step() {
   # merge level is added; so that case profiles the first search's launches, two
   # or three (a third of the next search's is a repeat), not the second search's:
   # ncu flushes the caches before each profiled kernel either way.
+  # Why warps wait: cycles stalled per issued instruction, by reason (the
+  # WarpStateStats section's breakdown, which its details page leaves out).
+  local reason ncu_stalls=""
+  for reason in long_scoreboard barrier short_scoreboard wait mio_throttle lg_throttle \
+    math_pipe_throttle not_selected selected membar dispatch_stall no_instruction branch_resolving; do
+    ncu_stalls="$ncu_stalls${ncu_stalls:+,}smsp__average_warps_issue_stalled_${reason}_per_issue_active.ratio"
+  done
   for spec in "knn-nq1 1 1 3 3 10" "knn-nq1000 1000 1 0 3 10" "scan-nq1 1 0 1 1 10" "knn-nq100-k100 100 1 0 3 100"; do
     if [ "$(left)" -le 30 ]; then status=stopped; break; fi
     set -- $spec
@@ -418,6 +425,7 @@ ncu_step() {
       --launch-skip "$4" --launch-count "$5" \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
       --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+      --metrics "$ncu_stalls" \
       -f -o "$logs/ncu-$1" \
       "$bin" search --device gpu --json --n 1000000 --dim 128 --nq "$2" --k "$6" --dtype f32 \
       --repeat 2 >"$logs/ncu-$1.out" 2>&1

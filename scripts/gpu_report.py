@@ -120,9 +120,15 @@ NCU_METRICS = [
 ]
 
 
+# gpu-run.sh's `--metrics`: warp cycles stalled per issued instruction, by reason.
+STALL_PREFIX = "smsp__average_warps_issue_stalled_"
+STALL_SUFFIX = "_per_issue_active.ratio"
+
+
 def ncu_profiles(logs):
     """Per ncu-<case>.csv (`ncu --import R --csv --page details`): each profiled
-    kernel's NCU_METRICS as "value unit" strings, in launch order."""
+    kernel's NCU_METRICS as "value unit" strings, and its warp stalls (cycles
+    per issued instruction by reason, numbers), in launch order."""
     out = []
     for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
         if not (name.startswith("ncu-") and name.endswith(".csv")):
@@ -132,13 +138,22 @@ def ncu_profiles(logs):
         kernels = {}
         for row in rows:
             kid = row.get("ID")
-            if kid is None or row.get("Metric Name") not in NCU_METRICS:
+            metric = row.get("Metric Name") or ""
+            stall = metric.startswith(STALL_PREFIX) and metric.endswith(STALL_SUFFIX)
+            if kid is None or (metric not in NCU_METRICS and not stall):
                 continue
             k = kernels.setdefault(kid, {"kernel": (row.get("Kernel Name") or "").split("(")[0],
                                          "grid": row.get("Grid Size"), "block": row.get("Block Size"),
-                                         "metrics": {}})
+                                         "metrics": {}, "stalls": {}})
+            if stall:
+                try:
+                    value = float((row.get("Metric Value") or "").replace(",", ""))
+                except ValueError:
+                    continue
+                k["stalls"][metric[len(STALL_PREFIX):-len(STALL_SUFFIX)]] = value
+                continue
             unit = row.get("Metric Unit") or ""
-            k["metrics"][row["Metric Name"]] = f"{row.get('Metric Value', '')} {unit}".strip()
+            k["metrics"][metric] = f"{row.get('Metric Value', '')} {unit}".strip()
         out.append({"case": name[len("ncu-"):-len(".csv")],
                     "kernels": [kernels[i] for i in sorted(kernels, key=lambda x: int(x) if x.isdigit() else 0)]})
     return out
@@ -423,12 +438,18 @@ def render(r, summary=False):
     if prof:
         lines.append("## Kernel profiles (Nsight Compute; n 1M x 128 f32; k 10 unless the case names k 100; "
                      "the second search, or the first for knn-nq1000 and knn-nq100-k100)\n")
-        lines.append("| case | kernel | grid | block | " + " | ".join(NCU_METRICS) + " |")
-        lines.append("| --- | --- | --- | --- | " + " | ".join("---" for _ in NCU_METRICS) + " |")
+        lines.append("Warp stalls: cycles a warp waits per issued instruction, the four largest reasons "
+                     "(`smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio`): long_scoreboard "
+                     "= global or local memory, barrier = `__syncthreads`, short_scoreboard = shared memory "
+                     "or MUFU, wait = fixed-latency dependencies, selected = issuing.\n")
+        lines.append("| case | kernel | grid | block | " + " | ".join(NCU_METRICS) + " | warp stalls |")
+        lines.append("| --- | --- | --- | --- | " + " | ".join("---" for _ in NCU_METRICS) + " | --- |")
         for c in prof:
             for k in c["kernels"]:
+                stalls = sorted((k.get("stalls") or {}).items(), key=lambda kv: -kv[1])[:4]
                 lines.append(f"| {c['case']} | {k['kernel']} | {fmt(k.get('grid'))} | {fmt(k.get('block'))} | "
-                             + " | ".join(fmt(k["metrics"].get(m)) for m in NCU_METRICS) + " |")
+                             + " | ".join(fmt(k["metrics"].get(m)) for m in NCU_METRICS) + " | "
+                             + (", ".join(f"{r} {v:.2f}" for r, v in stalls) or "—") + " |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -222,6 +222,27 @@ fn kernel_profiles_are_collected_and_rendered() {
             "3.1",
         ),
         row(1, "knn_rerank_f32_k32", "Duration", "usecond", "21.50"),
+        row(
+            0,
+            "knn_tile_f32_tf32x3_q16_k32",
+            "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+            "",
+            "5.13",
+        ),
+        row(
+            0,
+            "knn_tile_f32_tf32x3_q16_k32",
+            "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+            "",
+            "7.50",
+        ),
+        row(
+            0,
+            "knn_tile_f32_tf32x3_q16_k32",
+            "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
+            "",
+            "n/a",
+        ),
     ]
     .join("\n");
     std::fs::write(logs.join("ncu-knn-nq1.csv"), csv).unwrap();
@@ -244,10 +265,17 @@ fn kernel_profiles_are_collected_and_rendered() {
         kernels[0]["metrics"].get("L1/TEX Hit Rate").is_none(),
         "only the listed metrics: {doc}"
     );
+    // Warp stalls by reason, as numbers; a value that is none is left out.
+    assert_eq!(
+        kernels[0]["stalls"],
+        serde_json::json!({"barrier": 5.13, "long_scoreboard": 7.5})
+    );
     let md = render_md(&report_py, &[&results], dir.path(), &root);
     assert!(
         md.contains("## Kernel profiles")
-            && md.contains("| knn-nq1 | knn_tile_f32_tf32x3_q16_k32 | (1, 528, 1) | (128, 1, 1) | 412.35 usecond | 71.20 % |"),
+            && md.contains("| knn-nq1 | knn_tile_f32_tf32x3_q16_k32 | (1, 528, 1) | (128, 1, 1) | 412.35 usecond | 71.20 % |")
+            && md.contains("| long_scoreboard 7.50, barrier 5.13 |")
+            && md.contains("| knn_rerank_f32_k32 |"),
         "{md}"
     );
 }
