@@ -530,7 +530,12 @@ struct tile_shape {
   // conflicts); 16-byte rows (bytes) are conflict-free as they are. Multiples of 16
   // bytes keep every fragment 32-byte aligned (16 rows x LD).
   static constexpr int LD = K * static_cast<int>(sizeof(S)) == 32 ? K + 16 / static_cast<int>(sizeof(S)) : K;
-  static constexpr uint32_t dynamic_bytes = static_cast<uint32_t>(QT) * BUF * 12u;
+  // Bytes of the candidate buffers for `queries` of a tile's QT (fewer where the
+  // whole batch is smaller than a tile: src/search/knn/plan.rs
+  // `KnnPlan::dynamic_shared_bytes_for`).
+  static __device__ FRAGLINK_INLINE uint32_t dynamic_bytes(uint32_t queries) {
+    return queries * static_cast<uint32_t>(BUF) * 12u;
+  }
   // Copy pipeline depth: chunks in shared memory at once, STAGES - 1 of them in
   // flight while the block computes on one. The 64-query tile keeps two, so two
   // of its blocks (about 100 KiB of shared memory each) still fit an SM, and so does
@@ -598,10 +603,14 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   __shared__ float s_thr[QT];
   __shared__ float s_qa0[QT];
   __shared__ float s_qa1[QT];
-  // The candidate buffers: [QT][BUF] each of lo, hi, id.
+  // The candidate buffers: [QB][BUF] each of lo, hi, id, QB = QT, or the batch's
+  // queries where they are fewer (nq 1 of a 16-query tile: 1.2 instead of 18 KiB
+  // at capacity 32, so more blocks share an SM; a query tile's queries past
+  // n_queries never touch a buffer).
+  const uint32_t qb = n_queries < static_cast<uint32_t>(QT) ? n_queries : static_cast<uint32_t>(QT);
   float(*const s_lo)[BUF] = reinterpret_cast<float(*)[BUF]>(dynamic_shared());
-  float(*const s_hi)[BUF] = s_lo + QT;
-  uint32_t(*const s_id)[BUF] = reinterpret_cast<uint32_t(*)[BUF]>(s_hi + QT);
+  float(*const s_hi)[BUF] = s_lo + qb;
+  uint32_t(*const s_id)[BUF] = reinterpret_cast<uint32_t(*)[BUF]>(s_hi + qb);
 
   const int metric = linked_metric<T>();
   const void* ptrs4[] = {row_aux0, row_aux1, query_aux0, query_aux1, out_count, out_lo, out_hi, out_ids,
@@ -623,7 +632,7 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const bool operands_ok = xs != nullptr && qs != nullptr &&
                            (scan::misaligned_bits<T_BYTES>(dataset) | scan::misaligned_bits<T_BYTES>(queries) |
                             scan::misaligned_bits<S_BYTES>(xs) | scan::misaligned_bits<S_BYTES>(qs)) == 0;
-  if (!tile_launch_ok<T, CAP, STAGING>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes, ptrs4, 9, unit,
+  if (!tile_launch_ok<T, CAP, STAGING>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes(qb), ptrs4, 9, unit,
                                        operands_ok)) {
     return;
   }

@@ -226,7 +226,7 @@ fn prepare(
         group_chunks.to_string(),
         tiles.min(c.tile_grid).to_string(),
         (nq as u32).min(c.rerank_grid).to_string(),
-        plan.dynamic_shared_bytes().to_string(),
+        plan.dynamic_shared_bytes_for(nq).to_string(),
         "7".into(),
         d.display().to_string(),
     ];
@@ -691,6 +691,11 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         .find(|c| c.what.contains("rows of 4-byte groups"))
         .expect("a case over rows of 4-byte groups");
     a16_refuses_what_it_cannot_copy(exe, metric, precision, four, &all[0]);
+    let one = all
+        .iter()
+        .find(|c| c.queries.rows() == 1)
+        .expect("a case with one query");
+    too_little_shared_memory_is_refused(exe, metric, precision, one);
     let merging = all
         .iter()
         .find(|c| c.what.contains("merge level, then final"))
@@ -698,6 +703,36 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     for c in [&all[0], merging] {
         an_unwritten_count_skips_its_query(exe, metric, precision, c);
     }
+}
+
+/// A batch smaller than a query tile launches with its queries' candidate
+/// buffers only (`KnnPlan::dynamic_shared_bytes_for`), which every case of
+/// fewer queries than its tile runs on; a byte less is refused: the kernel
+/// writes nothing (as every launch that breaks its contract).
+fn too_little_shared_memory_is_refused(
+    exe: &Path,
+    metric: Metric,
+    precision: Precision,
+    c: &Case<'_>,
+) {
+    let (plan, _dir, mut args) = prepare(metric, precision, c);
+    let nq = c.queries.rows();
+    assert!(nq < plan.qtile as usize, "{}", c.what);
+    let need = plan.dynamic_shared_bytes_for(nq);
+    assert!(need < plan.dynamic_shared_bytes(), "{}", c.what);
+    assert_eq!(args[12], need.to_string(), "{}: the launch's bytes", c.what);
+    args[12] = (need - 1).to_string();
+    assert_refused(
+        exe,
+        &args,
+        "0",
+        &format!(
+            "{}: {} with {} bytes of candidate buffers",
+            c.what,
+            args[0],
+            need - 1
+        ),
+    );
 }
 
 /// A candidate count the tile kernel left as the host set it (all ones,

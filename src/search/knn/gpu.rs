@@ -362,9 +362,6 @@ impl KnnSearch<'_> {
                 })
             }
         };
-        // One wave of candidate blocks (KnnPlan::chunks).
-        let dynamic = self.plan.dynamic_shared_bytes();
-        let resident = tile.resident_blocks(KNN_BLOCK, dynamic)?;
         let cap = self.plan.capacity as usize;
         let (k, dim) = (self.k, self.dim);
         let mut out = Neighbors {
@@ -387,6 +384,10 @@ impl KnnSearch<'_> {
             // Both query norms in one upload (each upload waits for its copy).
             let d_qaux = t.upload_new(pool, &[&qa0[b0..b1], &qa1[b0..b1]].concat())?;
             let (d_qa0, d_qa1) = d_qaux.view().split_at(nb)?;
+            // One wave of candidate blocks (KnnPlan::chunks), with the
+            // batch's candidate buffers (fewer than a tile's at small nq).
+            let dynamic = self.plan.dynamic_shared_bytes_for(nb);
+            let resident = tile.resident_blocks(KNN_BLOCK, dynamic)?;
             let (n_chunks, chunk_rows) = self.plan.chunks(self.n_rows, nb, resident);
             let mut cand = Candidates::alloc(pool, nb * n_chunks as usize, cap)?;
             // Pooled memory holds a former owner's bytes: should the tile

@@ -184,11 +184,21 @@ pub struct KnnPlan {
 }
 
 impl KnnPlan {
-    /// The candidate kernel's dynamic shared memory (knn_tile.cuh
-    /// `tile_shape::dynamic_bytes`): per query a buffer of capacity +
-    /// row tile (lo, hi, id) entries. The launch passes exactly this.
+    /// The candidate kernel's dynamic shared memory for a full query tile
+    /// (knn_tile.cuh `tile_shape::dynamic_bytes`): per query a buffer of
+    /// capacity + row tile (lo, hi, id) entries. The most a launch needs.
     pub fn dynamic_shared_bytes(&self) -> u32 {
         tile_dynamic_bytes(self.qtile, self.rtile, self.capacity)
+    }
+
+    /// What a launch over a batch of `nq` queries passes: buffers for a
+    /// whole query tile, or for the batch's queries where they are fewer
+    /// (the kernel lays them out so): at nq 1 a 16-query tile needs 1.2
+    /// instead of 18 KiB (capacity 32), so more blocks, and row chunks,
+    /// share an SM.
+    pub fn dynamic_shared_bytes_for(&self, nq: usize) -> u32 {
+        let queries = nq.clamp(1, self.qtile as usize) as u32;
+        tile_dynamic_bytes(queries, self.rtile, self.capacity)
     }
 
     /// The candidate kernel's shared memory, static + dynamic (an upper
@@ -861,6 +871,13 @@ mod tests {
             ((16, 64, 1024), "knn_rerank_f32_k1024")
         );
         assert!(p.shared_bytes() <= SharedMemory::H100.per_block);
+        // A batch smaller than a tile launches with its queries' buffers only.
+        assert_eq!(p.dynamic_shared_bytes(), 16 * (1024 + 64) * 12);
+        assert_eq!(p.dynamic_shared_bytes_for(1), (1024 + 64) * 12);
+        assert_eq!(p.dynamic_shared_bytes_for(0), (1024 + 64) * 12);
+        assert_eq!(p.dynamic_shared_bytes_for(5), 5 * (1024 + 64) * 12);
+        assert_eq!(p.dynamic_shared_bytes_for(16), p.dynamic_shared_bytes());
+        assert_eq!(p.dynamic_shared_bytes_for(1000), p.dynamic_shared_bytes());
         assert!(
             pick(SM90, DType::F16, 10, 1025).is_none(),
             "k > 1024: the CPU"

@@ -8,7 +8,7 @@
 // Usage: PROGRAM TILE RERANK N_ROWS DIM NQ K CHUNK_ROWS N_CHUNKS GROUPS GROUP_CHUNKS
 //                TILE_GRID_X RERANK_GRID_X TILE_SHARED SEED DIR
 // (GROUPS, GROUP_CHUNKS: knn::plan::merge_groups; GROUPS > 1 adds the merge level;
-// TILE_SHARED: the candidate kernel's dynamic shared memory, KnnPlan::dynamic_shared_bytes.)
+// TILE_SHARED: the candidate kernel's dynamic shared memory, KnnPlan::dynamic_shared_bytes_for(nq).)
 // DIR holds dataset.bin, queries.bin (raw elements, row-major), row_aux0.bin,
 // row_aux1.bin, query_aux0.bin, query_aux1.bin (f32), and filter.bin (u32 words;
 // absent: no filter), and for an f16copy variant stage_dataset.bin and
