@@ -239,7 +239,7 @@ __device__ FRAGLINK_INLINE bool metric_confirmed(int metric) {
 }
 
 // The reference distance (scan.cuh's in-order fold), NaN -> +inf. ROLLED: the same
-// steps as scan::distance<T, 1> in a loop NVVM leaves rolled, for compact's exact pass,
+// steps through scan::fold_chunk, whose loop NVVM leaves rolled, for compact's exact pass,
 // which runs only where a buffer holds more than CAP entries of equal bounds. Unrolled
 // there, it held 60 of the 88 global loads in knn_tile_f32_f16copy_q16_r64_k32_a16's
 // sm_90 SASS and set the kernel's register count: 88 -> 63 rolled (f16 q16 k128
@@ -251,8 +251,7 @@ __device__ FRAGLINK_INLINE float exact_distance(const T* q, const T* x, uint32_t
     typedef scan::metric_abi<T> M;
     typename M::state st;
     M::init(&st);
-#pragma unroll 1
-    for (uint32_t j = 0; j < dim; ++j) M::accumulate(&st, q[j], x[j]);
+    scan::fold_chunk<T, 1>(&st, reinterpret_cast<const unsigned char*>(x), q, dim);
     d = M::finalize(&st);
   } else {
     d = scan::distance<T, 1>(q, x, dim);

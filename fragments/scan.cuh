@@ -403,8 +403,9 @@ __device__ FRAGLINK_INLINE void stage_chunk(unsigned char* stage, const T* __res
   copy_commit();
 }
 
-// Folds `elems` elements of a staged row chunk `x` (and the query's `q`) into `st`, in
-// order: the same steps as distance() takes over those elements. Rolled: the scan is
+// Folds `elems` elements of a row chunk `x` (staged in shared memory here; a whole
+// row in global memory for knn_tile.cuh's rare exact pass) and the query's `q` into
+// `st`, in order: the same steps as distance() takes over those elements. Rolled: the scan is
 // bound by memory with ample issue slots to spare (by estimate about 10 of 128 per SM
 // and cycle at an H200's bandwidth for f32), and unrolled (whole chunks, or two vectors a step)
 // the loop made the cold link 30 to 90 ms longer (nvJitLink 12.9, sm_90).
