@@ -38,7 +38,9 @@
 //   between iterations, and iterations go up in id) whose hi <= T, so k keys
 //   (d', id') < (d, id) exist; (b) at compaction with lo > T: k members have
 //   d' <= hi' <= T < lo <= d; (c) by the exact reduction: k members precede it by
-//   exact key. src/search/cpu.rs uses the same rules.
+//   exact key; (d) at insertion, compaction or output with lo > B, B the bound the
+//   query's chunks share (shared_bound: the least T any of them published), so k rows
+//   of one chunk have d' <= B < lo <= d. src/search/cpu.rs uses rules (a)-(c).
 //
 // knn_rerank<T, CAP> — merge and exact re-rank, one block per query and group of chunks
 //   (grid-stride; with many chunks a merge launch over groups of chunks comes first,
@@ -242,8 +244,8 @@ __device__ FRAGLINK_INLINE bool metric_confirmed(int metric) {
 // steps through scan::fold_chunk, whose loop NVVM leaves rolled, for compact's exact pass,
 // which runs only where a buffer holds more than CAP entries of equal bounds. Unrolled
 // there, it held 60 of the 88 global loads in knn_tile_f32_f16copy_q16_r64_k32_a16's
-// sm_90 SASS and set the kernel's register count: 88 -> 63 rolled (f16 q16 k128
-// 128 -> 100, i8 q16 k32 87 -> 63; nvJitLink 12.9), for a link about as long.
+// sm_90 SASS and set the kernel's register count (88 -> 63 when it was rolled; f16 q16
+// k128 128 -> 100, i8 q16 k32 87 -> 63; nvJitLink 12.9), for a link about as long.
 template <typename T, bool ROLLED = false>
 __device__ FRAGLINK_INLINE float exact_distance(const T* q, const T* x, uint32_t dim) {
   float d;
@@ -374,12 +376,15 @@ __device__ FRAGLINK_INLINE uint32_t keep_at_most(const buffer& b, uint32_t m, ui
 }
 
 // Compacts one query's buffer (called by a whole warp when *count > k; `hist` is
-// the warp's 256-word scratch): T = min(T, k-th smallest hi), keep lo <= T; if more
+// the warp's 256-word scratch): T = min(T, k-th smallest hi), keep lo <= T and
+// lo <= the query's shared bound (`shared_key`, an order key: shared_bound); if more
 // than CAP remain, replace them by the exact best k (the k smallest (d, id) keys,
-// scan::key_less's order). Ends with *count <= CAP.
+// scan::key_less's order). Ends with *count <= CAP. The shared bound only filters:
+// *b.thr stays the chunk's own T (the insertion rule drops lo >= T, which the ids
+// justify only for rows of this chunk).
 template <typename T, int CAP>
 __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qrow, const T* dataset, uint32_t dim,
-                                        uint32_t* hist) {
+                                        uint32_t* hist, uint32_t shared_key) {
   const uint32_t lane = threadIdx.x & 31u;
   uint32_t m = *b.count;
   float t = *b.thr;
@@ -392,7 +397,8 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
     const bool exact = pass == 1;
     const uint64_t kth = kth_smallest(b, m, k, exact, exact ? 8 : 4, hist, lane);
     t = fminf(t, from_order_key(static_cast<uint32_t>(kth >> 32)));
-    m = keep_at_most(b, m, exact ? kth : (static_cast<uint64_t>(order_key(t)) << 32) | 0xffffffffull, lane);
+    const uint32_t keep_key = order_key(t) < shared_key ? order_key(t) : shared_key;
+    m = keep_at_most(b, m, exact ? kth : (static_cast<uint64_t>(keep_key) << 32) | 0xffffffffull, lane);
     if (exact || m <= static_cast<uint32_t>(CAP)) {
       break;
     }
@@ -410,6 +416,21 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
     *b.count = m;
   }
   __syncwarp();
+}
+
+// ----- the bound the chunks of one query share --------------------------------------
+// bound_keys[q] (global memory, all ones before the launch: no bound yet) is the
+// least order_key of the T's that query q's chunks have published, one after each
+// compaction (atomicMin). Each such T has k rows of its chunk at or below it (hi <= T,
+// or exact d <= T), so a row with lo > T, strictly, has k rows with d' <= T < lo <= d
+// and is no neighbour, whatever the ids. Every chunk drops such rows at insertion,
+// at its compactions and before it writes its candidates. Without it, each of the
+// hundreds of chunks a small batch spreads a query over keeps about k (1 + ln(rows
+// / k)) entries and writes at least k, all of which the re-rank sorts; with it, a
+// chunk that saw no row near the query's best writes few or none. A bound read late
+// is only a looser one. Null bound_keys: each chunk on its own, as before.
+__device__ FRAGLINK_INLINE uint32_t shared_bound(const uint32_t* keys, uint64_t q, uint32_t n_queries) {
+  return keys == nullptr || q >= n_queries ? 0xffffffffu : *reinterpret_cast<const volatile uint32_t*>(keys + q);
 }
 
 // ----- global -> shared memory copies: copy_async.cuh (through scan.cuh) ---------
@@ -581,7 +602,8 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
                                          const float* __restrict__ query_aux1, uint32_t n_rows, uint32_t dim,
                                          uint32_t n_queries, uint32_t k, uint32_t chunk_rows,
                                          uint32_t* __restrict__ out_count, float* __restrict__ out_lo,
-                                         float* __restrict__ out_hi, uint32_t* __restrict__ out_ids) {
+                                         float* __restrict__ out_hi, uint32_t* __restrict__ out_ids,
+                                         uint32_t* __restrict__ bound_keys) {
   typedef tile_shape<T, PREC, QT, RT, CAP> Shape;
   typedef typename Shape::M M;
   typedef typename Shape::S S;
@@ -602,6 +624,10 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   __shared__ float s_thr[QT];
   __shared__ float s_qa0[QT];
   __shared__ float s_qa1[QT];
+  // The queries' shared bounds (shared_bound) as of the iteration before last: thread
+  // i < QT fetches query i's one iteration ahead (`bound_next`), so no barrier waits
+  // on that load.
+  __shared__ uint32_t s_bound[QT];
   // The candidate buffers: [QB][BUF] each of lo, hi, id, QB = QT, or the batch's
   // queries where they are fewer (nq 1 of a 16-query tile: 1.2 instead of 18 KiB
   // at capacity 32, so more blocks share an SM; a query tile's queries past
@@ -613,7 +639,7 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
 
   const int metric = linked_metric<T>();
   const void* ptrs4[] = {row_aux0, row_aux1, query_aux0, query_aux1, out_count, out_lo, out_hi, out_ids,
-                         filter_bits};
+                         filter_bits, bound_keys};
 
   const uint32_t tid = threadIdx.x;
   const uint32_t warp = tid / 32;
@@ -631,11 +657,12 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
   const bool operands_ok = xs != nullptr && qs != nullptr &&
                            (scan::misaligned_bits<T_BYTES>(dataset) | scan::misaligned_bits<T_BYTES>(queries) |
                             scan::misaligned_bits<S_BYTES>(xs) | scan::misaligned_bits<S_BYTES>(qs)) == 0;
-  if (!tile_launch_ok<T, CAP, STAGING>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes(qb), ptrs4, 9, unit,
+  if (!tile_launch_ok<T, CAP, STAGING>(metric, n_rows, dim, k, chunk_rows, Shape::dynamic_bytes(qb), ptrs4, 10, unit,
                                        operands_ok)) {
     return;
   }
 
+  uint32_t bound_next = 0xffffffffu;
   for (uint64_t tile = blockIdx.x; tile * QT < n_queries; tile += gridDim.x) {
     const uint64_t q0 = tile * QT;
     for (uint32_t i = tid; i < QT; i += FRAGLINK_KNN_BLOCK) {
@@ -645,6 +672,8 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
       s_qa0[i] = q < n_queries ? query_aux0[q] : 0.0f;
       s_qa1[i] = q < n_queries ? query_aux1[q] : 0.0f;
     }
+    static_assert(QT <= FRAGLINK_KNN_BLOCK, "one thread per query fetches its shared bound");
+    if (tid < static_cast<uint32_t>(QT)) bound_next = shared_bound(bound_keys, q0 + tid, n_queries);
     __syncthreads();
     // Copies of the next chunk (row iteration next_row, elements next_k..) into
     // stage `in_stage`, one commit group per step (empty past the rows' end, so
@@ -669,6 +698,12 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
     for (int i = 0; i < STAGES - 1; ++i) issue();
     int stage = 0;
     for (uint64_t r0 = row_begin; r0 < row_end; r0 += RT) {
+      // Ordered before the select by the K loop's barriers, after the previous
+      // iteration's readers by its last barrier.
+      if (tid < static_cast<uint32_t>(QT)) {
+        s_bound[tid] = bound_next;
+        bound_next = shared_bound(bound_keys, q0 + tid, n_queries);
+      }
       typename M::acc_frag acc[FQ][FR];
 #pragma unroll
       for (int fq = 0; fq < FQ; ++fq) {
@@ -735,7 +770,7 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
               float_bounds(metric, bc, static_cast<float>(s_acc[warp][e]), s_qa0[ql], s_qa1[ql], row_aux0[row],
                            row_aux1[row], &lo, &hi);
             }
-            if (lo < s_thr[ql]) {
+            if (lo < s_thr[ql] && order_key(lo) <= s_bound[ql]) {
               const uint32_t slot = atomicAdd(&s_count[ql], 1u);
               s_lo[ql][slot] = lo;
               s_hi[ql][slot] = hi;
@@ -751,17 +786,25 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
         const uint32_t limit = last ? k : static_cast<uint32_t>(CAP);
         if (s_count[ql] > limit) {
           const buffer b = {s_lo[ql], s_hi[ql], s_id[ql], &s_count[ql], &s_thr[ql]};
-          compact<T, CAP>(b, k, queries + (q0 + ql) * dim, dataset, dim, reinterpret_cast<uint32_t*>(s_acc[warp]));
+          compact<T, CAP>(b, k, queries + (q0 + ql) * dim, dataset, dim, reinterpret_cast<uint32_t*>(s_acc[warp]),
+                          s_bound[ql]);
+          if (bound_keys != nullptr && lane == 0) atomicMin(bound_keys + q0 + ql, order_key(s_thr[ql]));
         }
       }
       __syncthreads();
     }
-    // Out: per (query, chunk) its count and up to CAP entries.
+    // Out: per (query, chunk) its count and up to CAP entries, less those above the
+    // query's shared bound as it is now (one lane reads it for the warp).
     for (uint32_t ql = warp; ql < QT; ql += WARPS) {
       const uint64_t q = q0 + ql;
       if (q >= n_queries) continue;
       const uint64_t slot = q * n_chunks + chunk;
-      const uint32_t m = s_count[ql];
+      const uint32_t bound = __shfl_sync(0xffffffffu, lane == 0 ? shared_bound(bound_keys, q, n_queries) : 0u, 0);
+      uint32_t m = s_count[ql];
+      if (bound != 0xffffffffu) {
+        const buffer b = {s_lo[ql], s_hi[ql], s_id[ql], &s_count[ql], &s_thr[ql]};
+        m = keep_at_most(b, m, (static_cast<uint64_t>(bound) << 32) | 0xffffffffull, lane);
+      }
       if (lane == 0) out_count[slot] = m;
       for (uint32_t i = lane; i < m; i += 32) {
         out_lo[slot * CAP + i] = s_lo[ql][i];

@@ -703,6 +703,50 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     for c in [&all[0], merging] {
         an_unwritten_count_skips_its_query(exe, metric, precision, c);
     }
+    let ties = all
+        .iter()
+        .find(|c| c.what.contains("ties and duplicate rows"))
+        .expect("a case with ties");
+    the_shared_bound_drops_only_far_rows(exe, metric, precision, merging, true);
+    the_shared_bound_drops_only_far_rows(exe, metric, precision, ties, false);
+}
+
+/// The bound a query's chunks share (knn_tile.cuh `shared_bound`) drops
+/// only rows that cannot be neighbours: with it (as `check` ran every case)
+/// and without it (a null pointer: every chunk on its own) the results are
+/// the same, bit for bit, and the tile kernel writes no more candidates with
+/// it; over many chunks (`fewer`), strictly fewer. The emulator runs blocks
+/// one after another, so later chunks meet the bound the earlier ones left.
+fn the_shared_bound_drops_only_far_rows(
+    exe: &Path,
+    metric: Metric,
+    precision: Precision,
+    c: &Case<'_>,
+    fewer: bool,
+) {
+    let (_plan, dir, args) = prepare(metric, precision, c);
+    let run = |env: &[(&str, String)], how: &str| {
+        emulated::run_with(exe, &args, env, &format!("{}: {how}", c.what));
+        let bytes = std::fs::read(dir.path().join("candidates.bin")).unwrap();
+        let written = u64::from_le_bytes(bytes.try_into().expect("one u64"));
+        let found = emulated::read_results(dir.path(), c.queries.rows(), c.k, false);
+        let bits: Vec<u32> = found.distances.iter().map(|d| d.to_bits()).collect();
+        (written, found.ids, bits)
+    };
+    let (shared, ids, dists) = run(&[], "shared bound");
+    let (alone, alone_ids, alone_dists) =
+        run(&[("FRAGLINK_SIMT_NO_BOUND", "1".into())], "no shared bound");
+    assert_eq!(
+        (ids, dists),
+        (alone_ids, alone_dists),
+        "{}: results with and without the shared bound",
+        c.what
+    );
+    assert!(
+        shared <= alone && (!fewer || shared < alone),
+        "{}: {shared} candidates written with the shared bound, {alone} without",
+        c.what
+    );
 }
 
 /// A batch smaller than a query tile launches with its queries' candidate

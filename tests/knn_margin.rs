@@ -378,13 +378,20 @@ fn key_less(a: (f32, u32), b: (f32, u32)) -> bool {
     a.0 < b.0 || (a.0 == b.0 && a.1 < b.1)
 }
 
-/// knn_tile.cuh's `compact`: T = min(T, k-th smallest hi), keep lo ≤ T; more
-/// than `cap` left: the exact best k.
-fn compact(buf: &mut Vec<Cand>, thr: &mut f32, k: usize, cap: usize, exact: &dyn Fn(u32) -> f32) {
+/// knn_tile.cuh's `compact`: T = min(T, k-th smallest hi), keep lo ≤ T and
+/// lo ≤ the query's shared bound; more than `cap` left: the exact best k.
+fn compact(
+    buf: &mut Vec<Cand>,
+    thr: &mut f32,
+    shared: f32,
+    k: usize,
+    cap: usize,
+    exact: &dyn Fn(u32) -> f32,
+) {
     let mut his: Vec<f32> = buf.iter().map(|c| c.hi).collect();
     his.sort_by(|a, b| a.total_cmp(b));
     let t = thr.min(his[k - 1]);
-    buf.retain(|c| c.lo <= t);
+    buf.retain(|c| c.lo <= t && c.lo <= shared);
     *thr = t;
     if buf.len() > cap {
         for c in buf.iter_mut() {
@@ -405,13 +412,15 @@ fn compact(buf: &mut Vec<Cand>, thr: &mut f32, k: usize, cap: usize, exact: &dyn
 }
 
 /// The select's shape: k, the variant's capacity, its row tile, the
-/// launch's chunk length.
+/// launch's chunk length, and whether the chunks share a bound
+/// (knn_tile.cuh `shared_bound`; a null pointer: each on its own).
 #[derive(Clone, Copy)]
 struct Shape {
     k: usize,
     cap: usize,
     rt: usize,
     chunk_rows: usize,
+    shared: bool,
 }
 
 /// The two kernels for one query over `n` rows, with `bounds(row)` the
@@ -428,19 +437,23 @@ fn emulate_query(
         cap,
         rt,
         chunk_rows,
+        shared: share,
     } = shape;
     let mut all = Vec::new();
+    // The least T any chunk has published (the chunks run one after
+    // another here, so later ones meet the earlier ones' bound).
+    let mut shared = f32::INFINITY;
     for start in (0..n).step_by(chunk_rows) {
         let end = (start + chunk_rows).min(n);
         let (mut buf, mut thr) = (Vec::<Cand>::new(), f32::INFINITY);
         for r0 in (start..end).step_by(rt) {
-            let t = thr; // fixed during an iteration
+            let (t, s) = (thr, shared); // fixed during an iteration
             for row in r0..(r0 + rt).min(end) {
                 if !allowed(row) {
                     continue;
                 }
                 let (lo, hi) = bounds(row as u32);
-                if lo < t {
+                if lo < t && lo <= s {
                     buf.push(Cand {
                         lo,
                         hi,
@@ -454,10 +467,14 @@ fn emulate_query(
             );
             let limit = if r0 + rt >= end { k } else { cap };
             if buf.len() > limit {
-                compact(&mut buf, &mut thr, k, cap, exact);
+                compact(&mut buf, &mut thr, s, k, cap, exact);
+                if share {
+                    shared = shared.min(thr);
+                }
             }
         }
         assert!(buf.len() <= cap);
+        buf.retain(|c| c.lo <= shared);
         all.extend(buf);
     }
     // knn_rerank: U, lo ≤ U, exact, k smallest keys.
@@ -536,21 +553,24 @@ fn check_select(
                 d
             }
         };
-        let shape = Shape {
-            k,
-            cap,
-            rt,
-            chunk_rows,
-        };
-        let got = emulate_query(n, shape, allowed, &bounds, &exact);
-        for (j, (d, id)) in got.iter().enumerate() {
-            let (wid, wd) = (want.ids[qi * k + j], want.distances[qi * k + j]);
-            let id = if *id == u32::MAX { -1 } else { *id as i64 };
-            assert_eq!(
-                (id, d.to_bits()),
-                (wid, wd.to_bits()),
-                "{metric:?} {p:?} {model:?} query {qi} rank {j}: ({id}, {d}) vs ({wid}, {wd})"
-            );
+        for shared in [false, true] {
+            let shape = Shape {
+                k,
+                cap,
+                rt,
+                chunk_rows,
+                shared,
+            };
+            let got = emulate_query(n, shape, allowed, &bounds, &exact);
+            for (j, (d, id)) in got.iter().enumerate() {
+                let (wid, wd) = (want.ids[qi * k + j], want.distances[qi * k + j]);
+                let id = if *id == u32::MAX { -1 } else { *id as i64 };
+                assert_eq!(
+                    (id, d.to_bits()),
+                    (wid, wd.to_bits()),
+                    "{metric:?} {p:?} {model:?} shared bound {shared}, query {qi} rank {j}: ({id}, {d}) vs ({wid}, {wd})"
+                );
+            }
         }
     }
 }

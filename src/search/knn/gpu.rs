@@ -397,6 +397,10 @@ impl KnnSearch<'_> {
             // instead of the re-rank reading stale ids (out of bounds, or
             // plausible wrong neighbours).
             t.fill_ones(&mut cand.count)?;
+            // Each query's bound its chunks share (knn_tile.cuh
+            // `shared_bound`): all ones, no bound yet.
+            let mut bounds = pool.alloc::<u32>(nb)?;
+            t.fill_ones(&mut bounds)?;
             {
                 let tiles = nb.div_ceil(self.plan.qtile as usize) as u32;
                 let cfg = LaunchConfig::new((tiles, n_chunks, 1), (KNN_BLOCK, 1, 1))
@@ -426,12 +430,13 @@ impl KnnSearch<'_> {
                     .value(k as u32)
                     .value(chunk_rows);
                 cand.push_outputs(&mut a)?;
+                a.output(bounds.view_mut())?;
                 // SAFETY: arguments in the order and types of knn_tile's
                 // contract (fragments/README.md); counts fit their u32
                 // parameters (n_rows < 2^32 - 1 and dim ≤ 2^17 by the plan,
                 // nb ≤ KNN_BATCH, k ≤ capacity); the outputs hold
-                // nb × n_chunks (× capacity) elements; sizes and alignments
-                // are checked by the launcher.
+                // nb × n_chunks (× capacity) elements, the bounds nb; sizes
+                // and alignments are checked by the launcher.
                 unsafe { tile.launch(&cfg, &mut a)? };
             }
             let mut o_ids = pool.alloc::<u32>(nb * k)?;

@@ -18,6 +18,10 @@
 // candidate buffer breaks the kernels' contract; 2 on bad arguments.
 // FRAGLINK_SIMT_QUERY_OFFSET=N starts the queries N elements into their buffer (a
 // misaligned pointer, for the launch-refusal tests); so do the queries' f16 copies.
+// The candidate kernel gets the queries' shared bounds (all ones, as the host sets
+// them), or with FRAGLINK_SIMT_NO_BOUND=1 a null pointer (every chunk on its own).
+// DIR/candidates.bin receives the number of candidates the tile kernel wrote, all
+// slots together (one little-endian u64).
 // FRAGLINK_SIMT_UNWRITE_SLOT=S sets candidate slot S's count back to all ones after
 // the tile kernel (as a refused tile launch leaves every count): the re-rank blocks
 // whose first query is that slot's must write nothing, so with the query alone in
@@ -39,7 +43,7 @@ using namespace simt_io;
 template <typename T>
 using tile_fn = void (*)(const T*, const T*, const void*, const void*, const uint32_t*, const float*, const float*,
                          const float*, const float*, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*,
-                         float*, float*, uint32_t*);
+                         float*, float*, uint32_t*, uint32_t*);
 template <typename T>
 using rerank_fn = void (*)(const T*, const T*, const uint32_t*, const float*, const float*, const uint32_t*,
                            uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*, float*, float*, uint32_t*,
@@ -120,12 +124,20 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   // Sentinels: every slot the tile kernel owns must be overwritten.
   candidates c(size_t(nq) * n_chunks, cap);
   const uint32_t* filter = bits.empty() ? nullptr : bits.data();
+  const char* no_bound_env = std::getenv("FRAGLINK_SIMT_NO_BOUND");
+  std::vector<uint32_t> bounds(nq, 0xFFFFFFFFu);
+  uint32_t* const bound_keys = no_bound_env != nullptr && std::string(no_bound_env) == "1" ? nullptr : bounds.data();
   auto run_tile = [&] {
     tile.fn(dataset.data(), queries, stage_dataset, stage_queries, filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
-            chunk_rows, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data());
+            chunk_rows, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data(), bound_keys);
   };
   simt::launch(simt::extent{tile_grid, n_chunks, 1}, simt::extent{128, 1, 1}, run_tile, seed, tile_shared);
   c.check("tile", cap, n_rows, [&](size_t s, uint32_t id) { return id / chunk_rows == s % n_chunks; });
+  {
+    uint64_t written = 0;
+    for (uint32_t n : c.count) written += n == candidates::count_unwritten ? 0 : n;
+    write_file(dir + "/candidates.bin", std::vector<uint64_t>{written});
+  }
   const char* unwrite_env = std::getenv("FRAGLINK_SIMT_UNWRITE_SLOT");
   size_t skipped = SIZE_MAX;  // the query whose outputs must stay unwritten
   if (unwrite_env != nullptr) {

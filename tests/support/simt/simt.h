@@ -403,6 +403,16 @@ inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   return simt::from_bits<T>(simt::warp_of(simt::self()).value[g][src]);
 }
 
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  simt::require_full(mask, "__shfl_sync");
+  if (width != 32) simt::fail("__shfl_sync with a width below 32 is not emulated");
+  const unsigned g = simt::warp_exchange(simt::to_bits(v), 0);
+  const unsigned src = static_cast<unsigned>(src_lane) & 31u;
+  if (simt::lane_done(src)) simt::fail("__shfl_sync reads an exited lane");
+  return simt::from_bits<T>(simt::warp_of(simt::self()).value[g][src]);
+}
+
 inline unsigned __ballot_sync(unsigned mask, int pred) {
   simt::require_full(mask, "__ballot_sync");
   const unsigned g = simt::warp_exchange(0, pred != 0);
@@ -420,6 +430,12 @@ inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
   const unsigned old = *p;
   *p = old + v;
+  return old;
+}
+
+inline unsigned atomicMin(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = v < old ? v : old;
   return old;
 }
 
