@@ -51,7 +51,9 @@
 //   NaN -> +inf) and the k smallest (d, id) keys are the result, padded with
 //   (+inf, 0xFFFFFFFF) as the scan pads. A candidate with lo > U has k candidates
 //   with d' <= hi' <= U < lo <= d. So results equal the scan kernel's and the CPU
-//   path's bit for bit.
+//   path's bit for bit. Where every candidate is exact already (exact_bounds: integer
+//   candidates, and the final launch over a merge level's exact best k), pass 1's
+//   (hi, id) keys are the (d, id) keys and pass 2 is skipped.
 //
 // Not handled here (the host routes such searches to the scan kernel, or where
 // k > 256, the scan's largest capacity, to the two-pass select of knn_select.cuh): rows or queries that are
@@ -817,6 +819,16 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
 }
 
 // ----- merge and exact re-rank ---------------------------------------------------
+// Whether a candidate's bounds pin its distance: lo == hi bit for bit, so the
+// reference d (lo <= d <= hi) is that float; zero excluded, whose sign the bounds
+// need not share with d. Integer candidates (lo = hi = d from exact integers), the
+// compaction's exact pass and the merge level's output are such; float bounds
+// almost never (e > 0 is at least 2^-123, so lo == hi only where e is below half an
+// ulp of g).
+__device__ FRAGLINK_INLINE bool exact_bounds(float lo, float hi) {
+  return __float_as_uint(lo) == __float_as_uint(hi) && lo != 0.0f;
+}
+
 // Block (x, y) re-ranks the candidates of query x (grid-stride) from chunks
 // [group_chunks y, group_chunks (y + 1)). With `merged_count` (the merge level, grid.y
 // groups) the group's exact best k go to slot (q, y) of the merged arrays in
@@ -883,6 +895,8 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {
     const T* __restrict__ qrow = queries + q * dim;
     float u = inf;
+    // A candidate of this thread whose bounds do not pin its distance (pass 0).
+    bool inexact = false;
     // Rolled: one copy of the pass for the linker to compile, not two.
 #pragma unroll 1
     for (int pass = 0; pass < 2; ++pass) {
@@ -906,6 +920,7 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
             if (pass == 0) {
               key = cand_hi[at];
               candidate = true;
+              inexact = inexact || !exact_bounds(cand_lo[at], key);
             } else if (cand_lo[at] <= u) {
               key = exact_distance<T>(qrow, dataset + static_cast<uint64_t>(id) * dim, dim);
               candidate = true;
@@ -916,7 +931,8 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
         top.offer(candidate, key, id, last);
       }
       u = s_key[k - 1];
-      __syncthreads();
+      // Every candidate exact: pass 0's (hi, id) keys were the (d, id) keys.
+      if (!__syncthreads_or(inexact)) break;
     }
     if (merging) {
       // Real rows come first (padding sorts last), so they are a prefix.
