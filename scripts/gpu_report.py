@@ -362,9 +362,10 @@ def render(r, summary=False):
                     names.append(n)
         lines.append("| dtype | nq | k | " + " | ".join(names)
                      + " | fraglink kernel | fraglink / best peer | goal (met) | tensor cores / scan"
-                     + " | -Ofc=min link / default | scan row splits / 1 block | floor QPS (bound) |")
+                     + " | -Ofc=min link / default | shared bound / none | scan row splits / 1 block"
+                     + " | floor QPS (bound) |")
         lines.append("| --- | --- | --- | " + " | ".join("---" for _ in names)
-                     + " | --- | --- | --- | --- | --- | --- | --- |")
+                     + " | --- | --- | --- | --- | --- | --- | --- | --- |")
         for c in p["cases"]:
             cells = []
             for n in names:
@@ -381,7 +382,7 @@ def render(r, summary=False):
             lines.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | " + " | ".join(cells)
                          + f" | {fmt(kernel)} | {fmt(c.get('fraglink_vs_best_peer'))} | {met}"
                          + f" | {fmt(c.get('tensor_core_vs_scan'))} | {fmt(c.get('fast_link_vs_default'))}"
-                         + f" | {fmt(c.get('scan_splits_gain'))}"
+                         + f" | {fmt(c.get('shared_bound_gain'))} | {fmt(c.get('scan_splits_gain'))}"
                          + f" | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
         lines.append("")
         left = [f"{c['dtype']} nq {c['nq']} k {c['k']}" for c in p.get("cases_left_out") or []]

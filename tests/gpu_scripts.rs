@@ -131,10 +131,12 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         "fraglink[knn_tile_f32_tf32_q64_r64_k32]": {"qps": 150.0, "recall": 1.0},
         "fraglink[knn_tile_f32_tf32x3_q64_r64_k32]": {"error": "FRAGLINK_KNN_VARIANT = ..."},
         "fraglink/scan": {"qps": 80.0, "recall": 1.0},
-        "fraglink/scan-1block": {"qps": 2.0, "recall": 1.0}
+        "fraglink/scan-1block": {"qps": 2.0, "recall": 1.0},
+        "fraglink/no-bound": {"qps": 80.0, "recall": 1.0}
     });
     doc["cases"][0]["best_variant"] = "knn_tile_f32_tf32_q64_r64_k32".into();
     doc["cases"][0]["scan_splits_gain"] = 40.0.into();
+    doc["cases"][0]["shared_bound_gain"] = 1.25.into();
     let results = dir.path().join("results.json");
     // One line of the search matrix, as gpu-run.sh collects it.
     let search = serde_json::json!([{
@@ -157,6 +159,8 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         md.contains("fraglink kernel")
             && md.contains("tensor cores / scan")
             && md.contains("scan row splits / 1 block")
+            && md.contains("shared bound / none")
+            && md.contains("| 1.25 | 40 |")
             && md.contains("| fraglink/scan-1block |")
             && md.contains("| 2 (1) |")
             && md.contains("| 40 |"),

@@ -33,6 +33,11 @@ out of memory on the distance matrix):
                        benches/scripts/cold_links.sh), so that their speed is
                        known before a plan takes that level:
                        `fast_link_vs_default` = it over `fraglink`
+  fraglink/no-bound    `fraglink` with FRAGLINK_KNN_SHARED_BOUND=0: the row
+                       chunks of a query each on their own, as before the
+                       candidate kernel's shared bound (knn_tile.cuh
+                       `shared_bound`), where the tensor-core path serves
+                       (k <= 1024): `shared_bound_gain` = `fraglink` over it
   fraglink[<variant>]  for the cases of --variant-nq x --variant-k: fraglink
                        with FRAGLINK_KNN_VARIANT naming each candidate kernel
                        (knn_tile_*) of the dtype, per precision (f32: TF32,
@@ -44,8 +49,9 @@ out of memory on the distance matrix):
 
 Order, for a run cut short: every case's goal sides first (the peers and
 `fraglink`, the planner's pick: the issue's table), then the diagnostic sides
-of every case (`fraglink/scan`, then `fraglink/fast-link`, then
-`fraglink/scan-1block`, then the candidate kernels by name). With `--seconds S` (gpu-run.sh passes what its
+of every case (`fraglink/scan`, then `fraglink/no-bound`, then
+`fraglink/fast-link`, then `fraglink/scan-1block`, then the candidate kernels
+by name). With `--seconds S` (gpu-run.sh passes what its
 budget has left) nothing is started that the run's own timings say would end
 after S seconds: such cases are listed in `cases_left_out`, such sides in
 their case's `sides_left_out`, and GPU.md says so.
@@ -227,13 +233,14 @@ def knn_variants(bin_, dtype, k, dim):
 
 
 def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None, splits=None,
-                 fast_compile=None, timeout=FRAGLINK_TIMEOUT):
+                 fast_compile=None, shared_bound=True, timeout=FRAGLINK_TIMEOUT):
     """fraglink's side, timed as the peers are (`timed`): one warm-up search,
     then the median of `reps` (`--repeat reps+1` in one process; the first
     search, which links or loads the kernels, is reported apart). `variant`
     names the candidate kernel (FRAGLINK_KNN_VARIANT), `splits` fixes the
     scan's row splits (FRAGLINK_SCAN_SPLITS), `fast_compile` the link's
-    fast-compile level (FRAGLINK_FAST_COMPILE)."""
+    fast-compile level (FRAGLINK_FAST_COMPILE), `shared_bound` False turns
+    the candidate kernel's shared bound off (FRAGLINK_KNN_SHARED_BOUND=0)."""
     cmd = [bin_, "search", "--device", "gpu", "--json", "--base", base, "--queries", queries,
            "--groundtruth", gt, "--k", str(k), "--metric", "l2", "--dtype", dtype,
            "--repeat", str(reps + 1)]
@@ -241,6 +248,7 @@ def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None
     env.pop("FRAGLINK_KNN_VARIANT", None)
     env.pop("FRAGLINK_SCAN_SPLITS", None)
     env.pop("FRAGLINK_FAST_COMPILE", None)
+    env["FRAGLINK_KNN_SHARED_BOUND"] = "1" if shared_bound else "0"
     if fast_compile:
         env["FRAGLINK_FAST_COMPILE"] = fast_compile
     if variant:
@@ -333,6 +341,8 @@ def finish_case(case):
     case["scan_splits_gain"] = (sq / oq) if (sq and oq) else None
     lq = case["sides"].get("fraglink/fast-link", {}).get("qps")
     case["fast_link_vs_default"] = (lq / fq) if (fq and lq) else None
+    bq = case["sides"].get("fraglink/no-bound", {}).get("qps")
+    case["shared_bound_gain"] = (fq / bq) if (fq and bq) else None
     r = case["fraglink_vs_best_peer"]
     case["goal_met"] = None if (case["goal"] is None or r is None) else r >= case["goal"]
 
@@ -488,6 +498,8 @@ def main():
                 print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer",
                                                           "goal", "goal_met")}), flush=True)
                 extras.append((case, "fraglink/scan", {"knn": False}, files))
+                if k <= 1024:
+                    extras.append((case, "fraglink/no-bound", {"shared_bound": False}, files))
                 extras.append((case, "fraglink/fast-link", {"fast_compile": "min"}, files))
                 if nq < 2 * sm_count and k <= 256:
                     extras.append((case, "fraglink/scan-1block", {"knn": False, "splits": 1}, files))
@@ -497,11 +509,12 @@ def main():
         del x, x64, xf, qall
         torch.cuda.empty_cache()
     # The scan against the tensor-core path first (every case's), then the
-    # fast-compile links, then one block per query against the row splits,
+    # candidate kernel without its shared bound, then the fast-compile links,
+    # then one block per query against the row splits,
     # then the candidate kernels by name: the order in which they answer
     # questions about the planner.
-    rank = {"fraglink/scan": 0, "fraglink/fast-link": 1, "fraglink/scan-1block": 2}
-    for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 3)):
+    rank = {"fraglink/scan": 0, "fraglink/no-bound": 1, "fraglink/fast-link": 2, "fraglink/scan-1block": 3}
+    for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 4)):
         if not clock.allows(clock.fraglink_estimate()):
             case.setdefault("sides_left_out", []).append(name)
             case["left_out_reason"] = clock.reason()
@@ -515,6 +528,7 @@ def main():
                           "best_variant": case["best_variant"],
                           "tensor_core_vs_scan": case["tensor_core_vs_scan"],
                           "fast_link_vs_default": case["fast_link_vs_default"],
+                          "shared_bound_gain": case["shared_bound_gain"],
                           "scan_splits_gain": case["scan_splits_gain"]}), flush=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)

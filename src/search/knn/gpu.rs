@@ -364,6 +364,7 @@ impl KnnSearch<'_> {
         };
         let cap = self.plan.capacity as usize;
         let (k, dim) = (self.k, self.dim);
+        let share_bound = shared_bound_by_env()?;
         let mut out = Neighbors {
             nq,
             k,
@@ -399,8 +400,13 @@ impl KnnSearch<'_> {
             t.fill_ones(&mut cand.count)?;
             // Each query's bound its chunks share (knn_tile.cuh
             // `shared_bound`): all ones, no bound yet.
-            let mut bounds = pool.alloc::<u32>(nb)?;
-            t.fill_ones(&mut bounds)?;
+            let mut bounds = if share_bound {
+                let mut b = pool.alloc::<u32>(nb)?;
+                t.fill_ones(&mut b)?;
+                Some(b)
+            } else {
+                None
+            };
             {
                 let tiles = nb.div_ceil(self.plan.qtile as usize) as u32;
                 let cfg = LaunchConfig::new((tiles, n_chunks, 1), (KNN_BLOCK, 1, 1))
@@ -430,7 +436,10 @@ impl KnnSearch<'_> {
                     .value(k as u32)
                     .value(chunk_rows);
                 cand.push_outputs(&mut a)?;
-                a.output(bounds.view_mut())?;
+                match &mut bounds {
+                    Some(b) => a.output(b.view_mut())?,
+                    None => a.null_ptr(),
+                };
                 // SAFETY: arguments in the order and types of knn_tile's
                 // contract (fragments/README.md); counts fit their u32
                 // parameters (n_rows < 2^32 - 1 and dim ≤ 2^17 by the plan,
@@ -501,18 +510,39 @@ pub(crate) fn f16copy_refused(plan: &KnnPlan, what: &str) -> GpuSearchError {
 /// (default on; `0`/`false`/`no`/`off` leave every search to the exact scan,
 /// e.g. to compare the two). Any other value is an error naming it.
 pub fn enabled_by_env() -> Result<bool, GpuSearchError> {
-    const VAR: &str = "FRAGLINK_GPU_KNN";
-    match std::env::var(VAR) {
-        Err(_) => Ok(true),
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "1" | "true" | "yes" | "on" => Ok(true),
-            "0" | "false" | "no" | "off" => Ok(false),
-            _ => Err(GpuSearchError::Env {
-                variable: VAR,
-                value: v,
-                expected: "1/true/yes/on or 0/false/no/off",
-            }),
-        },
+    switch_by_env("FRAGLINK_GPU_KNN")
+}
+
+/// `FRAGLINK_KNN_SHARED_BOUND`: whether the row chunks of one query share
+/// a bound (knn_tile.cuh `shared_bound`; default on). Off passes the
+/// candidate kernel a null pointer, every chunk on its own as before the
+/// bound, for benchmarks to compare (`gpu_peers.py`'s `fraglink/no-bound`);
+/// the results are the same either way. Any other value is an error naming
+/// it.
+pub fn shared_bound_by_env() -> Result<bool, GpuSearchError> {
+    switch_by_env("FRAGLINK_KNN_SHARED_BOUND")
+}
+
+/// A switch that is on unless `var` says otherwise.
+fn switch_by_env(var: &'static str) -> Result<bool, GpuSearchError> {
+    switch_value(var, std::env::var(var).ok())
+}
+
+/// Unset, empty, `1`/`true`/`yes`/`on`: on; `0`/`false`/`no`/`off`: off
+/// (any case, surrounding blanks ignored); anything else an error naming
+/// `var` and the value.
+fn switch_value(var: &'static str, value: Option<String>) -> Result<bool, GpuSearchError> {
+    let Some(v) = value else {
+        return Ok(true);
+    };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(GpuSearchError::Env {
+            variable: var,
+            value: v,
+            expected: "1/true/yes/on or 0/false/no/off",
+        }),
     }
 }
 
@@ -530,6 +560,29 @@ pub fn variant_by_env() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn switches_are_on_unless_said_off_and_bad_values_are_named() {
+        let var = "FRAGLINK_KNN_SHARED_BOUND";
+        for on in [
+            None,
+            Some(""),
+            Some("1"),
+            Some(" On "),
+            Some("TRUE"),
+            Some("yes"),
+        ] {
+            assert!(switch_value(var, on.map(String::from)).unwrap(), "{on:?}");
+        }
+        for off in ["0", "false", "No", " off"] {
+            assert!(!switch_value(var, Some(off.into())).unwrap(), "{off}");
+        }
+        let e = switch_value(var, Some("maybe".into())).unwrap_err();
+        assert!(
+            e.to_string().contains(var) && e.to_string().contains("maybe"),
+            "{e}"
+        );
+    }
 
     /// Rows of 3 cut into steps of 4 elements: a special row's elements are
     /// zeroed in every step it crosses, and steps without one are left alone.

@@ -291,10 +291,10 @@ pub fn tile_dynamic_bytes(qtile: u32, rtile: u32, capacity: u32) -> u32 {
 /// pipeline's stages (`tile_stages`) of query and row chunks, 64 bytes per row
 /// (16-byte slabs as they are; 32-byte slabs padded to 48 bytes, so 96), 4
 /// warps' 16 × 16 accumulators (also their compaction histograms), per query
-/// a count, threshold and two norms.
+/// a count, threshold, two norms and the shared bound (`shared_bound`).
 pub fn tile_static_bytes(elem_bytes: u32, qtile: u32, rtile: u32, capacity: u32) -> u32 {
     let staged_row = if elem_bytes == 1 { 64 } else { 96 };
-    tile_stages(qtile, capacity) * staged_row * (qtile + rtile) + 4 * 4 * 256 + 16 * qtile
+    tile_stages(qtile, capacity) * staged_row * (qtile + rtile) + 4 * 4 * 256 + 20 * qtile
 }
 
 /// Chunks knn_tile holds in shared memory at once (`tile_shape::STAGES`):
