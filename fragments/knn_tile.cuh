@@ -38,9 +38,10 @@
 //   between iterations, and iterations go up in id) whose hi <= T, so k keys
 //   (d', id') < (d, id) exist; (b) at compaction with lo > T: k members have
 //   d' <= hi' <= T < lo <= d; (c) by the exact reduction: k members precede it by
-//   exact key; (d) at insertion, compaction or output with lo > B, B the bound the
-//   query's chunks share (shared_bound: the least T any of them published), so k rows
-//   of one chunk have d' <= B < lo <= d. src/search/cpu.rs uses rules (a)-(c).
+//   exact key; (d) at insertion or compaction (the chunk's last too) with lo > B, B
+//   the bound the query's chunks share (shared_bound: the least T any of them
+//   published), so k rows of one chunk have d' <= B < lo <= d. src/search/cpu.rs uses
+//   rules (a)-(c).
 //
 // knn_rerank<T, CAP> — merge and exact re-rank, one block per query and group of chunks
 //   (grid-stride; with many chunks a merge launch over groups of chunks comes first,
@@ -377,13 +378,13 @@ __device__ FRAGLINK_INLINE uint32_t keep_at_most(const buffer& b, uint32_t m, ui
   return out;
 }
 
-// Compacts one query's buffer (called by a whole warp when *count > k; `hist` is
-// the warp's 256-word scratch): T = min(T, k-th smallest hi), keep lo <= T and
-// lo <= the query's shared bound (`shared_key`, an order key: shared_bound); if more
-// than CAP remain, replace them by the exact best k (the k smallest (d, id) keys,
-// scan::key_less's order). Ends with *count <= CAP. The shared bound only filters:
-// *b.thr stays the chunk's own T (the insertion rule drops lo >= T, which the ids
-// justify only for rows of this chunk).
+// Compacts one query's buffer (called by a whole warp; `hist` is the warp's 256-word
+// scratch): T = min(T, k-th smallest hi) where the buffer holds k entries or more,
+// keep lo <= T and lo <= the query's shared bound (`shared_key`, an order key:
+// shared_bound); if more than CAP remain, replace them by the exact best k (the k
+// smallest (d, id) keys, scan::key_less's order). Ends with *count <= CAP. The shared
+// bound only filters: *b.thr stays the chunk's own T (the insertion rule drops
+// lo >= T, which the ids justify only for rows of this chunk).
 template <typename T, int CAP>
 __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qrow, const T* dataset, uint32_t dim,
                                         uint32_t* hist, uint32_t shared_key) {
@@ -397,8 +398,10 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
 #pragma unroll 1
   for (int pass = 0; pass < 2; ++pass) {
     const bool exact = pass == 1;
-    const uint64_t kth = kth_smallest(b, m, k, exact, exact ? 8 : 4, hist, lane);
-    t = fminf(t, from_order_key(static_cast<uint32_t>(kth >> 32)));
+    // Fewer than k entries (only at a chunk's end, for the shared bound alone): no
+    // k-th. The exact pass runs with more than CAP >= k.
+    const uint64_t kth = m >= k ? kth_smallest(b, m, k, exact, exact ? 8 : 4, hist, lane) : ~0ull;
+    if (m >= k) t = fminf(t, from_order_key(static_cast<uint32_t>(kth >> 32)));
     const uint32_t keep_key = order_key(t) < shared_key ? order_key(t) : shared_key;
     m = keep_at_most(b, m, exact ? kth : (static_cast<uint64_t>(keep_key) << 32) | 0xffffffffull, lane);
     if (exact || m <= static_cast<uint32_t>(CAP)) {
@@ -786,27 +789,30 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
       const bool last = r0 + RT >= row_end;
       for (uint32_t ql = warp; ql < QT; ql += WARPS) {
         const uint32_t limit = last ? k : static_cast<uint32_t>(CAP);
-        if (s_count[ql] > limit) {
+        const uint32_t count = s_count[ql];
+        // At the chunk's end the bound as it is now (one lane reads it for the
+        // warp), and a buffer of k entries or fewer compacts too where there is a
+        // bound: a chunk that saw no row near the query's best writes few or none.
+        // (One compact call site: a second keep_at_most, in the output loop, made
+        // knn_tile links about 8% longer.)
+        const uint32_t shared_key =
+            last ? __shfl_sync(0xffffffffu, lane == 0 ? shared_bound(bound_keys, q0 + ql, n_queries) : 0u, 0)
+                 : s_bound[ql];
+        if (count > limit || (last && count != 0 && shared_key != 0xffffffffu)) {
           const buffer b = {s_lo[ql], s_hi[ql], s_id[ql], &s_count[ql], &s_thr[ql]};
           compact<T, CAP>(b, k, queries + (q0 + ql) * dim, dataset, dim, reinterpret_cast<uint32_t*>(s_acc[warp]),
-                          s_bound[ql]);
+                          shared_key);
           if (bound_keys != nullptr && lane == 0) atomicMin(bound_keys + q0 + ql, order_key(s_thr[ql]));
         }
       }
       __syncthreads();
     }
-    // Out: per (query, chunk) its count and up to CAP entries, less those above the
-    // query's shared bound as it is now (one lane reads it for the warp).
+    // Out: per (query, chunk) its count and up to CAP entries.
     for (uint32_t ql = warp; ql < QT; ql += WARPS) {
       const uint64_t q = q0 + ql;
       if (q >= n_queries) continue;
       const uint64_t slot = q * n_chunks + chunk;
-      const uint32_t bound = __shfl_sync(0xffffffffu, lane == 0 ? shared_bound(bound_keys, q, n_queries) : 0u, 0);
-      uint32_t m = s_count[ql];
-      if (bound != 0xffffffffu) {
-        const buffer b = {s_lo[ql], s_hi[ql], s_id[ql], &s_count[ql], &s_thr[ql]};
-        m = keep_at_most(b, m, (static_cast<uint64_t>(bound) << 32) | 0xffffffffull, lane);
-      }
+      const uint32_t m = s_count[ql];
       if (lane == 0) out_count[slot] = m;
       for (uint32_t i = lane; i < m; i += 32) {
         out_lo[slot * CAP + i] = s_lo[ql][i];
@@ -820,11 +826,12 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
 
 // ----- merge and exact re-rank ---------------------------------------------------
 // Whether a candidate's bounds pin its distance: lo == hi bit for bit, so the
-// reference d (lo <= d <= hi) is that float; zero excluded, whose sign the bounds
-// need not share with d. Integer candidates (lo = hi = d from exact integers), the
-// compaction's exact pass and the merge level's output are such; float bounds
-// almost never (e > 0 is at least 2^-123, so lo == hi only where e is below half an
-// ulp of g).
+// reference d (lo <= d <= hi) is that float. Integer candidates (lo = hi = d from
+// exact integers), the compaction's exact pass and the merge level's output are such;
+// float bounds never are (e exceeds half an ulp of g: l2 e >= 18u s^2 with |g| <~ s^2,
+// inner product e >= 6u |q||x|, cosine e >= ~52u with g <= ~2). Zero is excluded as
+// insurance, since a bound's zero need not carry d's sign; a search whose best
+// distance is zero (a query among the rows) so keeps both passes.
 __device__ FRAGLINK_INLINE bool exact_bounds(float lo, float hi) {
   return __float_as_uint(lo) == __float_as_uint(hi) && lo != 0.0f;
 }
