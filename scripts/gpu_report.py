@@ -256,6 +256,36 @@ def merge(runs):
     return out
 
 
+def trace_table(cases):
+    """GPU.md's lines for the searches gpu_peers.py traced
+    (FRAGLINK_SEARCH_TRACE): wall, device span, the host's share, and each
+    step's host and device time."""
+    rows = []
+    for c in cases:
+        for path, got in (c.get("traces") or {}).items():
+            t = (got or {}).get("trace")
+            if not t:
+                rows.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | {path} | error: "
+                            f"{fmt((got or {}).get('error', 'no trace'))[:80]} | | | |")
+                continue
+            wall, span = t.get("wall_us") or 0.0, t.get("gpu_span_us") or 0.0
+            steps = "; ".join(
+                f"{st['step']} {fmt(st.get('host_us'))}"
+                + (f" / {fmt(st['gpu_us'])}" if st.get("gpu_us") is not None else "")
+                + (f" (x{st['count']})" if st.get("count", 1) != 1 else "")
+                for st in t.get("steps") or [])
+            rows.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | {path} | {fmt(wall)} | {fmt(span)} | "
+                        f"{fmt(wall - span)} | {steps} |")
+    if not rows:
+        return []
+    return ["### Where a search's time goes (`FRAGLINK_SEARCH_TRACE=1`, a run of its own)\n",
+            "µs. Steps: host time / device time between the CUDA events recorded after the steps "
+            "that queue device work (that work and any idle time before it). Wall less the device "
+            "span is what the host adds on the critical path.\n",
+            "| dtype | nq | k | path | wall | device span | host share | steps (host / device) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"] + rows + [""]
+
+
 def fmt(v):
     """A table cell: floats to 4 significant digits, None empty, `|` escaped."""
     if isinstance(v, float):
@@ -394,6 +424,7 @@ def render(r, summary=False):
         if sides_left:
             lines.append("**Diagnostic sides not measured** (the run's deadline): "
                          + "; ".join(sides_left) + ".\n")
+        lines += trace_table(p["cases"])
         named = [(c, n[len("fraglink["):-1], s_) for c in p["cases"] for n, s_ in c["sides"].items()
                  if n.startswith("fraglink[")]
         if named:

@@ -15,4 +15,5 @@ pub mod fragments;
 pub mod gpu;
 pub mod link;
 pub mod search;
+mod switch;
 pub mod sys;

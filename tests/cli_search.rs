@@ -621,3 +621,36 @@ fn beyond_the_scan_the_plan_names_the_large_k_path() {
     assert_eq!(v["link"]["entry"], "knn_dist_f32", "{v}");
     assert!(v["plan_error"].is_null(), "{v}");
 }
+
+/// FRAGLINK_SEARCH_TRACE: the report carries the last repetition's trace
+/// (on the CPU route only its remainder step: the GPU steps need a device),
+/// null without it, and a value the switch does not take exits 2 naming it.
+#[test]
+fn the_search_trace_is_reported_when_asked_and_bad_values_are_named() {
+    let args = [
+        "search", "--json", "--device", "cpu", "--n", "500", "--dim", "8", "--nq", "4", "--repeat",
+        "2",
+    ];
+    let timeout = std::time::Duration::from_secs(60);
+    let r = run_bounded(&args, &[("FRAGLINK_SEARCH_TRACE", "1")], None, timeout);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    let t = &v["trace"];
+    let steps = t["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{t}");
+    assert_eq!(steps[0]["step"], "finish");
+    assert!(steps[0]["gpu_us"].is_null(), "{t}");
+    assert_eq!(t["gpu_span_us"], 0.0);
+    assert!(t["wall_us"].as_f64().unwrap() >= steps[0]["host_us"].as_f64().unwrap());
+    let r = run_bounded(&args, &[("FRAGLINK_SEARCH_TRACE", "0")], None, timeout);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(v["trace"].is_null(), "{v}");
+    let r = run_bounded(&args, &[("FRAGLINK_SEARCH_TRACE", "loud")], None, timeout);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    let err = r.stderr.trim_end();
+    assert!(
+        err.starts_with("error: ") && err.contains("FRAGLINK_SEARCH_TRACE") && err.contains("loud"),
+        "{err}"
+    );
+}

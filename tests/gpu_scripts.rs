@@ -137,6 +137,15 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
     doc["cases"][0]["best_variant"] = "knn_tile_f32_tf32_q64_r64_k32".into();
     doc["cases"][0]["scan_splits_gain"] = 40.0.into();
     doc["cases"][0]["shared_bound_gain"] = 1.25.into();
+    // A traced search (FRAGLINK_SEARCH_TRACE), as run_fraglink keeps it.
+    doc["cases"][0]["traces"] = serde_json::json!({
+        "fraglink": {"qps": 90.0, "trace": {"wall_us": 400.0, "gpu_span_us": 300.0, "steps": [
+            {"step": "plan", "count": 1, "host_us": 20.0, "gpu_us": null},
+            {"step": "candidates", "count": 1, "host_us": 9.0, "gpu_us": 210.0},
+            {"step": "buffers", "count": 2, "host_us": 6.0, "gpu_us": 4.0}
+        ]}},
+        "fraglink/scan": {"error": "no answer within 1 s"}
+    });
     let results = dir.path().join("results.json");
     // One line of the search matrix, as gpu-run.sh collects it.
     let search = serde_json::json!([{
@@ -166,6 +175,14 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
             && md.contains("| 40 |"),
         "{md}"
     );
+    assert!(
+        md.contains("Where a search's time goes")
+            && md.contains(
+                "| fraglink | 400 | 300 | 100 | plan 20; candidates 9 / 210; buffers 6 / 4 (x2) |"
+            )
+            && md.contains("| fraglink/scan | error: no answer within 1 s |"),
+        "{md}"
+    );
     // The variants get their own table, not columns of the main one.
     assert!(
         md.contains("Candidate kernels by name")
@@ -178,7 +195,8 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         .lines()
         .filter(|l| l.starts_with("| f32 |") || l.starts_with("| f16 |"))
         .count();
-    assert_eq!(rows, 14 + 2, "{md}");
+    // 14 cases, the two variants, the two traces.
+    assert_eq!(rows, 14 + 2 + 2, "{md}");
 }
 
 /// gpu-run.sh's Nsight Compute step: `collect` reads each `ncu-<case>.csv`

@@ -38,6 +38,14 @@ out of memory on the distance matrix):
                        candidate kernel's shared bound (knn_tile.cuh
                        `shared_bound`), where the tensor-core path serves
                        (k <= 1024): `shared_bound_gain` = `fraglink` over it
+  traces               not a side: for nq <= 100 and k <= 100, `fraglink` once
+                       more with FRAGLINK_SEARCH_TRACE=1 (and at nq 1, k 10,
+                       `fraglink/scan` too), the last repetition's trace in
+                       the case's `traces`: host time per step of the
+                       search and the device time between CUDA events
+                       recorded after each step that queues work, so the
+                       host's share of a small search shows (wall less the
+                       device span). Timed apart: the events cost time
   fraglink[<variant>]  for the cases of --variant-nq x --variant-k: fraglink
                        with FRAGLINK_KNN_VARIANT naming each candidate kernel
                        (knn_tile_*) of the dtype, per precision (f32: TF32,
@@ -49,7 +57,7 @@ out of memory on the distance matrix):
 
 Order, for a run cut short: every case's goal sides first (the peers and
 `fraglink`, the planner's pick: the issue's table), then the diagnostic sides
-of every case (`fraglink/scan`, then `fraglink/no-bound`, then
+of every case (`fraglink/scan`, then the traces, then `fraglink/no-bound`, then
 `fraglink/fast-link`, then `fraglink/scan-1block`, then the candidate kernels
 by name). With `--seconds S` (gpu-run.sh passes what its
 budget has left) nothing is started that the run's own timings say would end
@@ -233,14 +241,15 @@ def knn_variants(bin_, dtype, k, dim):
 
 
 def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None, splits=None,
-                 fast_compile=None, shared_bound=True, timeout=FRAGLINK_TIMEOUT):
+                 fast_compile=None, shared_bound=True, trace=False, timeout=FRAGLINK_TIMEOUT):
     """fraglink's side, timed as the peers are (`timed`): one warm-up search,
     then the median of `reps` (`--repeat reps+1` in one process; the first
     search, which links or loads the kernels, is reported apart). `variant`
     names the candidate kernel (FRAGLINK_KNN_VARIANT), `splits` fixes the
     scan's row splits (FRAGLINK_SCAN_SPLITS), `fast_compile` the link's
     fast-compile level (FRAGLINK_FAST_COMPILE), `shared_bound` False turns
-    the candidate kernel's shared bound off (FRAGLINK_KNN_SHARED_BOUND=0)."""
+    the candidate kernel's shared bound off (FRAGLINK_KNN_SHARED_BOUND=0),
+    `trace` asks for the search's trace (FRAGLINK_SEARCH_TRACE=1)."""
     cmd = [bin_, "search", "--device", "gpu", "--json", "--base", base, "--queries", queries,
            "--groundtruth", gt, "--k", str(k), "--metric", "l2", "--dtype", dtype,
            "--repeat", str(reps + 1)]
@@ -249,6 +258,7 @@ def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None
     env.pop("FRAGLINK_SCAN_SPLITS", None)
     env.pop("FRAGLINK_FAST_COMPILE", None)
     env["FRAGLINK_KNN_SHARED_BOUND"] = "1" if shared_bound else "0"
+    env["FRAGLINK_SEARCH_TRACE"] = "1" if trace else "0"
     if fast_compile:
         env["FRAGLINK_FAST_COMPILE"] = fast_compile
     if variant:
@@ -275,7 +285,7 @@ def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None
     return {"qps": d["nq"] / seconds, "seconds": seconds, "recall": d.get("recall"),
             "route": d.get("route"), "gpu_kernel": d.get("gpu_kernel"),
             "first_search_ms": d.get("search_ms_first"), "upload_ms": d.get("upload_ms"),
-            "process_wall_s": wall}
+            "process_wall_s": wall, **({"trace": d.get("trace")} if trace else {})}
 
 
 class Deadline:
@@ -498,6 +508,10 @@ def main():
                 print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer",
                                                           "goal", "goal_met")}), flush=True)
                 extras.append((case, "fraglink/scan", {"knn": False}, files))
+                if nq <= 100 and k <= 100:
+                    extras.append((case, "trace:fraglink", {"trace": True}, files))
+                if nq == 1 and k == 10:
+                    extras.append((case, "trace:fraglink/scan", {"knn": False, "trace": True}, files))
                 if k <= 1024:
                     extras.append((case, "fraglink/no-bound", {"shared_bound": False}, files))
                 extras.append((case, "fraglink/fast-link", {"fast_compile": "min"}, files))
@@ -513,14 +527,20 @@ def main():
     # then one block per query against the row splits,
     # then the candidate kernels by name: the order in which they answer
     # questions about the planner.
-    rank = {"fraglink/scan": 0, "fraglink/no-bound": 1, "fraglink/fast-link": 2, "fraglink/scan-1block": 3}
-    for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 4)):
+    rank = {"fraglink/scan": 0, "trace:fraglink": 1, "trace:fraglink/scan": 1, "fraglink/no-bound": 2,
+            "fraglink/fast-link": 3, "fraglink/scan-1block": 4}
+    for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 5)):
         if not clock.allows(clock.fraglink_estimate()):
             case.setdefault("sides_left_out", []).append(name)
             case["left_out_reason"] = clock.reason()
             continue
-        case["sides"][name] = clock.fraglink(a.fraglink, *files, case["k"], case["dtype"], a.reps,
-                                             **kwargs)
+        got = clock.fraglink(a.fraglink, *files, case["k"], case["dtype"], a.reps, **kwargs)
+        if name.startswith("trace:"):
+            # Not a side: its QPS carries the events' cost.
+            case.setdefault("traces", {})[name[len("trace:"):]] = got
+            save()
+            continue
+        case["sides"][name] = got
         finish_case(case)
         save()
         print(json.dumps({"dtype": case["dtype"], "nq": case["nq"], "k": case["k"], "side": name,

@@ -367,12 +367,7 @@ fn resolve(
 
 /// `Some(true)`: disable. `None`: not a recognised value.
 fn parse_switch(v: &OsStr) -> Option<bool> {
-    let t = v.to_str()?.trim().to_ascii_lowercase();
-    match t.as_str() {
-        "1" | "true" | "yes" | "on" => Some(true),
-        "0" | "false" | "no" | "off" | "" => Some(false),
-        _ => None,
-    }
+    crate::switch::parse_switch(v.to_str()?, false)
 }
 
 /// The user's cache root (without the `fraglink` component). `HOME` is read

@@ -28,7 +28,7 @@ use super::plan::{PlanError, ScanPlan};
 use super::splits::{
     fixed_splits, merge_splits, splits, splits_from_env, SCAN_SPLITS_VAR, SPLITS_EXPECTED,
 };
-use super::{Neighbors, SearchError, SearchParams, Vectors};
+use super::{trace, Neighbors, SearchError, SearchParams, Vectors};
 
 /// Threads per block of every scan kernel (`__launch_bounds__(128)`).
 pub const SCAN_BLOCK: u32 = 128;
@@ -436,6 +436,7 @@ impl GpuSearcher {
         } else {
             None
         };
+        trace::mark_device("buffers", t.stream());
         for chunk in query_chunks(nq, MAX_QUERIES_PER_LAUNCH) {
             let n = chunk.len();
             let s = contract.scalars(n_rows as u64, dim as u64, n as u64, k as u64)?;
@@ -486,13 +487,16 @@ impl GpuSearcher {
             // pointer alignments against the real addresses by the launcher.
             unsafe { launcher.launch(&cfg, &mut args)? };
         }
+        trace::mark_device("scan", t.stream());
         let mut distances = t.download_vec(&d_dists)?;
+        trace::mark("wait for results");
         check_written(launcher.entry(), &distances)?;
         let mut ids = match (&d_ids32, &d_ids64) {
             (Some(ids), _) => widen_ids(t.download_vec(ids)?),
             (_, Some(ids)) => t.download_vec(ids)?,
             _ => unreachable!("one id buffer exists"),
         };
+        trace::mark("download");
         if splits > 1 {
             // The scan's keys ascend (its metrics are distances).
             (ids, distances) = merge_splits(&ids, &distances, nq, splits, k, true);
@@ -549,8 +553,10 @@ pub(crate) fn append_batch(
     out: &mut Neighbors,
 ) -> Result<(), GpuSearchError> {
     let distances = t.download_vec(dists)?;
+    trace::mark("wait for results");
     check_written(entry, &distances)?;
     out.ids.extend(widen_ids(t.download_vec(ids)?));
+    trace::mark("download");
     out.distances.extend(distances);
     Ok(())
 }

@@ -67,7 +67,7 @@ use super::knn::special::{self, SpecialRows};
 use super::knn::{choose_fallback, choose_select, f16copy, Precision};
 use super::plan::{plan, ScanPlan};
 use super::resident_bits::ResidentBits;
-use super::{Bitset, DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
+use super::{trace, Bitset, DType, Filter, Neighbors, SearchError, SearchParams, Vectors};
 
 /// What the special rows of an index add to one tensor-core search
 /// ([`GpuIndex::special_scan`]).
@@ -421,7 +421,9 @@ impl GpuIndex {
                 distances: Vec::new(),
             }
         } else {
+            trace::mark("plan");
             let d_queries = upload_vectors(self.gpu.transfer(), self.gpu.pool(), queries)?;
+            trace::mark_device("upload queries", self.gpu.transfer().stream());
             let bits = self.resident_bits(&params.filter)?;
             self.gpu.scan(
                 &p,

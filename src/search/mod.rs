@@ -32,6 +32,7 @@ pub mod plan;
 mod resident_bits;
 pub mod route;
 pub mod splits;
+pub mod trace;
 
 use std::fmt;
 use std::str::FromStr;

@@ -80,6 +80,13 @@ pub enum RouteError {
     GpuUnavailable { reason: String },
     #[error(transparent)]
     Search(#[from] SearchError),
+    /// An environment variable with a value it does not take.
+    #[error("{variable} = `{value}`: expected {expected}")]
+    Env {
+        variable: &'static str,
+        value: String,
+        expected: &'static str,
+    },
 }
 
 impl RecoverableError for GpuSearchError {
@@ -129,6 +136,9 @@ pub struct Routed {
     /// 0 elsewhere.
     pub special_rows: usize,
     pub special_queries: usize,
+    /// Where the search's time went, when `FRAGLINK_SEARCH_TRACE` asks
+    /// ([`crate::search::trace`]); `None` otherwise.
+    pub trace: Option<crate::search::trace::SearchTrace>,
 }
 
 /// Searches on the best target.
@@ -564,6 +574,14 @@ impl SearchIndex<'_> {
             },
             Target::Cpu => (None, None),
         };
+        let tracing = crate::search::trace::enabled_by_env().map_err(|value| RouteError::Env {
+            variable: crate::search::trace::TRACE_VAR,
+            value,
+            expected: crate::switch::SWITCH_EXPECTED,
+        })?;
+        if tracing {
+            crate::search::trace::start();
+        }
         let started = Instant::now();
         let nq = queries.rows();
         let ran = GpuRan::default();
@@ -597,6 +615,12 @@ impl SearchIndex<'_> {
             || search_cpu(base, queries, params),
         );
         let seconds = started.elapsed().as_secs_f64();
+        let trace = if tracing {
+            crate::search::trace::mark("finish");
+            crate::search::trace::finish()
+        } else {
+            None
+        };
         // The model learns what it estimated: with the upload when this
         // search made it (the base was not resident when it chose).
         let upload = uploaded.unwrap_or_default();
@@ -625,6 +649,7 @@ impl SearchIndex<'_> {
                 Target::Gpu => ran.special_queries.get(),
                 Target::Cpu => 0,
             },
+            trace,
         })
     }
 }

@@ -14,7 +14,7 @@ use crate::gpu::launch::ScanContract;
 use crate::gpu::{GpuBuffer, GpuError, KernelArgs, LaunchConfig, MemoryPool, Transfer};
 use crate::link::{Linked, Planner};
 use crate::search::gpu::{append_batch, push_output, DeviceVectors, GpuSearchError, GpuSearcher};
-use crate::search::{Metric, Neighbors, Vectors};
+use crate::search::{trace, Metric, Neighbors, Vectors};
 
 use super::f16copy;
 use super::norms::Norms;
@@ -374,6 +374,7 @@ impl KnnSearch<'_> {
         for b0 in (0..nq).step_by(KNN_BATCH) {
             let b1 = (b0 + KNN_BATCH).min(nq);
             let nb = b1 - b0;
+            trace::mark("plan");
             let part = queries.slice_rows(b0, b1);
             let d_q = crate::search::gpu::upload_vectors(t, pool, &part)?;
             let d_q16 = match staged {
@@ -385,6 +386,7 @@ impl KnnSearch<'_> {
             // Both query norms in one upload (each upload waits for its copy).
             let d_qaux = t.upload_new(pool, &[&qa0[b0..b1], &qa1[b0..b1]].concat())?;
             let (d_qa0, d_qa1) = d_qaux.view().split_at(nb)?;
+            trace::mark_device("upload queries", t.stream());
             // One wave of candidate blocks (KnnPlan::chunks), with the
             // batch's candidate buffers (fewer than a tile's at small nq).
             let dynamic = self.plan.dynamic_shared_bytes_for(nb);
@@ -407,6 +409,7 @@ impl KnnSearch<'_> {
             } else {
                 None
             };
+            trace::mark_device("buffers", t.stream());
             {
                 let tiles = nb.div_ceil(self.plan.qtile as usize) as u32;
                 let cfg = LaunchConfig::new((tiles, n_chunks, 1), (KNN_BLOCK, 1, 1))
@@ -448,9 +451,11 @@ impl KnnSearch<'_> {
                 // and alignments are checked by the launcher.
                 unsafe { tile.launch(&cfg, &mut a)? };
             }
+            trace::mark_device("candidates", t.stream());
             let mut o_ids = pool.alloc::<u32>(nb * k)?;
             let mut o_dists = pool.alloc::<f32>(nb * k)?;
             t.fill_nan(&mut o_dists)?;
+            trace::mark_device("buffers", t.stream());
             let (groups, group_chunks) = super::plan::merge_groups(n_chunks);
             // Merge level: each group's exact best k, in knn_tile's format.
             // Kept until the download below: the final launch reads it.
@@ -470,6 +475,7 @@ impl KnnSearch<'_> {
                 // group_chunks ≥ n_chunks (merge_groups); same stream.
                 unsafe { rerank.launch(&cfg, &mut a)? };
                 drop(a);
+                trace::mark_device("merge", t.stream());
                 Some(merged)
             } else {
                 None
@@ -488,6 +494,7 @@ impl KnnSearch<'_> {
             // on the same stream (its buffers live until the download).
             unsafe { rerank.launch(&cfg, &mut a)? };
             drop(a);
+            trace::mark_device("re-rank", t.stream());
             append_batch(t, rerank.entry(), &o_ids, &o_dists, &mut out)?;
         }
         Ok((out, tile_link))
@@ -523,27 +530,15 @@ pub fn shared_bound_by_env() -> Result<bool, GpuSearchError> {
     switch_by_env("FRAGLINK_KNN_SHARED_BOUND")
 }
 
-/// A switch that is on unless `var` says otherwise.
+/// A switch that is on unless `var` says otherwise
+/// ([`crate::switch::parse_switch`]); a value it does not take is an error
+/// naming `var` and the value.
 fn switch_by_env(var: &'static str) -> Result<bool, GpuSearchError> {
-    switch_value(var, std::env::var(var).ok())
-}
-
-/// Unset, empty, `1`/`true`/`yes`/`on`: on; `0`/`false`/`no`/`off`: off
-/// (any case, surrounding blanks ignored); anything else an error naming
-/// `var` and the value.
-fn switch_value(var: &'static str, value: Option<String>) -> Result<bool, GpuSearchError> {
-    let Some(v) = value else {
-        return Ok(true);
-    };
-    match v.trim().to_ascii_lowercase().as_str() {
-        "" | "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(GpuSearchError::Env {
-            variable: var,
-            value: v,
-            expected: "1/true/yes/on or 0/false/no/off",
-        }),
-    }
+    crate::switch::switch_by_env(var, true).map_err(|value| GpuSearchError::Env {
+        variable: var,
+        value,
+        expected: crate::switch::SWITCH_EXPECTED,
+    })
 }
 
 /// `FRAGLINK_KNN_VARIANT`: a knn_tile fragment every tensor-core search
@@ -560,29 +555,6 @@ pub fn variant_by_env() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn switches_are_on_unless_said_off_and_bad_values_are_named() {
-        let var = "FRAGLINK_KNN_SHARED_BOUND";
-        for on in [
-            None,
-            Some(""),
-            Some("1"),
-            Some(" On "),
-            Some("TRUE"),
-            Some("yes"),
-        ] {
-            assert!(switch_value(var, on.map(String::from)).unwrap(), "{on:?}");
-        }
-        for off in ["0", "false", "No", " off"] {
-            assert!(!switch_value(var, Some(off.into())).unwrap(), "{off}");
-        }
-        let e = switch_value(var, Some("maybe".into())).unwrap_err();
-        assert!(
-            e.to_string().contains(var) && e.to_string().contains("maybe"),
-            "{e}"
-        );
-    }
 
     /// Rows of 3 cut into steps of 4 elements: a special row's elements are
     /// zeroed in every step it crosses, and steps without one are left alone.

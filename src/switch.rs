@@ -1,0 +1,46 @@
+//! On/off environment variables, read one way everywhere (the README's
+//! environment table lists them).
+
+/// What a switch's error says it takes.
+pub(crate) const SWITCH_EXPECTED: &str = "1/true/yes/on or 0/false/no/off";
+
+/// `value` as a switch: `1`/`true`/`yes`/`on` on, `0`/`false`/`no`/`off`
+/// off (any case, surrounding blanks ignored), empty `default`; `None` for
+/// anything else, which the caller reports naming its variable.
+pub(crate) fn parse_switch(value: &str, default: bool) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" => Some(default),
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// The switch `var` (unset: `default`); `Err` with the value it does not
+/// take.
+pub(crate) fn switch_by_env(var: &str, default: bool) -> Result<bool, String> {
+    match std::env::var(var) {
+        Ok(v) => parse_switch(&v, default).ok_or(v),
+        Err(std::env::VarError::NotPresent) => Ok(default),
+        Err(std::env::VarError::NotUnicode(v)) => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_either_way_empty_is_the_default_and_the_rest_is_refused() {
+        for on in ["1", " On ", "TRUE", "yes"] {
+            assert_eq!(parse_switch(on, false), Some(true), "{on}");
+        }
+        for off in ["0", "false", "No", " off"] {
+            assert_eq!(parse_switch(off, true), Some(false), "{off}");
+        }
+        assert_eq!(parse_switch("", true), Some(true));
+        assert_eq!(parse_switch("  ", false), Some(false));
+        assert_eq!(parse_switch("maybe", true), None);
+        assert_eq!(parse_switch("2", false), None);
+    }
+}
