@@ -758,3 +758,41 @@ fn contract_violations_write_nothing_and_keep_the_context() {
         ref_dists.iter().map(|d| d.to_bits()).collect::<Vec<_>>()
     );
 }
+
+/// `Transfer::upload_queued` returns before the copy is done where the
+/// source is pageable (the driver stages it first), so the host may change
+/// or free it at once and the device still gets what it held at the call;
+/// a page-locked source is told apart and waited for.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn queued_uploads_copy_what_the_host_held_at_the_call() {
+    let ctx = ctx();
+    let pool = small_pool(&ctx);
+    let t = Transfer::new(&ctx);
+    let before = t.stats().transfers;
+    // Small (a query) and large (staged by the driver in pieces).
+    for n in [33usize, 16 << 20] {
+        let want = data(n, 5);
+        let mut host = want.clone();
+        assert!(!t.is_page_locked(&host));
+        let dev = t.upload_new_queued(&pool, &host).unwrap();
+        host.iter_mut().for_each(|v| *v = -7.0);
+        drop(host);
+        // A second queued copy from a temporary, gone at once.
+        let dev2 = t.upload_new_queued(&pool, &data(n, 6)).unwrap();
+        assert_eq!(t.download_vec(&dev).unwrap(), want, "n {n}");
+        assert_eq!(t.download_vec(&dev2).unwrap(), data(n, 6), "n {n}");
+    }
+    let pinned = PinnedBuffer::from_slice(&ctx, &data(1000, 7)).unwrap();
+    assert!(t.is_page_locked(pinned.as_slice().unwrap()));
+    let mut dev = pool.alloc::<f32>(1000).unwrap();
+    t.upload_queued(pinned.as_slice().unwrap(), &mut dev)
+        .unwrap();
+    assert_eq!(t.download_vec(&dev).unwrap(), data(1000, 7));
+    // Lengths are checked; empty copies count and move nothing.
+    let mut three = pool.alloc::<f32>(3).unwrap();
+    assert!(t.upload_queued(&[1.0f32; 2], &mut three).is_err());
+    let mut none = pool.alloc::<f32>(0).unwrap();
+    t.upload_queued(&[] as &[f32], &mut none).unwrap();
+    assert!(t.stats().transfers >= before + 6);
+}

@@ -12,7 +12,11 @@
 //! `cuMemcpyDtoHAsync`) followed by `cuStreamSynchronize`. Asynchronous ones
 //! need page-locked host memory ([`PinnedBuffer`], whose event keeps host
 //! access ordered after the copy) and return a [`PendingTransfer`] timed
-//! with two CUDA events.
+//! with two CUDA events. [`Transfer::upload_queued`] sits between: a
+//! host → device copy from pageable memory queued in stream order, which
+//! returns once the driver has staged the source (a search's queries: the
+//! kernels after it read them in order, and no wait holds the host before
+//! the first launch).
 //!
 //! ## Pinned memory: write-combined for uploads only
 //!
@@ -535,6 +539,36 @@ fn lock(m: &Mutex<TransferStats>) -> std::sync::MutexGuard<'_, TransferStats> {
 pub struct Transfer {
     stream: Arc<CudaStream>,
     stats: Mutex<TransferStats>,
+    /// Whether the device reads pageable memory through the host's page
+    /// tables (`CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES`,
+    /// e.g. Grace Hopper): there a pageable copy need not be staged before
+    /// its call returns, so [`Self::upload_queued`] waits as
+    /// [`Self::upload`] does. Unknown (the query failed) counts as yes.
+    reads_host_page_tables: bool,
+}
+
+/// Whether the driver knows `ptr` as page-locked or device-visible memory
+/// (its memory type is set), which a DMA may read after the copy's call
+/// returns; plain pageable memory, unknown to the driver, is not. The
+/// plural `cuPointerGetAttributes` answers an unknown pointer with a zero
+/// type and success, where the singular call returns an error that
+/// compute-sanitizer reports. A failed query counts as page-locked (the
+/// caller then waits).
+fn is_page_locked(ptr: *const std::ffi::c_void) -> bool {
+    let mut kind: u32 = 0;
+    let mut attribute = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+    let mut data = [(&mut kind as *mut u32).cast::<std::ffi::c_void>()];
+    // SAFETY: one attribute, its 32-bit CUmemorytype written to `kind`; the
+    // driver only looks `ptr` up, never dereferences it.
+    let r = unsafe {
+        sys::cuPointerGetAttributes(
+            1,
+            &mut attribute,
+            data.as_mut_ptr(),
+            ptr as sys::CUdeviceptr,
+        )
+    };
+    r != sys::cudaError_enum::CUDA_SUCCESS || kind != 0
 }
 
 impl Transfer {
@@ -545,9 +579,17 @@ impl Transfer {
 
     /// Transfers on `stream`.
     pub fn on_stream(stream: Arc<CudaStream>) -> Self {
+        let reads_host_page_tables = stream
+            .context()
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+            )
+            .ok()
+            .is_none_or(|v| v != 0);
         Transfer {
             stream,
             stats: Mutex::new(TransferStats::default()),
+            reads_host_page_tables,
         }
     }
 
@@ -613,6 +655,74 @@ impl Transfer {
                 .memcpy_htod(src, &mut view)
                 .map_err(driver_error("cuMemcpyHtoDAsync"))
         })
+    }
+
+    /// Queues a copy of `src` into `dst` (equal lengths) in stream order and
+    /// returns without waiting for it where `src` is pageable memory: there
+    /// `cuMemcpyHtoDAsync` returns once the driver has staged `src` (CUDA's
+    /// documented behaviour for pageable host → device copies), so `src`
+    /// may change or go at once. Page-locked `src` (the driver knows it:
+    /// `cuPointerGetAttribute`) is read by the DMA after the call returns,
+    /// so there the copy is waited for, as [`Self::upload`] does; so it is
+    /// on a device that reads pageable memory through the host's page
+    /// tables.
+    ///
+    /// A small search's query uploads take this: each wait of
+    /// [`Self::upload`] (cudarc's own after a pageable copy, then ours) holds
+    /// the host before the first launch, and kernels queued after the copy
+    /// see its data anyway. Not timed (counted in the statistics' bytes and
+    /// transfers only).
+    pub fn upload_queued<'b, T: DeviceRepr + 'b>(
+        &self,
+        src: &[T],
+        dst: impl Into<GpuViewMut<'b, T>>,
+    ) -> GpuResult<()> {
+        let mut dst = dst.into();
+        require_same_len("upload", src.len(), dst.len())?;
+        let bytes = dst.size_bytes();
+        lock(&self.stats).issued(TransferDirection::HostToDevice, bytes);
+        if src.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.as_cuda_mut()?;
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(driver_error("cuCtxSetCurrent"))?;
+        {
+            // Records the write on the block (cudarc's event tracking) when
+            // dropped, after the copy is queued.
+            let (ptr, _record) = view.device_ptr_mut(&self.stream);
+            // SAFETY: `ptr` is the start of `dst`'s `src.len()` elements of
+            // T (equal lengths checked), valid for the copy (the view
+            // borrows the block); `src` is read before this returns where it
+            // is pageable, and otherwise waited for below.
+            unsafe { result::memcpy_htod_async(ptr, src, self.stream.cu_stream()) }
+                .map_err(driver_error("cuMemcpyHtoDAsync"))?;
+        }
+        if self.reads_host_page_tables || is_page_locked(src.as_ptr().cast()) {
+            self.synchronize()?;
+        }
+        self.check_deferred()
+    }
+
+    /// Whether the driver knows `host` as page-locked (or device-visible)
+    /// memory, which [`Self::upload_queued`] waits for; ordinary pageable
+    /// memory is not. Unknown (the driver could not say) counts as yes.
+    pub fn is_page_locked<T>(&self, host: &[T]) -> bool {
+        self.stream.context().bind_to_thread().is_err() || is_page_locked(host.as_ptr().cast())
+    }
+
+    /// A new buffer from `pool` that a copy of `src` is queued into
+    /// ([`Self::upload_queued`]: pageable `src` may go at once).
+    pub fn upload_new_queued<T: DeviceRepr>(
+        &self,
+        pool: &MemoryPool<CudaMemory>,
+        src: &[T],
+    ) -> GpuResult<GpuBuffer<T>> {
+        let mut buf = pool.alloc::<T>(src.len())?;
+        self.upload_queued(src, &mut buf)?;
+        Ok(buf)
     }
 
     /// A new buffer from `pool` holding a copy of `src`.

@@ -642,18 +642,49 @@ pub(crate) fn push_output<'a, T: cudarc::driver::DeviceRepr>(
 }
 
 /// A device copy of `v` in its own dtype (f16 as its bits, read in place:
-/// no host-side conversion copy).
+/// no host-side conversion copy), waited for.
 pub(crate) fn upload_vectors(
     t: &Transfer,
     pool: &MemoryPool,
     v: &Vectors,
 ) -> Result<DeviceVectors, GpuError> {
+    upload_vectors_as(t, pool, v, false)
+}
+
+/// [`upload_vectors`] queued ([`Transfer::upload_queued`]): a search's
+/// queries, which only kernels queued after the copy read.
+pub(crate) fn upload_queries(
+    t: &Transfer,
+    pool: &MemoryPool,
+    v: &Vectors,
+) -> Result<DeviceVectors, GpuError> {
+    upload_vectors_as(t, pool, v, true)
+}
+
+fn upload_vectors_as(
+    t: &Transfer,
+    pool: &MemoryPool,
+    v: &Vectors,
+    queued: bool,
+) -> Result<DeviceVectors, GpuError> {
     use half::slice::HalfFloatSliceExt;
+    fn up<T: cudarc::driver::DeviceRepr>(
+        t: &Transfer,
+        pool: &MemoryPool,
+        src: &[T],
+        queued: bool,
+    ) -> Result<GpuBuffer<T>, GpuError> {
+        if queued {
+            t.upload_new_queued(pool, src)
+        } else {
+            t.upload_new(pool, src)
+        }
+    }
     Ok(match v {
-        Vectors::F32(m) => DeviceVectors::F32(t.upload_new(pool, m.data())?),
-        Vectors::F16(m) => DeviceVectors::F16(t.upload_new(pool, m.data().reinterpret_cast())?),
-        Vectors::I8(m) => DeviceVectors::I8(t.upload_new(pool, m.data())?),
-        Vectors::U8(m) => DeviceVectors::U8(t.upload_new(pool, m.data())?),
+        Vectors::F32(m) => DeviceVectors::F32(up(t, pool, m.data(), queued)?),
+        Vectors::F16(m) => DeviceVectors::F16(up(t, pool, m.data().reinterpret_cast(), queued)?),
+        Vectors::I8(m) => DeviceVectors::I8(up(t, pool, m.data(), queued)?),
+        Vectors::U8(m) => DeviceVectors::U8(up(t, pool, m.data(), queued)?),
     })
 }
 

@@ -57,8 +57,8 @@ use crate::gpu::{GpuBuffer, GpuError};
 use crate::link::LinkRuntime;
 
 use super::gpu::{
-    beyond_scan, upload_vectors, DeviceVectors, GpuSearch, GpuSearchError, GpuSearcher,
-    MAX_QUERIES_PER_LAUNCH,
+    beyond_scan, upload_queries, upload_vectors, DeviceVectors, GpuSearch, GpuSearchError,
+    GpuSearcher, MAX_QUERIES_PER_LAUNCH,
 };
 use super::knn::gpu::{enabled_by_env, f16copy_refused, variant_by_env, KnnRows, KnnSearch};
 use super::knn::norms::Norms;
@@ -422,7 +422,7 @@ impl GpuIndex {
             }
         } else {
             trace::mark("plan");
-            let d_queries = upload_vectors(self.gpu.transfer(), self.gpu.pool(), queries)?;
+            let d_queries = upload_queries(self.gpu.transfer(), self.gpu.pool(), queries)?;
             trace::mark_device("upload queries", self.gpu.transfer().stream());
             let bits = self.resident_bits(&params.filter)?;
             self.gpu.scan(
@@ -710,8 +710,8 @@ impl GpuIndex {
         let linked = part.plan.planner().link_for(self.gpu.context().arch())?;
         let launcher = self.gpu.launcher(&linked)?;
         let (t, pool) = (self.gpu.transfer(), self.gpu.pool());
-        let d_queries = upload_vectors(t, pool, queries)?;
-        let d_bits = t.upload_new(pool, &part.bits.words)?;
+        let d_queries = upload_queries(t, pool, queries)?;
+        let d_bits = t.upload_new_queued(pool, &part.bits.words)?;
         let found = self.gpu.scan(
             &part.plan,
             &launcher,

@@ -22,7 +22,9 @@ use crate::fragments;
 use crate::gpu::launch::ScanContract;
 use crate::gpu::{GpuBuffer, KernelArgs, LaunchConfig};
 use crate::link::Planner;
-use crate::search::gpu::{upload_vectors, DeviceVectors, GpuSearchError, GpuSearcher};
+use crate::search::gpu::{
+    upload_queries, upload_vectors, DeviceVectors, GpuSearchError, GpuSearcher,
+};
 use crate::search::index::GpuIndex;
 use crate::search::plan::PlanError;
 use crate::search::resident_bits::ResidentBits;
@@ -461,8 +463,8 @@ impl GpuIvfIndex {
         let launcher = self.gpu.launcher(&linked).map_err(dev_err)?;
         let t = self.gpu.transfer();
         let pool = self.gpu.pool();
-        let d_queries = upload_vectors(t, pool, queries).map_err(dev_err)?;
-        let d_probes = t.upload_new(pool, &probes).map_err(dev_err)?;
+        let d_queries = upload_queries(t, pool, queries).map_err(dev_err)?;
+        let d_probes = t.upload_new_queued(pool, &probes).map_err(dev_err)?;
         let d_bits = self.bits.of_filter(t, pool, &p.filter).map_err(dev_err)?;
         // Probe splits where the queries alone leave SMs idle (splits.rs),
         // or as many as FRAGLINK_IVF_SPLITS fixes; only for an entry whose

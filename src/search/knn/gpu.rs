@@ -376,15 +376,17 @@ impl KnnSearch<'_> {
             let nb = b1 - b0;
             trace::mark("plan");
             let part = queries.slice_rows(b0, b1);
-            let d_q = crate::search::gpu::upload_vectors(t, pool, &part)?;
+            let d_q = crate::search::gpu::upload_queries(t, pool, &part)?;
             let d_q16 = match staged {
                 Some((_, q16)) => Some(DeviceVectors::F16(
-                    t.upload_new(pool, &q16[b0 * dim..b1 * dim])?,
+                    t.upload_new_queued(pool, &q16[b0 * dim..b1 * dim])?,
                 )),
                 None => None,
             };
-            // Both query norms in one upload (each upload waits for its copy).
-            let d_qaux = t.upload_new(pool, &[&qa0[b0..b1], &qa1[b0..b1]].concat())?;
+            // Both query norms in one upload. The batch's uploads are queued,
+            // not waited for: the launches after them read them in stream
+            // order.
+            let d_qaux = t.upload_new_queued(pool, &[&qa0[b0..b1], &qa1[b0..b1]].concat())?;
             let (d_qa0, d_qa1) = d_qaux.view().split_at(nb)?;
             trace::mark_device("upload queries", t.stream());
             // One wave of candidate blocks (KnnPlan::chunks), with the

@@ -247,7 +247,7 @@ impl SelectSearch<'_> {
         for b0 in (0..nq).step_by(batch) {
             let b1 = (b0 + batch).min(nq);
             let nb = b1 - b0;
-            let d_q = crate::search::gpu::upload_vectors(t, pool, &queries.slice_rows(b0, b1))?;
+            let d_q = crate::search::gpu::upload_queries(t, pool, &queries.slice_rows(b0, b1))?;
             let mut matrix = pool.alloc::<f32>(nb * ld)?;
             let query_tiles = nb.div_ceil(DIST_TILE.0 as usize);
             // knn_dist counts the row tiles it wrote per query tile; the
