@@ -40,8 +40,8 @@
 //   d' <= hi' <= T < lo <= d; (c) by the exact reduction: k members precede it by
 //   exact key; (d) at insertion or compaction (the chunk's last too) with lo > B, B
 //   the bound the query's chunks share (shared_bound: the least T any of them
-//   published), so k rows of one chunk have d' <= B < lo <= d. src/search/cpu.rs uses
-//   rules (a)-(c).
+//   published, or the union bound of their certificates), so k rows, of one chunk or of
+//   several, have d' <= B < lo <= d. src/search/cpu.rs uses rules (a)-(c).
 //
 // knn_rerank<T, CAP> — merge and exact re-rank, one block per query and group of chunks
 //   (grid-stride; with many chunks a merge launch over groups of chunks comes first,
@@ -273,14 +273,85 @@ struct buffer {
   float* thr;
 };
 
+// The union bound's inputs for one (query, chunk) (union_rows; see the union bound
+// below): the query's certificates (null: off), this chunk's index, every
+// `stride`-th of `sample` certificates read, j rows per certificate, r certificates
+// for k rows.
+struct union_args {
+  uint32_t* certs;
+  uint32_t chunk;
+  uint32_t stride;
+  uint32_t sample;
+  uint32_t j;
+  uint32_t r;
+};
+
 using scan::from_order_key;
 using scan::order_key;
 
-// The 64-bit key of entry i of a buffer: by `hi` alone (its order_key in the top
-// 32 bits), or by (lo, id) (scan::key_less's order once lo holds exact distances).
-__device__ FRAGLINK_INLINE uint64_t entry_key(const buffer& b, uint32_t i, bool by_lo_id) {
-  return by_lo_id ? (static_cast<uint64_t>(order_key(b.lo[i])) << 32) | b.id[i]
-                  : static_cast<uint64_t>(order_key(b.hi[i])) << 32;
+// What a select ranks: a buffer's entries by `hi` alone (its order_key in the top 32
+// bits), by (lo, id) (scan::key_less's order once lo holds exact distances), or the
+// union bound's sample of certificates (in the top 32 bits; other blocks lower them
+// meanwhile, so each round reads them afresh).
+enum key_kind { key_hi, key_lo_id, key_cert };
+
+// The 64-bit key i of `kind`.
+__device__ FRAGLINK_INLINE uint64_t entry_key(const buffer& b, const union_args& u, uint32_t i, int kind) {
+  if (kind == key_cert) {
+    return static_cast<uint64_t>(*reinterpret_cast<const volatile uint32_t*>(u.certs + i * u.stride)) << 32;
+  }
+  return kind == key_lo_id ? (static_cast<uint64_t>(order_key(b.lo[i])) << 32) | b.id[i]
+                           : static_cast<uint64_t>(order_key(b.hi[i])) << 32;
+}
+
+// One round of a warp's radix select: the byte (bin of the 256-word `hist`, filled
+// with the counts of the keys that share the bytes found so far) that holds the
+// `rank`-th of them (1-based), by a prefix sum over the lanes (lane l owns bins
+// 8l..8l+7); *skipped = the keys in the bins before it; 256 where fewer than `rank`
+// were counted. The same in every lane.
+__device__ FRAGLINK_INLINE uint32_t pick_digit(const uint32_t* hist, uint32_t rank, uint32_t lane,
+                                               uint32_t* skipped) {
+  uint32_t c[8];
+  uint32_t sum = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    c[j] = hist[8u * lane + static_cast<uint32_t>(j)];
+    sum += c[j];
+  }
+  // Inclusive prefix sum over the lanes (a butterfly: `group` is the sum of the
+  // aligned group of lanes `incl` has seen so far).
+  uint32_t incl = sum;
+  uint32_t group = sum;
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, group, off);
+    if ((lane & static_cast<uint32_t>(off)) != 0u) incl += other;
+    group += other;
+  }
+  uint32_t below = incl - sum;
+  // Exactly one lane holds the rank-th key's byte; the others contribute zeros.
+  uint32_t digit = 0;
+  uint32_t before = 0;
+  if (below < rank && rank <= incl) {
+    bool found = false;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (!found && below + c[j] >= rank) {
+        found = true;
+        digit = 8u * lane + static_cast<uint32_t>(j);
+      } else if (!found) {
+        below += c[j];
+      }
+    }
+    before = below;
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    digit |= __shfl_xor_sync(0xffffffffu, digit, off);
+    before |= __shfl_xor_sync(0xffffffffu, before, off);
+  }
+  *skipped = before;
+  // Fewer keys than `rank` counted (only where they change between rounds: the
+  // certificates): no lane found the byte.
+  return __shfl_sync(0xffffffffu, incl, 31) < rank ? 256u : digit;
 }
 
 // The k-th smallest (1 <= k <= m) of the m keys entry_key(i), i < m, by one warp:
@@ -293,8 +364,8 @@ __device__ FRAGLINK_INLINE uint64_t entry_key(const buffer& b, uint32_t i, bool 
 // instance serves both of compact's selects (`bytes` and the key chosen at run
 // time): a second inlined instance, with a second filter, made every knn_tile
 // link about 3% slower (859 -> 880 ms for q64_r64_k32 tf32x3 on sm_90).
-__device__ FRAGLINK_INLINE uint64_t kth_smallest(const buffer& b, uint32_t m, uint32_t k, bool by_lo_id, int bytes,
-                                                 uint32_t* hist, uint32_t lane) {
+__device__ FRAGLINK_INLINE uint64_t kth_smallest(const buffer& b, const union_args& u, uint32_t m, uint32_t k,
+                                                 int kind, int bytes, uint32_t* hist, uint32_t lane) {
   uint64_t prefix = 0;
   uint32_t rank = k;  // among the keys that share `prefix`'s found bytes
 #pragma unroll 1
@@ -304,50 +375,18 @@ __device__ FRAGLINK_INLINE uint64_t kth_smallest(const buffer& b, uint32_t m, ui
     for (uint32_t i = lane; i < 256u; i += 32u) hist[i] = 0u;
     __syncwarp();
     for (uint32_t i = lane; i < m; i += 32u) {
-      const uint64_t v = entry_key(b, i, by_lo_id);
+      const uint64_t v = entry_key(b, u, i, kind);
       if ((v & high) == prefix) atomicAdd(&hist[static_cast<uint32_t>(v >> shift) & 255u], 1u);
     }
     __syncwarp();
-    uint32_t c[8];
-    uint32_t sum = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      c[j] = hist[8u * lane + static_cast<uint32_t>(j)];
-      sum += c[j];
-    }
-    // Inclusive prefix sum over the lanes (a butterfly: `group` is the sum of the
-    // aligned group of lanes `incl` has seen so far).
-    uint32_t incl = sum;
-    uint32_t group = sum;
-    for (int off = 1; off < 32; off <<= 1) {
-      const uint32_t other = __shfl_xor_sync(0xffffffffu, group, off);
-      if ((lane & static_cast<uint32_t>(off)) != 0u) incl += other;
-      group += other;
-    }
-    uint32_t below = incl - sum;
-    // Exactly one lane holds the k-th key's byte; the others contribute zeros.
-    uint32_t digit = 0;
-    uint32_t skipped = 0;
-    if (below < rank && rank <= incl) {
-      bool found = false;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (!found && below + c[j] >= rank) {
-          found = true;
-          digit = 8u * lane + static_cast<uint32_t>(j);
-        } else if (!found) {
-          below += c[j];
-        }
-      }
-      skipped = below;
-    }
-    for (int off = 16; off > 0; off >>= 1) {
-      digit |= __shfl_xor_sync(0xffffffffu, digit, off);
-      skipped |= __shfl_xor_sync(0xffffffffu, skipped, off);
-    }
+    uint32_t skipped;
+    const uint32_t digit = pick_digit(hist, rank, lane, &skipped);
+    __syncwarp();
+    // Certificates lowered since an earlier round left fewer than the rank-th under
+    // the bytes found: no bound this time (buffer keys never change).
+    if (digit > 255u) return ~0ull;
     prefix |= static_cast<uint64_t>(digit) << shift;
     rank -= skipped;
-    __syncwarp();
   }
   return prefix;
 }
@@ -384,23 +423,51 @@ __device__ FRAGLINK_INLINE uint32_t keep_at_most(const buffer& b, uint32_t m, ui
 // shared_bound); if more than CAP remain, replace them by the exact best k (the k
 // smallest (d, id) keys, scan::key_less's order). Ends with *count <= CAP. The shared
 // bound only filters: *b.thr stays the chunk's own T (the insertion rule drops
-// lo >= T, which the ids justify only for rows of this chunk).
+// lo >= T, which the ids justify only for rows of this chunk). Where the union bound
+// is on (u.certs), two passes come first: this chunk's certificate (the j-th smallest
+// hi, lowered with atomicMin), then the r-th smallest of the sampled certificates,
+// which lowers the shared bound here and is returned (all ones: none).
 template <typename T, int CAP>
-__device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qrow, const T* dataset, uint32_t dim,
-                                        uint32_t* hist, uint32_t shared_key) {
+__device__ FRAGLINK_INLINE uint32_t compact(const buffer& b, const union_args& u, uint32_t k, const T* qrow,
+                                            const T* dataset, uint32_t dim, uint32_t* hist, uint32_t shared_key) {
   const uint32_t lane = threadIdx.x & 31u;
   uint32_t m = *b.count;
   float t = *b.thr;
-  // Pass 0 selects by the upper bounds; pass 1, only when more than CAP entries are
-  // left, by exact distances. One loop, so the select and the filter are inlined
-  // once: with a second inlined copy of each, q64 f32 3xTF32 k32 `_a16` + l2 took
-  // 367 ms of nvJitLink for sm_90 instead of 324 (12.9, back to back, a 2-core VM).
+  uint32_t joint = 0xffffffffu;
+  // Passes -2 and -1 (the union bound's), then 0, which selects by the upper bounds,
+  // and 1, only when more than CAP entries are left, by exact distances. One loop, so
+  // the select and the filter are inlined once: with a second inlined copy of each,
+  // q64 f32 3xTF32 k32 `_a16` + l2 took 367 ms of nvJitLink for sm_90 instead of 324
+  // (12.9, back to back, a 2-core VM); a second select for the union bound took
+  // knn_tile_f32_f16copy_q16_r64_k32_a16 from 64 to 121 registers (sm_90, 12.9).
 #pragma unroll 1
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = u.certs != nullptr ? -2 : 0; pass < 2; ++pass) {
+    const bool own = pass == -2;
+    const bool joined = pass == -1;
     const bool exact = pass == 1;
-    // Fewer than k entries (only at a chunk's end, for the shared bound alone): no
-    // k-th. The exact pass runs with more than CAP >= k.
-    const uint64_t kth = m >= k ? kth_smallest(b, m, k, exact, exact ? 8 : 4, hist, lane) : ~0ull;
+    if (own && m < u.j) continue;
+    // One select for every pass, its inputs chosen here. Fewer than k entries (only
+    // at a chunk's end, for a shared bound alone): no k-th. The exact pass runs with
+    // more than CAP >= k.
+    const uint64_t kth =
+        pass < 0 || m >= k
+            ? kth_smallest(b, u, joined ? u.sample : m, own ? u.j : (joined ? u.r : k),
+                           joined ? key_cert : (exact ? key_lo_id : key_hi), exact ? 8 : (pass < 0 ? 3 : 4), hist,
+                           lane)
+            : ~0ull;
+    if (pass < 0) {
+      // Three bytes: the key's bucket of 2^8 keys (2^-15 of the value) and its top,
+      // which is at least the rank-th key and so certifies as much, a round sooner.
+      const uint32_t key32 = static_cast<uint32_t>(kth >> 32) | 0xffu;
+      if (own) {
+        if (lane == 0) atomicMin(u.certs + u.chunk, key32);
+        __syncwarp();
+      } else {
+        joint = key32;
+        shared_key = joint < shared_key ? joint : shared_key;
+      }
+      continue;
+    }
     if (m >= k) t = fminf(t, from_order_key(static_cast<uint32_t>(kth >> 32)));
     const uint32_t keep_key = order_key(t) < shared_key ? order_key(t) : shared_key;
     m = keep_at_most(b, m, exact ? kth : (static_cast<uint64_t>(keep_key) << 32) | 0xffffffffull, lane);
@@ -421,6 +488,7 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
     *b.count = m;
   }
   __syncwarp();
+  return joint;
 }
 
 // ----- the bound the chunks of one query share --------------------------------------
@@ -436,6 +504,51 @@ __device__ FRAGLINK_INLINE void compact(const buffer& b, uint32_t k, const T* qr
 // is only a looser one. Null bound_keys: each chunk on its own, as before.
 __device__ FRAGLINK_INLINE uint32_t shared_bound(const uint32_t* keys, uint64_t q, uint32_t n_queries) {
   return keys == nullptr || q >= n_queries ? 0xffffffffu : *reinterpret_cast<const volatile uint32_t*>(keys + q);
+}
+
+// ----- the union bound: certificates of many chunks together ---------------------
+// One chunk's T names k rows of that chunk alone, so the bound above is the k-th
+// smallest distance of the best chunk: at nq 1 over about 900 chunks, still the query's
+// three-thousandth or so (benches/scripts/shared_bound_model.py). Rows of different
+// chunks are distinct, so chunks can certify jointly. Past bound_keys' n_queries words
+// the host leaves n_queries x n_chunks more (all ones): chunk c keeps, at
+// bound_keys[n_queries + q * n_chunks + c], its certificate for query q, the least order
+// key of the j-th smallest hi its buffer has held (j: union_of; so many rows of the chunk
+// have d <= it; atomicMin, so only ever lower, and a row dropped since still exists).
+// Any r = ceil(k / j) certificates of distinct chunks name r j >= k distinct rows, so
+// the r-th smallest of any set of certificates is at least the query's k-th smallest
+// distance: rule (d) holds for it as for T. At each compaction a warp takes the r-th
+// smallest of a strided sample of the query's certificates (compact's pass -1, the
+// same radix select as its others). Other blocks lower certificates between the
+// select's rounds; since they only fall, the keys counted below the bytes found so far
+// stay below, and the r keys the select ends with are at or below its result at the
+// end, each a valid certificate of a distinct chunk; where lowered keys leave fewer
+// than the rank still wanted under the bytes found (pick_digit says so), the pass
+// gives no bound. With the chunks' best rows spread over the chunks, the bound is
+// near the query's own k-th distance. On where a query spreads over at least
+// UNION_MIN_CHUNKS chunks (a small batch), j <= UNION_MAX_ROWS and r fits the sample.
+constexpr uint32_t UNION_MIN_CHUNKS = 32;
+constexpr uint32_t UNION_MAX_ROWS = 8;
+// Certificates one select reads at most: every (n_chunks / UNION_SAMPLE)-th.
+constexpr uint32_t UNION_SAMPLE = 256;
+
+// The union bound's inputs for query q of chunk `chunk` (u.certs null where it is
+// off for this launch): j = ceil(2 k / n_chunks) rows per certificate, so that r =
+// ceil(k / j) is about half the chunks.
+__device__ FRAGLINK_INLINE union_args union_of(uint32_t* bound_keys, uint32_t n_queries, uint64_t q, uint32_t k,
+                                               uint32_t n_chunks, uint32_t chunk) {
+  union_args u = {nullptr, chunk, 1, 0, 0, 0};
+  if (bound_keys == nullptr || q >= n_queries || n_chunks < UNION_MIN_CHUNKS) return u;
+  const uint32_t j = (2u * k + n_chunks - 1u) / n_chunks;
+  const uint32_t r = (k + j - 1u) / j;
+  const uint32_t sample = n_chunks < UNION_SAMPLE ? n_chunks : UNION_SAMPLE;
+  if (j > UNION_MAX_ROWS || r > sample) return u;
+  u.certs = bound_keys + n_queries + q * n_chunks;
+  u.stride = n_chunks / sample;
+  u.sample = sample;
+  u.j = j;
+  u.r = r;
+  return u;
 }
 
 // ----- global -> shared memory copies: copy_async.cuh (through scan.cuh) ---------
@@ -798,11 +911,17 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
         const uint32_t shared_key =
             last ? __shfl_sync(0xffffffffu, lane == 0 ? shared_bound(bound_keys, q0 + ql, n_queries) : 0u, 0)
                  : s_bound[ql];
-        if (count > limit || (last && count != 0 && shared_key != 0xffffffffu)) {
+        uint32_t* const hist = reinterpret_cast<uint32_t*>(s_acc[warp]);
+        const union_args u = union_of(bound_keys, n_queries, q0 + ql, k, n_chunks, chunk);
+        // With the union bound on, a chunk's end compacts whatever its bound: the
+        // certificates may give one.
+        if (count > limit || (last && count != 0 && (shared_key != 0xffffffffu || u.certs != nullptr))) {
           const buffer b = {s_lo[ql], s_hi[ql], s_id[ql], &s_count[ql], &s_thr[ql]};
-          compact<T, CAP>(b, k, queries + (q0 + ql) * dim, dataset, dim, reinterpret_cast<uint32_t*>(s_acc[warp]),
-                          shared_key);
-          if (bound_keys != nullptr && lane == 0) atomicMin(bound_keys + q0 + ql, order_key(s_thr[ql]));
+          const uint32_t joint = compact<T, CAP>(b, u, k, queries + (q0 + ql) * dim, dataset, dim, hist, shared_key);
+          if (bound_keys != nullptr && lane == 0) {
+            const uint32_t own_t = order_key(s_thr[ql]);
+            atomicMin(bound_keys + q0 + ql, joint < own_t ? joint : own_t);
+          }
         }
       }
       __syncthreads();

@@ -441,6 +441,10 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     let tie_queries = ties(dtype, 70, dim, 13);
     // Enough row tiles for more than MERGE_CHUNKS chunks: the merge level.
     let (big_base, big_queries) = synthetic(2500, odd, 3, dtype, 17);
+    // Ties over more than knn_tile.cuh's UNION_MIN_CHUNKS chunks: the union
+    // bound's certificates (the j-th smallest hi of a chunk) among equal
+    // distances.
+    let big_ties = ties(dtype, 2500, odd, 19);
     let near_base = near_ties(dtype, n, odd, 14);
     // Rows the bounds do not cover, and the candidate kernel's filter that
     // skips them (the index's, knn::special): alone and over a user filter.
@@ -626,6 +630,20 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
             1,
         ),
         Case::new(
+            label("ties over 40 chunks, k 10: the union bound (1 row a chunk)"),
+            &big_ties,
+            ties(dtype, 3, odd, 20),
+            10,
+            160,
+        ),
+        Case::new(
+            label("ties over 40 chunks, k 40: the union bound (2 rows a chunk)"),
+            &big_ties,
+            ties(dtype, 2, odd, 21),
+            40,
+            160,
+        ),
+        Case::new(
             label("k 600 over 40 chunks: merge level at capacity 1024"),
             &big_base,
             big_queries.slice_rows(1, 2),
@@ -709,14 +727,22 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         .expect("a case with ties");
     the_shared_bound_drops_only_far_rows(exe, metric, precision, merging, true);
     the_shared_bound_drops_only_far_rows(exe, metric, precision, ties, false);
+    let union_ties = all
+        .iter()
+        .find(|c| c.what.contains("ties over 40 chunks, k 40"))
+        .expect("a case with ties under the union bound");
+    the_shared_bound_drops_only_far_rows(exe, metric, precision, union_ties, false);
 }
 
 /// The bound a query's chunks share (knn_tile.cuh `shared_bound`) drops
 /// only rows that cannot be neighbours: with it (as `check` ran every case)
 /// and without it (a null pointer: every chunk on its own) the results are
 /// the same, bit for bit, and the tile kernel writes no more candidates with
-/// it; over many chunks (`fewer`), strictly fewer. The emulator runs blocks
-/// one after another, so later chunks meet the bound the earlier ones left.
+/// it; over 40 chunks of random rows (`fewer`: the union bound of the chunks'
+/// certificates is on from 32), at most a third (a case of 3 queries, k 10:
+/// 235-326 against 1182-1385 with every dtype, precision and metric). The
+/// emulator runs blocks one after another, so later chunks meet the bound and
+/// the certificates the earlier ones left.
 fn the_shared_bound_drops_only_far_rows(
     exe: &Path,
     metric: Metric,
@@ -743,7 +769,7 @@ fn the_shared_bound_drops_only_far_rows(
         c.what
     );
     assert!(
-        shared <= alone && (!fewer || shared < alone),
+        shared <= alone && (!fewer || 3 * shared <= alone),
         "{}: {shared} candidates written with the shared bound, {alone} without",
         c.what
     );

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A lockstep model of knn_tile's chunks for one query, with and without the bound
-the chunks share (fragments/knn_tile.cuh `shared_bound`).
+the chunks share (fragments/knn_tile.cuh `shared_bound`), and with the union bound
+of the chunks' certificates beside it (`union_bound`).
 
 Not a benchmark and no GPU: it counts what the candidate kernel's select does
 (insertions, compactions, candidates written) when every chunk of one wave
@@ -22,12 +23,36 @@ RT = 64  # rows per block iteration (knn_tile's rtile)
 DIM = 128
 
 
-def model(k, cap, chunks, n, share, lo, hi):
+UNION_MIN_CHUNKS = 32  # knn_tile.cuh
+UNION_MAX_ROWS = 8
+UNION_SAMPLE = 256  # certificates one warp reads (32 lanes x 8)
+
+
+def union_shape(k, chunks):
+    """knn_tile.cuh union_rows: (j, r), or None where the union bound is off."""
+    if chunks < UNION_MIN_CHUNKS:
+        return None
+    j = -(-2 * k // chunks)
+    return (j, -(-k // j)) if j <= UNION_MAX_ROWS else None
+
+
+def union_bound(certs, r):
+    """The r-th smallest of a strided sample of the certificates (inf: none)."""
+    n = min(len(certs), UNION_SAMPLE)
+    if r > n:
+        return np.inf
+    sample = certs[(np.arange(n) * len(certs)) // n]
+    return np.partition(sample, r - 1)[r - 1]
+
+
+def model(k, cap, chunks, n, share, lo, hi, union=False):
     chunk_rows = -(-n // chunks)
     chunk_rows = -(-chunk_rows // RT) * RT
     chunks = -(-n // chunk_rows)
     bufs = [np.empty(0, dtype=np.int64) for _ in range(chunks)]
     thr = np.full(chunks, np.inf)
+    certs = np.full(chunks, np.inf)
+    shape = union_shape(k, chunks) if union else None
     bound = bound_seen = np.inf
     inserted = compactions = 0
     for j in range(chunk_rows // RT):
@@ -43,15 +68,22 @@ def model(k, cap, chunks, n, share, lo, hi):
                 keep &= lo[rows] <= bound_used
             bufs[c] = np.concatenate([bufs[c], rows[keep]])
             inserted += int(keep.sum())
-            limit = k if r0 + RT >= end else cap
-            if len(bufs[c]) > limit:
+            last = r0 + RT >= end
+            limit = k if last else cap
+            joint = np.inf
+            if shape and (len(bufs[c]) > limit or (last and len(bufs[c]) > 0)):
+                rows_each, rank = shape
+                if len(bufs[c]) >= rows_each:
+                    certs[c] = min(certs[c], np.partition(hi[bufs[c]], rows_each - 1)[rows_each - 1])
+                joint = union_bound(certs, rank)
+            if len(bufs[c]) > limit or (last and len(bufs[c]) > 0 and min(bound_used, joint) < np.inf):
                 compactions += 1
                 b = bufs[c]
-                t = min(thr[c], np.partition(hi[b], k - 1)[k - 1])
-                bufs[c] = b[lo[b] <= (min(t, bound_used) if share else t)]
+                t = min(thr[c], np.partition(hi[b], k - 1)[k - 1]) if len(b) >= k else thr[c]
+                bufs[c] = b[lo[b] <= (min(t, bound_used, joint) if share else t)]
                 thr[c] = t
                 if share:
-                    bound = min(bound, t)
+                    bound = min(bound, t, joint)
     written = [b[lo[b] <= bound] if share else b for b in bufs]
     return chunks, chunk_rows, inserted, compactions, sum(len(b) for b in written)
 
@@ -65,9 +97,10 @@ def main():
     d = ((x - q) ** 2).sum(1)
     s = np.sqrt((x * x).sum(1)) + np.sqrt((q * q).sum())
     e = 1.1e-3 * s * s
-    for share in (False, True):
-        c, rows, ins, comp, wrote = model(k, cap, chunks, n, share, d - e, d + e)
-        print(f"k {k}, capacity {cap}, {c} chunks of {rows} rows, shared bound {share}: "
+    for share, union in ((False, False), (True, False), (True, True)):
+        c, rows, ins, comp, wrote = model(k, cap, chunks, n, share, d - e, d + e, union)
+        how = "T and union bounds" if union else ("shared T bound" if share else "no shared bound")
+        print(f"k {k}, capacity {cap}, {c} chunks of {rows} rows, {how}: "
               f"inserted {ins}, compactions {comp}, candidates written {wrote}")
 
 

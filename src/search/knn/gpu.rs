@@ -403,9 +403,10 @@ impl KnnSearch<'_> {
             // plausible wrong neighbours).
             t.fill_ones(&mut cand.count)?;
             // Each query's bound its chunks share (knn_tile.cuh
-            // `shared_bound`): all ones, no bound yet.
+            // `shared_bound`), then each (query, chunk)'s certificate for the
+            // union bound (`union_bound`): all ones, no bound yet.
             let mut bounds = if share_bound {
-                let mut b = pool.alloc::<u32>(nb)?;
+                let mut b = pool.alloc::<u32>(nb + nb * n_chunks as usize)?;
                 t.fill_ones(&mut b)?;
                 Some(b)
             } else {
@@ -449,7 +450,8 @@ impl KnnSearch<'_> {
                 // contract (fragments/README.md); counts fit their u32
                 // parameters (n_rows < 2^32 - 1 and dim ≤ 2^17 by the plan,
                 // nb ≤ KNN_BATCH, k ≤ capacity); the outputs hold
-                // nb × n_chunks (× capacity) elements, the bounds nb; sizes
+                // nb × n_chunks (× capacity) elements, the bounds nb + nb ×
+                // n_chunks (the certificates behind the bounds); sizes
                 // and alignments are checked by the launcher.
                 unsafe { tile.launch(&cfg, &mut a)? };
             }

@@ -18,8 +18,9 @@
 // candidate buffer breaks the kernels' contract; 2 on bad arguments.
 // FRAGLINK_SIMT_QUERY_OFFSET=N starts the queries N elements into their buffer (a
 // misaligned pointer, for the launch-refusal tests); so do the queries' f16 copies.
-// The candidate kernel gets the queries' shared bounds (all ones, as the host sets
-// them), or with FRAGLINK_SIMT_NO_BOUND=1 a null pointer (every chunk on its own).
+// The candidate kernel gets the queries' shared bounds and the chunks' certificates
+// behind them (all ones, as the host sets them), or with FRAGLINK_SIMT_NO_BOUND=1 a
+// null pointer (every chunk on its own).
 // DIR/candidates.bin receives the number of candidates the tile kernel wrote, all
 // slots together (one little-endian u64).
 // FRAGLINK_SIMT_UNWRITE_SLOT=S sets candidate slot S's count back to all ones after
@@ -125,7 +126,8 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   candidates c(size_t(nq) * n_chunks, cap);
   const uint32_t* filter = bits.empty() ? nullptr : bits.data();
   const char* no_bound_env = std::getenv("FRAGLINK_SIMT_NO_BOUND");
-  std::vector<uint32_t> bounds(nq, 0xFFFFFFFFu);
+  // The shared bounds, then the chunks' certificates (knn_tile.cuh union_keys).
+  std::vector<uint32_t> bounds(size_t(nq) + size_t(nq) * n_chunks, 0xFFFFFFFFu);
   uint32_t* const bound_keys = no_bound_env != nullptr && std::string(no_bound_env) == "1" ? nullptr : bounds.data();
   auto run_tile = [&] {
     tile.fn(dataset.data(), queries, stage_dataset, stage_queries, filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
