@@ -662,7 +662,7 @@ impl Transfer {
     /// `cuMemcpyHtoDAsync` returns once the driver has staged `src` (CUDA's
     /// documented behaviour for pageable host → device copies), so `src`
     /// may change or go at once. Page-locked `src` (the driver knows it:
-    /// `cuPointerGetAttribute`) is read by the DMA after the call returns,
+    /// `cuPointerGetAttributes`) is read by the DMA after the call returns,
     /// so there the copy is waited for, as [`Self::upload`] does; so it is
     /// on a device that reads pageable memory through the host's page
     /// tables.
