@@ -8,6 +8,12 @@
 //! (`LinkRuntime::is_available`, in memory here: the k-NN pair, linked once
 //! for sm_90 before timing).
 //!
+//! `merge/heads/*` against `merge/full_sort/*`: the host's merge of a split
+//! scan's per-split lists (`search::splits::merge_splits`, a merge of the
+//! sorted lists' heads) against sorting every entry of a query, as it was
+//! done before; cases as an H100/H200's splits give them (264 splits for
+//! one query, 3 for 100).
+//!
 //! ```text
 //! cargo bench --bench cost
 //! ```
@@ -21,6 +27,7 @@ use fraglink::link::{LinkRuntime, RuntimeConfig};
 use fraglink::search::kernels::SearchKernels;
 use fraglink::search::knn::{plan::SharedMemory, KnnRequest};
 use fraglink::search::plan::plan;
+use fraglink::search::splits::merge_splits;
 use fraglink::search::{DType, Metric};
 
 fn bench(c: &mut Criterion) {
@@ -68,6 +75,78 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
     linked_check(c);
+    merge(c);
+}
+
+/// `nq` queries' `splits` sorted lists of `k` (distance, id), as a split
+/// scan writes them: a few ties, padding at the end of some lists.
+fn split_lists(nq: usize, splits: usize, k: usize) -> (Vec<i64>, Vec<f32>) {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let (mut ids, mut dists) = (Vec::new(), Vec::new());
+    for _ in 0..nq * splits {
+        let mut list: Vec<(f32, i64)> = (0..k)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                match x % 50 {
+                    0 => (f32::INFINITY, -1),
+                    r => (
+                        (x >> 44) as f32 * (1.0 / 64.0) + r as f32,
+                        (x >> 12) as i64 + i as i64,
+                    ),
+                }
+            })
+            .collect();
+        list.sort_by(full_order);
+        for (d, id) in list {
+            dists.push(d);
+            ids.push(id);
+        }
+    }
+    (ids, dists)
+}
+
+/// The kernels' key order, ascending: distance, then id as unsigned.
+fn full_order(a: &(f32, i64), b: &(f32, i64)) -> std::cmp::Ordering {
+    a.0.total_cmp(&b.0).then((a.1 as u64).cmp(&(b.1 as u64)))
+}
+
+/// The peer: each query's entries sorted in full, the first `k` kept.
+fn merge_by_sort(ids: &[i64], dists: &[f32], nq: usize, splits: usize, k: usize) -> Vec<i64> {
+    let mut out = Vec::with_capacity(nq * k);
+    let mut keys = Vec::with_capacity(splits * k);
+    for q in 0..nq {
+        let span = q * splits * k..(q + 1) * splits * k;
+        keys.clear();
+        keys.extend(
+            dists[span.clone()]
+                .iter()
+                .copied()
+                .zip(ids[span].iter().copied()),
+        );
+        keys.sort_unstable_by(full_order);
+        out.extend(keys[..k].iter().map(|e| e.1));
+    }
+    out
+}
+
+fn merge(c: &mut Criterion) {
+    let mut g = c.benchmark_group("merge");
+    for (nq, splits, k) in [(1, 264, 10), (1, 264, 100), (100, 3, 100)] {
+        let (ids, dists) = split_lists(nq, splits, k);
+        let case = format!("nq{nq}_splits{splits}_k{k}");
+        let heads = merge_splits(&ids, &dists, nq, splits, k, true).0;
+        assert_eq!(heads, merge_by_sort(&ids, &dists, nq, splits, k), "{case}");
+        // Interleaved: each case's two sides run one after the other.
+        g.bench_function(format!("heads/{case}"), |b| {
+            b.iter(|| black_box(merge_splits(black_box(&ids), &dists, nq, splits, k, true)))
+        });
+        g.bench_function(format!("full_sort/{case}"), |b| {
+            b.iter(|| black_box(merge_by_sort(black_box(&ids), &dists, nq, splits, k)))
+        });
+    }
+    g.finish();
 }
 
 fn linked_check(c: &mut Criterion) {

@@ -182,16 +182,19 @@ tail -n 1 "$RES/prelink.txt" >"$RES/prelink.json"
 fi
 
 if want small; then
-log "5. small costs: cost-model decision (benches/cost.rs)"
+log "5. small costs: cost-model decision, split merge (benches/cost.rs)"
 load cost
-rm -rf target/criterion/cost target/criterion/route
+rm -rf target/criterion/cost target/criterion/route target/criterion/merge
 cargo_retry bench --bench cost
 fi
 if want link || want small; then
 run "$PY" benches/scripts/criterion_stats.py --criterion target/criterion --out "$RES/criterion.json" \
   link_cold/raw_nvjitlink link_cold/planner link_cached/memory_hit link_cached/disk_hit \
   link_cached/warm_planner_lookup cost/choose/gpu/warm cost/choose/no_gpu cost/choose/gpu/unseen_op \
-  cost/learn route/linked_check
+  cost/learn route/linked_check \
+  merge/heads/nq1_splits264_k10 merge/full_sort/nq1_splits264_k10 \
+  merge/heads/nq1_splits264_k100 merge/full_sort/nq1_splits264_k100 \
+  merge/heads/nq100_splits3_k100 merge/full_sort/nq100_splits3_k100
 fi
 
 if want search; then

@@ -562,6 +562,26 @@ def section_small(res, lines, headline):
             lines.append(f"| {name} | not measured (benchmark missing) |")
         else:
             lines.append(f"| {name} | {' / '.join(fmt(e[k], 0) + ' ns' for k in ('min_ns', 'median_ns', 'max_ns'))} |")
+    lines += [
+        "",
+        "The host's merge of a split scan's per-split sorted lists (`search::splits::merge_splits`: "
+        "a merge of the lists' heads) against sorting each query's entries in full (`total_cmp`, "
+        "then the id); medians, interleaved in one run:",
+        "",
+        "| case | heads | full sort | full sort / heads |",
+        "| --- | --- | --- | --- |",
+    ]
+    for case in ("nq1_splits264_k10", "nq1_splits264_k100", "nq100_splits3_k100"):
+        h, s = c.get(f"merge/heads/{case}", {}), c.get(f"merge/full_sort/{case}", {})
+        if not h or not s or h.get("missing") or s.get("missing"):
+            lines.append(f"| {case} | not measured (benchmark missing) | | |")
+            continue
+        ratio = s["median_ns"] / h["median_ns"]
+        lines.append(f"| {case} | {fmt(h['median_ns'] / 1e3, 1)} µs | {fmt(s['median_ns'] / 1e3, 1)} µs | {ratio:.1f}× |")
+        if case == "nq1_splits264_k100":
+            headline.append(("Split merge on the host (1 query, 264 splits, k 100)",
+                             f"heads {fmt(h['median_ns'] / 1e3, 1)} µs vs full sort {fmt(s['median_ns'] / 1e3, 1)} µs",
+                             f"full sort / heads = {ratio:.1f}×"))
     for label, key in (("Cost-model decision", "cost/choose/gpu/warm"),
                        ("Warm planner lookup", "link_cached/warm_planner_lookup")):
         e = c.get(key, {})
@@ -579,7 +599,8 @@ SECTIONS = {"build": "1", "size": "2", "link": "3", "search": "4", "small": "5",
 ROW_PREFIXES = [("Fragment build", "build"), ("Rebuild", "build"), ("Binary size", "size"),
                 ("Cold link", "link"), ("Cache hits", "link"), ("Contention", "link"),
                 ("First call", "link"), ("k-NN kernel pair", "link"), ("IVF-Flat", "ivf"),
-                ("CPU search", "search"), ("Cost-model", "small"), ("Warm planner", "small")]
+                ("CPU search", "search"), ("Cost-model", "small"), ("Warm planner", "small"),
+                ("Split merge", "small")]
 
 
 def row_section(figure):
