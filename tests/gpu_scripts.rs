@@ -132,10 +132,12 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         "fraglink[knn_tile_f32_tf32x3_q64_r64_k32]": {"error": "FRAGLINK_KNN_VARIANT = ..."},
         "fraglink/scan": {"qps": 80.0, "recall": 1.0},
         "fraglink/scan-1block": {"qps": 2.0, "recall": 1.0},
+        "fraglink/scan-2sm": {"qps": 64.0, "recall": 1.0},
         "fraglink/no-bound": {"qps": 80.0, "recall": 1.0}
     });
     doc["cases"][0]["best_variant"] = "knn_tile_f32_tf32_q64_r64_k32".into();
     doc["cases"][0]["scan_splits_gain"] = 40.0.into();
+    doc["cases"][0]["scan_wave_gain"] = 1.25.into();
     doc["cases"][0]["shared_bound_gain"] = 1.25.into();
     // A traced search (FRAGLINK_SEARCH_TRACE), as run_fraglink keeps it.
     doc["cases"][0]["traces"] = serde_json::json!({
@@ -169,7 +171,8 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
             && md.contains("tensor cores / scan")
             && md.contains("scan row splits / 1 block")
             && md.contains("shared bound / none")
-            && md.contains("| 1.25 | 40 |")
+            && md.contains("scan wave splits / 2 per SM")
+            && md.contains("| 1.25 | 40 | 1.25 |")
             && md.contains("| fraglink/scan-1block |")
             && md.contains("| 2 (1) |")
             && md.contains("| 40 |"),
@@ -534,7 +537,8 @@ fn the_ivf_split_bench_dry_runs_collects_and_renders() {
     assert_eq!(cases.len(), 24);
     for c in cases {
         let [nq, k, nprobe] = ["nq", "k", "nprobe"].map(|f| c[f].as_u64().unwrap() as usize);
-        let want = fraglink::search::splits::splits(nq, nprobe, k, 132);
+        use fraglink::search::splits::{splits, two_per_sm};
+        let want = splits(nq, nprobe, k, two_per_sm(132));
         assert_eq!(c["splits"].as_u64(), Some(want as u64), "{c}");
         assert!(c.get("split_ms").is_none(), "nothing measured: {c}");
     }

@@ -411,21 +411,19 @@ fn special_rows_beyond_the_copy_cap_leave_only_the_metric_they_exceed() {
 #[ignore = "needs a CUDA GPU"]
 fn a_few_queries_split_the_scans_rows_and_merge_to_the_cpu_answer() {
     let gpu = searcher();
-    let sms = gpu.context().info().sm_count;
     for dtype in [DType::F32, DType::F16] {
         let (base, _) = synthetic(50_000, 40, 1, dtype, 12);
         let index = gpu.upload(&base).unwrap();
         for nq in [1, 7, 300] {
             let (_, q) = synthetic(1, 40, nq, dtype, 13 + nq as u64);
             for (k, density) in [(1, 0.0), (10, 0.0), (256, 0.0), (10, 0.0005)] {
-                let splits = fraglink::search::gpu::row_splits(None, nq, 50_000, k, sms);
                 let filter = if density == 0.0 {
                     Filter::None
                 } else {
                     Filter::Bitset(Bitset::random(50_000, density, 5))
                 };
                 let params = SearchParams::new(k, Metric::L2).with_filter(filter);
-                let what = format!("{dtype} nq {nq} k {k} filter {density} splits {splits}");
+                let what = format!("{dtype} nq {nq} k {k} filter {density}");
                 let found = index.search_scan(&q, &params).unwrap();
                 assert!(found.knn.is_none() && found.select.is_none(), "{what}");
                 assert_equals_cpu(&found.neighbors, &base, &q, &params, &what);

@@ -22,12 +22,18 @@ out of memory on the distance matrix):
                        takes it (`gpu_kernel` names what ran)
   fraglink/scan        the same with FRAGLINK_GPU_KNN=0: the exact scan kernel,
                        to see where it still wins (beyond k 256 the two-pass
-                       select, knn_dist + knn_select); below two queries per
-                       SM its rows split over blocks (FRAGLINK_SCAN_SPLITS)
+                       select, knn_dist + knn_select); below a wave of its
+                       blocks (what the GPU holds at once) its rows split
+                       over blocks (FRAGLINK_SCAN_SPLITS)
   fraglink/scan-1block the scan with FRAGLINK_SCAN_SPLITS=1 (one block per
                        query, as before the row splits), only where the
                        split count differs (nq < 2 x SMs, k <= 256):
                        `scan_splits_gain` = fraglink/scan over it
+  fraglink/scan-2sm    the scan with its rows split for two blocks per SM
+                       (FRAGLINK_SCAN_SPLITS = ceil(2 x SMs / nq), the split
+                       count before a wave of the scan's resident blocks set
+                       it), where it differs: `scan_wave_gain` =
+                       fraglink/scan over it
   fraglink/fast-link   `fraglink` with FRAGLINK_FAST_COMPILE=min: kernels linked
                        at nvJitLink's -Ofc=min (about half the cold link, see
                        benches/scripts/cold_links.sh), so that their speed is
@@ -58,7 +64,7 @@ out of memory on the distance matrix):
 Order, for a run cut short: every case's goal sides first (the peers and
 `fraglink`, the planner's pick: the issue's table), then the diagnostic sides
 of every case (`fraglink/scan`, then the traces, then `fraglink/no-bound`, then
-`fraglink/fast-link`, then `fraglink/scan-1block`, then the candidate kernels
+`fraglink/fast-link`, then `fraglink/scan-1block` and `fraglink/scan-2sm`, then the candidate kernels
 by name). With `--seconds S` (gpu-run.sh passes what its
 budget has left) nothing is started that the run's own timings say would end
 after S seconds: such cases are listed in `cases_left_out`, such sides in
@@ -349,6 +355,8 @@ def finish_case(case):
     case["tensor_core_vs_scan"] = (fq / sq) if (fq and sq) else None
     oq = case["sides"].get("fraglink/scan-1block", {}).get("qps")
     case["scan_splits_gain"] = (sq / oq) if (sq and oq) else None
+    wq = case["sides"].get("fraglink/scan-2sm", {}).get("qps")
+    case["scan_wave_gain"] = (sq / wq) if (sq and wq) else None
     lq = case["sides"].get("fraglink/fast-link", {}).get("qps")
     case["fast_link_vs_default"] = (lq / fq) if (fq and lq) else None
     bq = case["sides"].get("fraglink/no-bound", {}).get("qps")
@@ -517,6 +525,10 @@ def main():
                 extras.append((case, "fraglink/fast-link", {"fast_compile": "min"}, files))
                 if nq < 2 * sm_count and k <= 256:
                     extras.append((case, "fraglink/scan-1block", {"knn": False, "splits": 1}, files))
+                    two_per_sm = -(-2 * sm_count // nq)
+                    if two_per_sm > 1:
+                        extras.append((case, "fraglink/scan-2sm", {"knn": False, "splits": two_per_sm},
+                                       files))
                 if nq in variant_nqs and k in variant_ks:
                     for v in knn_variants(a.fraglink, dtype, k, a.dim):
                         extras.append((case, f"fraglink[{v}]", {"variant": v}, files))
@@ -528,7 +540,7 @@ def main():
     # then the candidate kernels by name: the order in which they answer
     # questions about the planner.
     rank = {"fraglink/scan": 0, "trace:fraglink": 1, "trace:fraglink/scan": 1, "fraglink/no-bound": 2,
-            "fraglink/fast-link": 3, "fraglink/scan-1block": 4}
+            "fraglink/fast-link": 3, "fraglink/scan-1block": 4, "fraglink/scan-2sm": 4}
     for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 5)):
         if not clock.allows(clock.fraglink_estimate()):
             case.setdefault("sides_left_out", []).append(name)

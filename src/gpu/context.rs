@@ -300,9 +300,17 @@ fn read_device(ordinal: usize) -> GpuResult<DeviceInfo> {
 ///
 /// Cheap to clone (two `Arc`s and the device description). The stream is a
 /// non-blocking stream of its own (not the legacy NULL stream), so work on
-/// it can be captured into a CUDA graph; creating it puts cudarc into its
-/// multi-stream mode, where buffers carry read/write events and cross-stream
-/// use is ordered automatically.
+/// it can be captured into a CUDA graph.
+///
+/// Creating that stream puts cudarc into its multi-stream mode, where each
+/// buffer carries read and write events: every pointer argument of a
+/// launch, copy or memset then costs a `cuStreamWaitEvent` before it and a
+/// `cuEventRecord` after it (about 35 driver calls before a k-NN search's
+/// first kernel), and every allocation two `cuEventCreate`. On one stream
+/// the stream's own order already orders everything, so [`GpuContext::new`]
+/// turns that tracking off; [`GpuContext::new_stream`] turns it back on
+/// for the buffers allocated after it. A stream made through cudarc
+/// directly ([`GpuContext::cuda`]) needs `enable_event_tracking` first.
 #[derive(Debug, Clone)]
 pub struct GpuContext {
     ctx: Arc<CudaContext>,
@@ -349,6 +357,11 @@ impl GpuContext {
         let info = read_device(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(driver_error("cuDevicePrimaryCtxRetain"))?;
         let stream = ctx.new_stream().map_err(driver_error("cuStreamCreate"))?;
+        // SAFETY: nothing is allocated on this context object yet, and all
+        // work goes to `stream` until `new_stream` turns tracking back on
+        // (see the type's documentation). `CudaContext::new` returns an
+        // object of its own, so no other user's context changes.
+        unsafe { ctx.disable_event_tracking() };
         Ok(GpuContext { ctx, stream, info })
     }
 
@@ -393,8 +406,14 @@ impl GpuContext {
         &self.stream
     }
 
-    /// Another non-blocking stream on this device (`cuStreamCreate`).
+    /// Another non-blocking stream on this device (`cuStreamCreate`). It
+    /// turns cudarc's event tracking back on (see [`GpuContext`]): buffers
+    /// allocated from now on order their use across streams by themselves;
+    /// those allocated before carry no events, so their use on the new
+    /// stream must be ordered by the caller (e.g. [`Self::synchronize`]).
     pub fn new_stream(&self) -> GpuResult<Arc<CudaStream>> {
+        // SAFETY: turning tracking on only adds waits and records.
+        unsafe { self.ctx.enable_event_tracking() };
         self.ctx
             .new_stream()
             .map_err(driver_error("cuStreamCreate"))

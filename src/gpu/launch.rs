@@ -16,7 +16,9 @@
 //! data as [`GpuView`]/[`GpuViewMut`] and passes the pointers the way
 //! cudarc's launch builder does (`DevicePtr::device_ptr` /
 //! `DevicePtrMut::device_ptr_mut`, whose guards record the read/write events
-//! after `cuLaunchKernel`), so buffers used on several streams stay ordered.
+//! after `cuLaunchKernel` where the context tracks them: buffers used on
+//! several streams stay ordered once [`GpuContext::new_stream`] has turned
+//! tracking on; on the context's one stream it is off, its order suffices).
 //!
 //! A pointer argument may carry an alignment requirement
 //! ([`KernelArgs::require_alignment`]); the launcher checks the real device

@@ -26,7 +26,8 @@ use super::knn::gpu::variant_by_env;
 use super::knn::BeyondScan;
 use super::plan::{PlanError, ScanPlan};
 use super::splits::{
-    fixed_splits, merge_splits, splits, splits_from_env, SCAN_SPLITS_VAR, SPLITS_EXPECTED,
+    fixed_splits, merge_splits, splits, splits_from_env, two_per_sm, SCAN_SPLITS_VAR,
+    SPLITS_EXPECTED,
 };
 use super::{trace, Neighbors, SearchError, SearchParams, Vectors};
 
@@ -420,7 +421,15 @@ impl GpuSearcher {
     ) -> Result<Neighbors, GpuSearchError> {
         let contract = plan.contract();
         let t = &*self.transfer;
-        let splits = row_splits(fixed_row_splits()?, nq, n_rows, k, self.ctx.info().sm_count);
+        // One wave of the scan's blocks where the driver says how many fit
+        // (an H200 at 6f7ea6a ran one query over 2 blocks per SM, 8 warps of
+        // 64: 30% of DRAM bandwidth, ncu), else two per SM.
+        let wave = launcher
+            .resident_blocks(SCAN_BLOCK, 0)
+            .ok()
+            .filter(|&b| b > 0)
+            .map_or_else(|| two_per_sm(self.ctx.info().sm_count), |b| b as usize);
+        let splits = row_splits(fixed_row_splits()?, nq, n_rows, k, wave);
         // At most 65535 splits of an nq × k the host holds anyway.
         let outputs = nq.saturating_mul(splits).saturating_mul(k);
         let mut d_dists = self.pool.alloc::<f32>(outputs)?;
@@ -515,21 +524,16 @@ impl GpuSearcher {
 pub const SPLIT_PART_ROWS: usize = 4 * SCAN_BLOCK as usize;
 
 /// The row splits of a scan of `nq` queries over `n_rows` rows with `k`
-/// results on a GPU of `sm_count` SMs: `fixed` ([`SCAN_SPLITS_VAR`],
-/// [`fixed_row_splits`]) where set, at most one per row and within the
-/// merge bound ([`fixed_splits`]); else [`splits`] over
-/// `⌈n_rows / SPLIT_PART_ROWS⌉` parts ([`SPLIT_PART_ROWS`]). On an H100 one
-/// query over a million rows runs 264 blocks instead of one.
-pub fn row_splits(
-    fixed: Option<usize>,
-    nq: usize,
-    n_rows: usize,
-    k: usize,
-    sm_count: u32,
-) -> usize {
+/// results for a grid of about `wave` blocks (what the device holds of the
+/// scan at once): `fixed` ([`SCAN_SPLITS_VAR`], [`fixed_row_splits`]) where
+/// set, at most one per row and within the merge bound ([`fixed_splits`]);
+/// else [`splits`] over `⌈n_rows / SPLIT_PART_ROWS⌉` parts
+/// ([`SPLIT_PART_ROWS`]). On an H100 holding 5 scan blocks per SM one query
+/// over a million rows runs 660 blocks instead of one.
+pub fn row_splits(fixed: Option<usize>, nq: usize, n_rows: usize, k: usize, wave: usize) -> usize {
     match fixed {
         Some(n) => fixed_splits(n, n_rows, k),
-        None => splits(nq, n_rows.div_ceil(SPLIT_PART_ROWS), k, sm_count),
+        None => splits(nq, n_rows.div_ceil(SPLIT_PART_ROWS), k, wave),
     }
 }
 
@@ -721,21 +725,22 @@ mod tests {
 
     #[test]
     fn few_queries_split_their_rows_over_the_sms() {
-        // H100: 132 SMs, 264 blocks wanted.
-        assert_eq!(row_splits(None, 1, 1_000_000, 10, 132), 264);
-        assert_eq!(row_splits(None, 100, 1_000_000, 10, 132), 3);
-        assert_eq!(row_splits(None, 264, 1_000_000, 10, 132), 1);
+        // H100: 132 SMs holding 5 scan blocks each, 660 blocks wanted.
+        let wave = 5 * 132;
+        assert_eq!(row_splits(None, 1, 1_000_000, 10, wave), 660);
+        assert_eq!(row_splits(None, 100, 1_000_000, 10, wave), 7);
+        assert_eq!(row_splits(None, 660, 1_000_000, 10, wave), 1);
         // At most one split per 512 rows; the host merge's bound.
-        assert_eq!(row_splits(None, 1, 1000, 10, 132), 2);
-        assert_eq!(row_splits(None, 1, 512, 10, 132), 1);
-        assert_eq!(row_splits(None, 1, 0, 10, 132), 1);
-        assert_eq!(row_splits(None, 1, 1_000_000, 256, 132), 128);
+        assert_eq!(row_splits(None, 1, 1000, 10, wave), 2);
+        assert_eq!(row_splits(None, 1, 512, 10, wave), 1);
+        assert_eq!(row_splits(None, 1, 0, 10, wave), 1);
+        assert_eq!(row_splits(None, 1, 1_000_000, 256, wave), 128);
         // A fixed count, at most one split per row and within the merge bound.
-        assert_eq!(row_splits(Some(1), 1, 1_000_000, 10, 132), 1);
-        assert_eq!(row_splits(Some(7), 10_000, 1_000_000, 10, 132), 7);
-        assert_eq!(row_splits(Some(7), 1, 5, 10, 132), 5);
-        assert_eq!(row_splits(Some(7), 1, 0, 10, 132), 1);
-        assert_eq!(row_splits(Some(65_535), 1, 1_000_000, 256, 132), 128);
+        assert_eq!(row_splits(Some(1), 1, 1_000_000, 10, wave), 1);
+        assert_eq!(row_splits(Some(7), 10_000, 1_000_000, 10, wave), 7);
+        assert_eq!(row_splits(Some(7), 1, 5, 10, wave), 5);
+        assert_eq!(row_splits(Some(7), 1, 0, 10, wave), 1);
+        assert_eq!(row_splits(Some(65_535), 1, 1_000_000, 256, wave), 128);
         let e = GpuSearchError::Env {
             variable: SCAN_SPLITS_VAR,
             value: "many".into(),

@@ -63,19 +63,25 @@ pub fn fixed_splits(n: usize, parts: usize, k: usize) -> usize {
     n.min(parts).min(MAX_MERGE_ENTRIES / k.max(1)).max(1)
 }
 
+/// Blocks [`splits`] aims at on a GPU of `sm_count` SMs where the kernel's
+/// residency is not asked: two per SM.
+pub fn two_per_sm(sm_count: u32) -> usize {
+    2 * sm_count.max(1) as usize
+}
+
 /// Splits for `nq` queries whose work divides into at most `parts` parts
-/// (probes; row groups), with `k` results, on a GPU of `sm_count` SMs:
-/// enough blocks for two per SM (`⌈2·sm_count / nq⌉`), at most `parts`, and
-/// at most `MAX_MERGE_ENTRIES / k` (the host merges `splits · k` entries
-/// per query); 1 (one block per query) once the queries alone fill the
-/// GPU. Never more than [`MAX_SPLITS`].
-pub fn splits(nq: usize, parts: usize, k: usize, sm_count: u32) -> usize {
-    let target = 2 * sm_count.max(1) as usize;
-    if nq == 0 || nq >= target {
+/// (probes; row groups), with `k` results, for a grid of about `wave`
+/// blocks (what the device holds at once, or [`two_per_sm`]):
+/// `⌈wave / nq⌉`, at most `parts`, and at most `MAX_MERGE_ENTRIES / k`
+/// (the host merges `splits · k` entries per query); 1 (one block per
+/// query) once the queries alone make the wave. Never more than
+/// [`MAX_SPLITS`].
+pub fn splits(nq: usize, parts: usize, k: usize, wave: usize) -> usize {
+    let wave = wave.max(1);
+    if nq == 0 || nq >= wave {
         return 1;
     }
-    target
-        .div_ceil(nq)
+    wave.div_ceil(nq)
         .min(parts)
         .min(MAX_MERGE_ENTRIES / k.max(1))
         .clamp(1, MAX_SPLITS)
@@ -127,7 +133,7 @@ fn order_key(distance: f32, id: i64, ascending: bool) -> u128 {
 /// each, in the kernel's key order (distance, then id as unsigned).
 ///
 /// The kernels write each list sorted in that order, so the lists' heads
-/// are merged ([`merge_query`]); batches of many entries spread their
+/// are merged (`merge_query`); batches of many entries spread their
 /// queries over the cores. Sorting all `splits · k` entries of a query
 /// instead took 270 µs for one query of 264 splits at k 10, 3.1 ms at
 /// k 100, and 1.5 ms for 100 queries of 3 splits at k 100 (2-core VM,
@@ -165,11 +171,18 @@ pub fn merge_splits(
             o_dists,
         );
     };
-    let queries = out_ids.chunks_mut(k).zip(out_dists.chunks_mut(k));
     if nq > 1 && ids.len() >= PARALLEL_ENTRIES {
-        queries.enumerate().par_bridge().for_each(one);
+        out_ids
+            .par_chunks_mut(k)
+            .zip(out_dists.par_chunks_mut(k))
+            .enumerate()
+            .for_each(one);
     } else {
-        queries.enumerate().for_each(one);
+        out_ids
+            .chunks_mut(k)
+            .zip(out_dists.chunks_mut(k))
+            .enumerate()
+            .for_each(one);
     }
     (out_ids, out_dists)
 }
@@ -280,19 +293,26 @@ mod tests {
     #[test]
     fn splits_fill_the_gpu_and_stop_at_the_probes() {
         // H100: 132 SMs, 264 blocks wanted.
-        assert_eq!(splits(1, 16, 10, 132), 16);
-        assert_eq!(splits(1, 1000, 10, 132), 264);
-        assert_eq!(splits(100, 16, 10, 132), 3);
-        assert_eq!(splits(263, 16, 10, 132), 2);
-        assert_eq!(splits(264, 16, 10, 132), 1);
-        assert_eq!(splits(10_000, 16, 10, 132), 1);
-        assert_eq!(splits(1, 1, 10, 132), 1);
-        assert_eq!(splits(0, 16, 10, 132), 1);
-        assert_eq!(splits(1, 16, 10, 0), 2);
+        let h100 = two_per_sm(132);
+        assert_eq!(h100, 264);
+        assert_eq!(splits(1, 16, 10, h100), 16);
+        assert_eq!(splits(1, 1000, 10, h100), 264);
+        assert_eq!(splits(100, 16, 10, h100), 3);
+        assert_eq!(splits(263, 16, 10, h100), 2);
+        assert_eq!(splits(264, 16, 10, h100), 1);
+        assert_eq!(splits(10_000, 16, 10, h100), 1);
+        assert_eq!(splits(1, 1, 10, h100), 1);
+        assert_eq!(splits(0, 16, 10, h100), 1);
+        assert_eq!(splits(1, 16, 10, two_per_sm(0)), 2);
+        assert_eq!(splits(1, 16, 10, 0), 1);
+        // A wave of 5 blocks per SM.
+        assert_eq!(splits(1, 1953, 10, 660), 660);
+        assert_eq!(splits(300, 1953, 10, 660), 3);
+        assert_eq!(splits(660, 1953, 10, 660), 1);
         // A large k keeps the host's merge to 32768 entries per query.
-        assert_eq!(splits(1, 1000, 2048, 132), 16);
-        assert_eq!(splits(1, 1000, 1000, 132), 32);
-        assert_eq!(splits(1, 1000, 40_000, 132), 1);
+        assert_eq!(splits(1, 1000, 2048, h100), 16);
+        assert_eq!(splits(1, 1000, 1000, h100), 32);
+        assert_eq!(splits(1, 1000, 40_000, h100), 1);
         // A fixed count: within the parts and the merge bound, at least 1.
         assert_eq!(fixed_splits(7, 16, 10), 7);
         assert_eq!(fixed_splits(65_535, 16, 10), 16);

@@ -483,7 +483,12 @@ impl GpuIvfIndex {
         let splits = match (ascending, fixed) {
             (None, _) => 1,
             (Some(_), Some(n)) => splits::fixed_splits(n, nprobe, k),
-            (Some(_), None) => splits::splits(nq, nprobe, k, self.gpu.context().info().sm_count),
+            (Some(_), None) => splits::splits(
+                nq,
+                nprobe,
+                k,
+                splits::two_per_sm(self.gpu.context().info().sm_count),
+            ),
         };
         let (nq32, k32) = (u32_arg("n_queries", nq)?, u32_arg("k", k)?);
         let (nprobe32, dim32) = (u32_arg("nprobe", nprobe)?, u32_arg("dim", dim)?);

@@ -8,6 +8,7 @@
 //! [`Precision::F16Copy`]: super::Precision::F16Copy
 
 use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 /// f16's largest finite value: the largest |v| a copy takes.
 pub const F16_COPY_MAX: f32 = 65504.0;
@@ -21,11 +22,16 @@ pub fn fits(v: &[f32]) -> bool {
 /// The f16 bits of `v`, each element rounded to nearest (ties to even), or
 /// `None` where some element does not [`fit`](fits).
 pub fn to_f16_bits(v: &[f32]) -> Option<Vec<u16>> {
-    // One pass: the range check and the rounding (queries go through it per
-    // search).
-    v.iter()
-        .map(|&x| (x.abs() <= F16_COPY_MAX).then(|| f16::from_f32(x).to_bits()))
-        .collect()
+    // The range check, then half's slice conversion (F16C where the CPU has
+    // it; the same rounding): queries go through it per search, and an
+    // element-wise map collected through `Option` took 30-39 us for 100
+    // queries of 128 where this takes about 8 (2-core VM).
+    if !fits(v) {
+        return None;
+    }
+    let mut bits = vec![0u16; v.len()];
+    bits.reinterpret_cast_mut::<f16>().convert_from_f32_slice(v);
+    Some(bits)
 }
 
 #[cfg(test)]
@@ -44,6 +50,24 @@ mod tests {
         assert!((back[5] - 1.23456).abs() <= 1.23456 * f32::powi(2.0, -11));
         // 2049 is a tie between 2048 and 2050: to even.
         assert_eq!(back[6], 2048.0);
+        // The slice conversion rounds as the element-wise one, over every
+        // exponent, signs and ties included.
+        let mut x: u32 = 0x1234_5678;
+        let many: Vec<f32> = (0..100_000)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let v = f32::from_bits(x);
+                if fits(&[v]) {
+                    v
+                } else {
+                    (i % 60_000) as f32 + 0.5
+                }
+            })
+            .collect();
+        let want: Vec<u16> = many.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        assert_eq!(to_f16_bits(&many).unwrap(), want);
         for bad in [65504.5, -70000.0, f32::INFINITY, f32::NAN] {
             assert!(!fits(&[1.0, bad]), "{bad}");
             assert!(to_f16_bits(&[bad]).is_none(), "{bad}");
