@@ -273,14 +273,15 @@ struct buffer {
   float* thr;
 };
 
-// The union bound's inputs for one (query, chunk) (union_rows; see the union bound
-// below): the query's certificates (null: off), this chunk's index, every
-// `stride`-th of `sample` certificates read, j rows per certificate, r certificates
-// for k rows.
+// The union bound's inputs for one (query, chunk) (union_of; see the union bound
+// below): the query's certificates (null: off), this chunk's index, `sample`
+// certificates read, the i-th at (i * spread) >> 8 (spread = n_chunks beyond
+// UNION_SAMPLE chunks: spread evenly over them; else 256: every one), j rows per
+// certificate, r certificates for k rows.
 struct union_args {
   uint32_t* certs;
   uint32_t chunk;
-  uint32_t stride;
+  uint32_t spread;
   uint32_t sample;
   uint32_t j;
   uint32_t r;
@@ -298,7 +299,7 @@ enum key_kind { key_hi, key_lo_id, key_cert };
 // The 64-bit key i of `kind`.
 __device__ FRAGLINK_INLINE uint64_t entry_key(const buffer& b, const union_args& u, uint32_t i, int kind) {
   if (kind == key_cert) {
-    return static_cast<uint64_t>(*reinterpret_cast<const volatile uint32_t*>(u.certs + i * u.stride)) << 32;
+    return static_cast<uint64_t>(*reinterpret_cast<const volatile uint32_t*>(u.certs + ((i * u.spread) >> 8))) << 32;
   }
   return kind == key_lo_id ? (static_cast<uint64_t>(order_key(b.lo[i])) << 32) | b.id[i]
                            : static_cast<uint64_t>(order_key(b.hi[i])) << 32;
@@ -518,7 +519,7 @@ __device__ FRAGLINK_INLINE uint32_t shared_bound(const uint32_t* keys, uint64_t 
 // Any r = ceil(k / j) certificates of distinct chunks name r j >= k distinct rows, so
 // the r-th smallest of any set of certificates is at least the query's k-th smallest
 // distance: rule (d) holds for it as for T. At each compaction a warp takes the r-th
-// smallest of a strided sample of the query's certificates (compact's pass -1, the
+// smallest of an evenly spread sample of the query's certificates (compact's pass -1, the
 // same radix select as its others). Other blocks lower certificates between the
 // select's rounds; since they only fall, the keys counted below the bytes found so far
 // stay below, and the r keys the select ends with are at or below its result at the
@@ -529,8 +530,12 @@ __device__ FRAGLINK_INLINE uint32_t shared_bound(const uint32_t* keys, uint64_t 
 // UNION_MIN_CHUNKS chunks (a small batch), j <= UNION_MAX_ROWS and r fits the sample.
 constexpr uint32_t UNION_MIN_CHUNKS = 32;
 constexpr uint32_t UNION_MAX_ROWS = 8;
-// Certificates one select reads at most: every (n_chunks / UNION_SAMPLE)-th.
+// Certificates one select reads at most, spread evenly over the chunks (a stride
+// of n_chunks / UNION_SAMPLE read only the first 256 of up to 511 chunks: rows in
+// dataset order, clustered data would leave the bound to half of them). The
+// sample's index i < 256 times n_chunks < 2^16 fits 32 bits.
 constexpr uint32_t UNION_SAMPLE = 256;
+static_assert(UNION_SAMPLE == 256, "union_args::spread shifts by log2(UNION_SAMPLE) = 8");
 
 // The union bound's inputs for query q of chunk `chunk` (u.certs null where it is
 // off for this launch): j = ceil(2 k / n_chunks) rows per certificate, so that r =
@@ -544,7 +549,7 @@ __device__ FRAGLINK_INLINE union_args union_of(uint32_t* bound_keys, uint32_t n_
   const uint32_t sample = n_chunks < UNION_SAMPLE ? n_chunks : UNION_SAMPLE;
   if (j > UNION_MAX_ROWS || r > sample) return u;
   u.certs = bound_keys + n_queries + q * n_chunks;
-  u.stride = n_chunks / sample;
+  u.spread = n_chunks > UNION_SAMPLE ? n_chunks : UNION_SAMPLE;
   u.sample = sample;
   u.j = j;
   u.r = r;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A lockstep model of knn_tile's chunks for one query, with and without the bound
 the chunks share (fragments/knn_tile.cuh `shared_bound`), and with the union bound
-of the chunks' certificates beside it (`union_bound`).
+of the chunks' certificates beside it (`union_of`).
 
 Not a benchmark and no GPU: it counts what the candidate kernel's select does
 (insertions, compactions, candidates written) when every chunk of one wave
@@ -29,7 +29,7 @@ UNION_SAMPLE = 256  # certificates one warp reads (32 lanes x 8)
 
 
 def union_shape(k, chunks):
-    """knn_tile.cuh union_rows: (j, r), or None where the union bound is off."""
+    """knn_tile.cuh union_of: (j, r), or None where the union bound is off."""
     if chunks < UNION_MIN_CHUNKS:
         return None
     j = -(-2 * k // chunks)
@@ -37,11 +37,13 @@ def union_shape(k, chunks):
 
 
 def union_bound(certs, r):
-    """The r-th smallest of a strided sample of the certificates (inf: none)."""
+    """The r-th smallest of a sample of the certificates spread evenly over them,
+    as knn_tile.cuh reads it (inf: none)."""
     n = min(len(certs), UNION_SAMPLE)
     if r > n:
         return np.inf
-    sample = certs[(np.arange(n) * len(certs)) // n]
+    spread = len(certs) if len(certs) > UNION_SAMPLE else UNION_SAMPLE
+    sample = certs[(np.arange(n) * spread) >> 8]
     return np.partition(sample, r - 1)[r - 1]
 
 

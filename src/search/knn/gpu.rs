@@ -404,7 +404,7 @@ impl KnnSearch<'_> {
             t.fill_ones(&mut cand.count)?;
             // Each query's bound its chunks share (knn_tile.cuh
             // `shared_bound`), then each (query, chunk)'s certificate for the
-            // union bound (`union_bound`): all ones, no bound yet.
+            // union bound (knn_tile.cuh `union_of`): all ones, no bound yet.
             let mut bounds = if share_bound {
                 let mut b = pool.alloc::<u32>(nb + nb * n_chunks as usize)?;
                 t.fill_ones(&mut b)?;

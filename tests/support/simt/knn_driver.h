@@ -126,7 +126,7 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   candidates c(size_t(nq) * n_chunks, cap);
   const uint32_t* filter = bits.empty() ? nullptr : bits.data();
   const char* no_bound_env = std::getenv("FRAGLINK_SIMT_NO_BOUND");
-  // The shared bounds, then the chunks' certificates (knn_tile.cuh union_keys).
+  // The shared bounds, then the chunks' certificates (knn_tile.cuh union_of).
   std::vector<uint32_t> bounds(size_t(nq) + size_t(nq) * n_chunks, 0xFFFFFFFFu);
   uint32_t* const bound_keys = no_bound_env != nullptr && std::string(no_bound_env) == "1" ? nullptr : bounds.data();
   auto run_tile = [&] {
