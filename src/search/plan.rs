@@ -46,7 +46,7 @@ pub struct ScanPlan {
 impl ScanPlan {
     /// The planner linking this scan; its entry is the scan fragment.
     pub fn planner(&self) -> Planner {
-        scan_planner(self.scan, self.metric, self.filter)
+        Planner::kept(&[self.scan, self.metric, self.filter])
     }
 
     /// What the chosen scan variant requires of its launch (checked by
@@ -134,19 +134,6 @@ pub fn plan(
 
 /// The filters `plan` accepts (`filter_<this>_<idx>` fragments).
 pub const FILTERS: [&str; 2] = ["none", "bitset"];
-
-/// The planner of a scan with its metric and filter: one link, whose entry
-/// is the scan fragment (brute-force and IVF scans alike).
-pub(crate) fn scan_planner(
-    scan: &'static FragmentInfo,
-    metric: &'static FragmentInfo,
-    filter: &'static FragmentInfo,
-) -> Planner {
-    Planner::new(scan.name)
-        .add_fragment(scan)
-        .add_fragment(metric)
-        .add_fragment(filter)
-}
 
 /// One scan variant with one metric and one filter that fit it.
 pub(crate) struct ScanTriple {

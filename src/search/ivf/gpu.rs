@@ -131,7 +131,7 @@ pub fn ivf_plan(
 impl IvfGpuPlan {
     /// The planner linking this scan; its entry is the scan fragment.
     pub fn planner(&self) -> Planner {
-        crate::search::plan::scan_planner(self.scan, self.metric, self.filter)
+        Planner::kept(&[self.scan, self.metric, self.filter])
     }
 }
 

@@ -220,20 +220,16 @@ impl KnnPlan {
 
     /// The candidate kernel: tile + metric + filter.
     pub fn tile_planner(&self) -> Planner {
-        kept_planner([self.tile.name, self.metric.name, self.filter.name], || {
-            self.fresh_tile_planner()
-        })
+        Planner::kept(&[self.tile, self.metric, self.filter])
     }
 
     /// The merge + re-rank kernel: rerank + metric.
     pub fn rerank_planner(&self) -> Planner {
-        kept_planner([self.rerank.name, self.metric.name, ""], || {
-            self.fresh_rerank_planner()
-        })
+        Planner::kept(&[self.rerank, self.metric])
     }
 
     /// [`Self::tile_planner`], built anew (for listings of every plan,
-    /// which would only churn [`PLANNERS`]).
+    /// which would only churn [`Planner::kept`]'s map).
     fn fresh_tile_planner(&self) -> Planner {
         Planner::new(self.tile.name)
             .add_fragment(self.tile)
@@ -463,29 +459,6 @@ static CHOSEN: std::sync::Mutex<Option<std::collections::HashMap<ChoiceKey, Opti
 
 /// Most requests [`CHOSEN`] keeps.
 const CHOSEN_ENTRIES: usize = 256;
-
-/// The planners searches used, by their fragments' names (kernel, metric,
-/// filter or ""), kept: a planner remembers its link key (`link::memo`),
-/// which a fresh one hashes again. Linking a search's pair from fresh
-/// planners cost 6.1-6.5 us (memory-cache hits, f32 nq 1 k 10 for sm_90,
-/// 2-core VM, release, 5000 calls), from kept ones 0.36 us; building the two
-/// 0.53 us. At most [`CHOSEN_ENTRIES`], cleared when full.
-static PLANNERS: std::sync::Mutex<Option<std::collections::HashMap<[&'static str; 3], Planner>>> =
-    std::sync::Mutex::new(None);
-
-fn kept_planner(names: [&'static str; 3], build: impl FnOnce() -> Planner) -> Planner {
-    let mut guard = PLANNERS.lock().unwrap_or_else(|p| p.into_inner());
-    let kept = guard.get_or_insert_with(Default::default);
-    if let Some(p) = kept.get(&names) {
-        return p.clone();
-    }
-    if kept.len() >= CHOSEN_ENTRIES {
-        kept.clear();
-    }
-    let p = build();
-    kept.insert(names, p.clone());
-    p
-}
 
 /// A [`KnnRequest`] with its filter name interned (the two the catalog
 /// has; any other is not memoized).
