@@ -147,7 +147,7 @@ impl Planner {
     /// The plan of `fragments` (the first names the entry), one per
     /// process: kept in a map by the fragments' names (at most
     /// [`KEPT_PLANNERS`], cleared when full), so that a search asking again
-    /// gets a planner that remembers its link key ([`KeyMemo`]), which a
+    /// gets a planner that remembers its link key (`link::memo`), which a
     /// planner built afresh hashes again. Linking a k-NN search's pair from
     /// fresh planners took 6.1-6.5 µs (memory-cache hits, f32 nq 1 k 10 for
     /// sm_90, 2-core VM, release, 5000 calls), from kept ones 0.36 µs;
