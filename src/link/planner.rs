@@ -164,12 +164,19 @@ impl Planner {
         if kept.len() >= KEPT_PLANNERS {
             kept.clear();
         }
-        let p = fragments.iter().fold(
-            Planner::new(names.first().copied().unwrap_or("")),
-            |p, f| p.add_fragment(f),
-        );
+        let p = Planner::of_fragments(fragments);
         kept.insert(names, p.clone());
         p
+    }
+
+    /// The plan of `fragments`, whose first names the entry, built anew
+    /// (listings of every plan use it: they would only churn
+    /// [`Planner::kept`]'s map).
+    pub fn of_fragments(fragments: &[&'static FragmentInfo]) -> Planner {
+        let entry = fragments.first().map_or("", |f| f.name);
+        fragments
+            .iter()
+            .fold(Planner::new(entry), |p, f| p.add_fragment(f))
     }
 
     /// Adds one of fraglink's own fragments by name, for configurations

@@ -93,22 +93,10 @@ pub fn splits(nq: usize, parts: usize, k: usize, wave: usize) -> usize {
 /// kernel writes no NaN; should one come (a buffer a refused launch left
 /// unwritten), it sorts after every number, so the order stays total.
 pub(crate) fn key_order(ascending: bool) -> impl Fn(&(f32, i64), &(f32, i64)) -> Ordering {
-    move |a, b| {
-        let by_id = (a.1 as u64).cmp(&(b.1 as u64));
-        let (a_nan, b_nan) = (a.0.is_nan(), b.0.is_nan());
-        if a_nan || b_nan {
-            return a_nan.cmp(&b_nan).then(by_id);
-        }
-        let by_distance = if ascending {
-            a.0.partial_cmp(&b.0)
-        } else {
-            b.0.partial_cmp(&a.0)
-        };
-        by_distance.unwrap_or(Ordering::Equal).then(by_id)
-    }
+    move |a, b| order_key(a.0, a.1, ascending).cmp(&order_key(b.0, b.1, ascending))
 }
 
-/// [`key_order`] as one integer, for the merge: the distance's rank (its
+/// [`key_order`]'s key as one integer: the distance's rank (its
 /// bits made to order as the numbers do, -0 as +0, reversed for a
 /// descending order, NaN after every number either way) above the id as
 /// unsigned.
@@ -278,6 +266,55 @@ fn merge_query(
 mod tests {
     use super::*;
 
+    /// The key order spelled out comparison by comparison, independent of
+    /// `order_key`: the oracle the merge and `key_order` are checked against.
+    fn reference_order(ascending: bool) -> impl Fn(&(f32, i64), &(f32, i64)) -> Ordering {
+        move |a, b| {
+            let by_id = (a.1 as u64).cmp(&(b.1 as u64));
+            let (a_nan, b_nan) = (a.0.is_nan(), b.0.is_nan());
+            if a_nan || b_nan {
+                return a_nan.cmp(&b_nan).then(by_id);
+            }
+            let by_distance = if ascending {
+                a.0.partial_cmp(&b.0)
+            } else {
+                b.0.partial_cmp(&a.0)
+            };
+            by_distance.unwrap_or(Ordering::Equal).then(by_id)
+        }
+    }
+
+    /// `key_order` (through `order_key`) is the reference order over every
+    /// pair of distances that matter (±0, ±inf, NaN, ties) and ids (padding).
+    #[test]
+    fn key_order_is_the_reference_order() {
+        let d = [
+            -0.0f32,
+            0.0,
+            1.0,
+            -1.0,
+            2.5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MIN_POSITIVE,
+            -f32::MAX,
+        ];
+        let ids = [-1i64, 0, 1, 7, i64::MAX];
+        let all: Vec<(f32, i64)> = d
+            .iter()
+            .flat_map(|&x| ids.iter().map(move |&i| (x, i)))
+            .collect();
+        for up in [true, false] {
+            let (got, want) = (key_order(up), reference_order(up));
+            for a in &all {
+                for b in &all {
+                    assert_eq!(got(a, b), want(a, b), "{a:?} {b:?} ascending {up}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_variable_takes_auto_or_a_count() {
         assert_eq!(parse_splits(""), Ok(None));
@@ -376,7 +413,7 @@ mod tests {
             k: usize,
             up: bool,
         ) -> Vec<(u32, i64)> {
-            let order = key_order(up);
+            let order = reference_order(up);
             let mut out = Vec::new();
             for q in 0..nq {
                 let span = q * s * k..(q + 1) * s * k;
@@ -426,7 +463,7 @@ mod tests {
                     })
                     .collect();
                 if round % 7 != 3 {
-                    list.sort_by(key_order(up));
+                    list.sort_by(reference_order(up));
                 }
                 for (dist, id) in list {
                     d.push(dist);

@@ -228,19 +228,13 @@ impl KnnPlan {
         Planner::kept(&[self.rerank, self.metric])
     }
 
-    /// [`Self::tile_planner`], built anew (for listings of every plan,
-    /// which would only churn [`Planner::kept`]'s map).
+    /// [`Self::tile_planner`], built anew ([`Planner::of_fragments`]).
     fn fresh_tile_planner(&self) -> Planner {
-        Planner::new(self.tile.name)
-            .add_fragment(self.tile)
-            .add_fragment(self.metric)
-            .add_fragment(self.filter)
+        Planner::of_fragments(&[self.tile, self.metric, self.filter])
     }
 
     fn fresh_rerank_planner(&self) -> Planner {
-        Planner::new(self.rerank.name)
-            .add_fragment(self.rerank)
-            .add_fragment(self.metric)
+        Planner::of_fragments(&[self.rerank, self.metric])
     }
 
     /// Both kernels in launch order, each with its block size.
