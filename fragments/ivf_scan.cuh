@@ -20,8 +20,8 @@
 // candidate test against the k-th best, bitonic sorts of the candidates (BlockTopK) —
 // over the rows of the query's `nprobe` probed lists (probes[q * nprobe + p], chosen
 // by the coarse step: the brute-force scan over the centroids with k = nprobe).
-// Probe splits: block (x, y) of a grid gridDim.y high scans probes
-// [nprobe y / gridDim.y, nprobe (y + 1) / gridDim.y) and writes that split's best k to
+// Probe splits: block (x, y) of a grid gridDim.y high scans probes y, y + gridDim.y,
+// y + 2 gridDim.y, ... and writes that split's best k to
 // out[(q * gridDim.y + y) * k ...]; the host merges the splits of a query by the same
 // key order (src/search/ivf/gpu.rs, merge_splits). So a few queries still fill the
 // GPU; gridDim.y = 1 is the plain one-block-per-query scan. Thread
@@ -101,8 +101,6 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ data, const int64_t* _
   const uint32_t lane = static_cast<uint32_t>(tid) & 31u;
   const uint64_t split = blockIdx.y;
   const uint64_t splits = gridDim.y;
-  const uint32_t p_begin = static_cast<uint32_t>(nprobe * split / splits);
-  const uint32_t p_end = static_cast<uint32_t>(nprobe * (split + 1) / splits);
   const float inf = scan::pos_inf();
   const int64_t invalid = scan::idx_abi<int64_t>::invalid;
 
@@ -117,17 +115,20 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ data, const int64_t* _
     // One loop over the tiles of every probed list (the same in every thread), and one
     // offer more after the last, of no candidate, marked `last`: BlockTopK's sort has
     // one call site, and which tile is the last is not known ahead here.
-    uint32_t p = p_begin;  // the next list to open
+    // Split y opens probes y, y + splits, y + 2 splits, ...: no division by the split
+    // count, which ptxas expands into a long sequence at every cold link (see
+    // scan.cuh's row splits). 64-bit: p + splits never wraps.
+    uint64_t p = split;  // the next probe to open
     uint64_t start = 0;
     uint32_t size = 0;
     uint32_t tile = 0;  // the next tile of the open list
     for (;;) {
-      while (tile >= size && p < p_end) {
+      while (tile >= size && p < nprobe) {
         const uint32_t list = probes[q * nprobe + p];
         start = list_offsets[list];
         size = list_sizes[list];
         tile = 0;
-        ++p;
+        p += splits;
       }
       const bool last = tile >= size;
       const uint32_t r = tile + static_cast<uint32_t>(tid);

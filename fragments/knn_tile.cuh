@@ -964,7 +964,8 @@ __device__ FRAGLINK_INLINE bool exact_bounds(float lo, float hi) {
 // [group_chunks y, group_chunks (y + 1)). With `merged_count` (the merge level, grid.y
 // groups) the group's exact best k go to slot (q, y) of the merged arrays in
 // knn_tile's output format (lo = hi = the exact distance, count = the real rows
-// among them), for a final launch over the groups; without it (grid.y = 1) they are
+// among them), for a final launch over the groups or the host's merge of them
+// (fraglink's host merges them); without it (grid.y = 1) they are
 // the result. A row left out of its group's best k has k rows of the group before
 // it by exact key, so it is not among the query's best k either.
 template <typename T, int CAP>

@@ -321,27 +321,19 @@ __device__ FRAGLINK_INLINE bool launch_ok(const T* dataset, const T* queries, co
          blockDim.y == 1 && blockDim.z == 1;
 }
 
-// Row splits: block (x, y) of a grid gridDim.y high scans rows [begin, end) of
-// split_rows(n_rows, y, gridDim.y) for its queries and writes that split's best k at
-// out[(q * gridDim.y + y) * k ...]; the host merges each query's splits in the same key
-// order (src/search/splits.rs). So a few queries over many rows still fill the GPU;
-// gridDim.y = 1 is one block per query.
+// Row splits: block (x, y) of a grid gridDim.y high scans the row tiles y, y + gridDim.y,
+// y + 2 gridDim.y, ... of its queries (tile t: rows [t * BLOCK, min((t + 1) * BLOCK,
+// n_rows))) and writes that split's best k at out[(q * gridDim.y + y) * k ...]; the host
+// merges each query's splits in the same key order (src/search/splits.rs). So a few
+// queries over many rows still fill the GPU; gridDim.y = 1 is one block per query.
+// Interleaved tiles, not a contiguous range per split: the range's ends took divisions
+// by gridDim.y, and ptxas expands each division into a long inline sequence (64-bit:
+// about 8 ms of every cold scan link, nvJitLink 12.9, sm_90, a 2-core VM). The splits'
+// results are the same either way: the merge orders by (distance, id).
 //
-// Split y starts at floor(n * y / splits), computed without the 64-bit product, which
-// could overflow: with n = a * splits + r, it is a * y + floor(r * y / splits). Both
-// ends take one 64-bit division (a), and r * y, r * (y + 1) < 65535 * 65536 < 2^32
-// (r < splits <= 65535) divide in 32 bits. ptxas expands each 64-bit division into a
-// long inline sequence: three of them per end were about 20 ms of every cold scan link
-// (nvJitLink 12.9, sm_90).
-struct RowRange {
-  uint64_t begin;
-  uint64_t end;
-};
-__device__ FRAGLINK_INLINE RowRange split_rows(uint64_t n, uint32_t y, uint32_t splits) {
-  const uint64_t a = n / splits;
-  const uint32_t r = static_cast<uint32_t>(n - a * splits);
-  return RowRange{a * y + r * y / splits, a * (y + 1) + r * (y + 1) / splits};
-}
+// n_rows must stay below 2^63 (the kernel refuses the launch otherwise), so a tile's
+// stride never wraps around.
+constexpr uint64_t kMaxRows = 1ull << 63;
 
 // ----- rows staged through shared memory -----------------------------------------
 // The scan reads its rows in chunks of 128 bytes per row: a block copies the chunk
@@ -450,11 +442,13 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
   const int tid = static_cast<int>(threadIdx.x);
   const float inf = pos_inf();
   const Idx invalid = idx_abi<Idx>::invalid;
+  if (n_rows >= kMaxRows) {
+    return;
+  }
   const uint64_t split = blockIdx.y;
   const uint64_t splits = gridDim.y;
-  const RowRange rows = split_rows(n_rows, blockIdx.y, gridDim.y);
-  const uint64_t row_begin = rows.begin;
-  const uint64_t row_end = rows.end;
+  const uint64_t first_tile = split * BLOCK;
+  const uint64_t stride = splits * BLOCK;  // between this split's tiles
 
   for (uint64_t q = blockIdx.x; q < n_queries; q += gridDim.x) {  // 64-bit: no wrap-around
     // The short loops stay rolled: unrolled (4x, with a remainder) they run the
@@ -473,19 +467,19 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
     int stage = 0;  // the stage the current chunk is in
     if constexpr (RS::ENABLED) {
       chunks = (dim + RS::CH - 1) / RS::CH;
-      if (chunks != 0 && row_begin < row_end) {
-        stage_chunk<T, VL>(s_rows, dataset, row_begin, min_u32(row_end - row_begin, BLOCK), dim, 0);
+      if (chunks != 0 && first_tile < n_rows) {
+        stage_chunk<T, VL>(s_rows, dataset, first_tile, min_u32(n_rows - first_tile, BLOCK), dim, 0);
       }
     } else {
       (void)s_rows;
       (void)chunks;
       (void)stage;
     }
-    for (uint64_t tile = row_begin; tile < row_end; tile += BLOCK) {
-      const bool last = tile + BLOCK >= row_end;
+    for (uint64_t tile = first_tile; tile < n_rows; tile += stride) {
+      const bool last = tile + stride >= n_rows;
       const uint64_t row = tile + static_cast<uint64_t>(tid);
       const bool active =
-          row < row_end && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row));
+          row < n_rows && idx_abi<Idx>::allows(filter_bits, static_cast<uint32_t>(q), static_cast<Idx>(row));
       float d = inf;
       if constexpr (RS::ENABLED) {
         typedef metric_abi<T> M;
@@ -497,9 +491,9 @@ __device__ FRAGLINK_INLINE void run(const T* __restrict__ dataset, const T* __re
           // that ended the previous step), or an empty group: the wait counts groups.
           // One call site: each is inlined, and the copies' loop is ptxas time.
           const bool same_tile = c + 1 < chunks;
-          const uint64_t next_tile = same_tile ? tile : tile + BLOCK;
-          if (next_tile < row_end) {
-            stage_chunk<T, VL>(s_rows + (stage ^ 1) * RS::BYTES, dataset, next_tile, min_u32(row_end - next_tile, BLOCK),
+          const uint64_t next_tile = same_tile ? tile : tile + stride;
+          if (next_tile < n_rows) {
+            stage_chunk<T, VL>(s_rows + (stage ^ 1) * RS::BYTES, dataset, next_tile, min_u32(n_rows - next_tile, BLOCK),
                                dim, same_tile ? c + 1 : 0);
           } else {
             copy_commit();

@@ -321,3 +321,43 @@ fn minimum_archs_filter_each_fragments_archs() {
         .unwrap_err();
     assert!(e.to_string().contains("`min_arch` = \"ampere\""), "{e}");
 }
+
+const LOOP: &str = r#"extern "C" __global__ void sum_{{ ctype }}(const {{ ctype }}* x, {{ ctype }}* out, int n) {
+  {{ ctype }} s = 0;
+  for (int i = 0; i < n; ++i) s += x[i] * x[i];
+  out[threadIdx.x] = s;
+}
+"#;
+
+#[test]
+fn fragments_are_pre_optimized_by_default_and_switchable() {
+    let dir = project(&[("loop.cu.j2", LOOP)]);
+    let build = |fam: Family, out: &str| {
+        builder(dir.path(), &["compute_75", "sm_90"])
+            .out_dir(dir.path().join(out))
+            .family(fam)
+            .compile()
+            .unwrap()
+    };
+    let on = build(family("loop", "loop.cu.j2"), "on");
+    let off = build(family("loop", "loop.cu.j2").pre_optimize(false), "off");
+    // The build's NVRTC (12.9 or 13.0) takes --gen-opt-lto: no warning
+    // that it was left out.
+    for r in [&on, &off] {
+        assert!(
+            !r.warnings.iter().any(|w| w.contains("--gen-opt-lto")),
+            "{:?}",
+            r.warnings
+        );
+    }
+    // The option is part of each fragment's cache key (the second build
+    // compiled, it did not take the first one's fatbins), and it changes
+    // the LTO-IR NVRTC writes.
+    assert_eq!(on.fragments.len(), 2);
+    for (a, b) in on.fragments.iter().zip(&off.fragments) {
+        assert_eq!(a.name, b.name);
+        assert!(!a.cached && !b.cached, "{}", a.name);
+        assert_ne!(a.hash, b.hash, "{}", a.name);
+        assert_eq!(a.recorded, b.recorded, "{}", a.name);
+    }
+}

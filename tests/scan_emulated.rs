@@ -129,12 +129,14 @@ fn scan_kernels_match_the_cpu_path_under_emulation() {
         for (kernel, cap) in &kernels {
             let (kernel, cap) = (kernel.as_str(), *cap as usize);
             let k = 10.min(cap);
-            // One block per query, then 3 row splits (100 rows each: one
-            // partial tile, not tile-aligned).
+            // One block per query, then 3 row splits (one 128-row tile
+            // each, the last partial).
             check_scan(&exe, kernel, metric, &base, &queries, k, None, 1);
             check_scan(&exe, kernel, metric, &base, &queries, k, None, 3);
             // Full capacity, a filter leaving fewer rows than k for some
-            // queries' padding, whole and in 2 splits.
+            // queries' padding, whole and in 2 splits (split 0 takes tiles
+            // 0 and 2: the next tile in flight is a stride away, and
+            // partial).
             let filter = Bitset::random(300, 0.5, 3);
             for splits in [1, 2] {
                 let f = Some(filter.clone());

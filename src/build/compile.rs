@@ -72,6 +72,8 @@ pub struct FamilyCompile {
     pub std_headers: bool,
     /// The family's own NVRTC options, already checked.
     pub options: Vec<String>,
+    /// Pass [`PRE_OPTIMIZE`]: see [`Family::pre_optimize`](super::Family::pre_optimize).
+    pub pre_optimize: bool,
 }
 
 impl Default for FamilyCompile {
@@ -80,6 +82,7 @@ impl Default for FamilyCompile {
             default_device: true,
             std_headers: true,
             options: Vec::new(),
+            pre_optimize: true,
         }
     }
 }
@@ -135,20 +138,29 @@ pub struct Compiled {
     pub recorded: Recorded,
 }
 
+/// NVRTC's option that runs its optimizer over the LTO-IR before writing it
+/// (NVRTC otherwise writes the front end's unoptimized IR, and nvJitLink's
+/// link-time optimizer does all of that work at every cold link).
+pub const PRE_OPTIMIZE: &str = "--gen-opt-lto";
+
 /// The NVRTC options for one arch: fraglink's fixed set (`-default-device`
-/// when asked), the include path, then `extra` (whose `-std=` replaces the
-/// default `-std=c++17`).
+/// and [`PRE_OPTIMIZE`] when asked), the include path, then `extra` (whose
+/// `-std=` replaces the default `-std=c++17`).
 pub fn nvrtc_options(
     arch: Arch,
     include_dirs: &[PathBuf],
     extra: &[String],
     default_device: bool,
+    pre_optimize: bool,
 ) -> Vec<String> {
     let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "-dlto".to_string(),
         "--relocatable-device-code=true".to_string(),
     ];
+    if pre_optimize && !extra.iter().any(|e| is_pre_optimize(e)) {
+        o.push(PRE_OPTIMIZE.to_string());
+    }
     if !extra
         .iter()
         .any(|e| e.starts_with("-std=") || e.starts_with("--std="))
@@ -178,7 +190,32 @@ pub fn fragment_options(ctx: &CompileContext<'_>, r: &Rendered, arch: Arch) -> V
     let mut extra: Vec<String> = ctx.extra_options.to_vec();
     extra.extend(fam.options.iter().cloned());
     extra.extend(r.defines.iter().cloned());
-    nvrtc_options(arch, &includes, &extra, fam.default_device)
+    nvrtc_options(
+        arch,
+        &includes,
+        &extra,
+        fam.default_device,
+        fam.pre_optimize,
+    )
+}
+
+/// `--gen-opt-lto` in either spelling.
+fn is_pre_optimize(option: &str) -> bool {
+    option == PRE_OPTIMIZE || option == "-gen-opt-lto"
+}
+
+/// Whether this NVRTC takes [`PRE_OPTIMIZE`]: one tiny LTO-IR compile with
+/// it (an NVRTC that does not know an option fails the compile).
+pub fn supports_pre_optimize(nvrtc: &Nvrtc) -> bool {
+    let options = nvrtc_options(Arch::compute(75), &[], &[], false, true);
+    nvrtc
+        .compile(
+            "extern \"C\" __global__ void fraglink_probe(float* x) { x[threadIdx.x] = 1.0f; }",
+            "fraglink_probe.cu",
+            &options,
+            Output::LtoIr,
+        )
+        .is_ok()
 }
 
 /// The cache key of a fragment: its source, every option, every tool version,
@@ -312,7 +349,11 @@ fn compile_arch(
             &r.expressions,
         )
         .map_err(nvrtc_err)?;
-    let ptx_opts: Vec<String> = opts.into_iter().filter(|o| o != "-dlto").collect();
+    // PTX for the recorded symbols: no LTO-IR, so neither LTO-IR option.
+    let ptx_opts: Vec<String> = opts
+        .into_iter()
+        .filter(|o| o != "-dlto" && !is_pre_optimize(o))
+        .collect();
     // The name expressions again: they instantiate templates only they use.
     let (ptx, _) = ctx
         .nvrtc
@@ -471,4 +512,31 @@ pub fn compile_all(
     });
     let slots = results.into_inner().unwrap_or_else(|p| p.into_inner());
     Ok(slots.into_iter().flatten().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pre_optimize_adds_gen_opt_lto_once_and_never_to_ptx() {
+        let arch = Arch::compute(75);
+        let count = |o: &[String]| o.iter().filter(|o| is_pre_optimize(o)).count();
+        assert_eq!(count(&nvrtc_options(arch, &[], &[], true, true)), 1);
+        assert_eq!(count(&nvrtc_options(arch, &[], &[], true, false)), 0);
+        // Given by the family already (either spelling): not twice.
+        let own = ["-gen-opt-lto".to_string()];
+        assert_eq!(count(&nvrtc_options(arch, &[], &own, true, true)), 1);
+        // Right after the LTO-IR options, before the family's.
+        let o = nvrtc_options(arch, &[], &["-DX=1".to_string()], false, true);
+        assert_eq!(
+            o[..4],
+            [
+                "--gpu-architecture=compute_75",
+                "-dlto",
+                "--relocatable-device-code=true",
+                PRE_OPTIMIZE
+            ]
+        );
+    }
 }

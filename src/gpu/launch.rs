@@ -499,6 +499,10 @@ pub const SCAN_PARAMS: [&str; 9] = [
     "out_dists",
 ];
 
+/// The scan kernel refuses `n_rows` from here on (fragments/scan.cuh,
+/// `kMaxRows`).
+pub const SCAN_MAX_ROWS: u64 = 1 << 63;
+
 /// A scan launch argument that breaks the scan kernel's launch contract
 /// (fragments/README.md, "Preconditions"), found on the host before the
 /// launch. Each names the argument and the offending value.
@@ -522,6 +526,9 @@ pub enum ScanArgError {
         "scan argument `n_rows` = {n_rows} needs i64 ids: u32 ids name at most 4294967294 rows"
     )]
     RowsNeedWideIds { n_rows: u64 },
+    /// At least [`SCAN_MAX_ROWS`] rows.
+    #[error("scan argument `n_rows` = {n_rows} is beyond the kernel's limit of 2^63 - 1 = 9223372036854775807 rows")]
+    TooManyRows { n_rows: u64 },
     /// A pointer argument not aligned as the kernel reads it.
     #[error("scan argument `{argument}` at byte offset {offset} is not aligned to {align} bytes")]
     Misaligned {
@@ -540,7 +547,7 @@ impl ScanArgError {
             }
             ScanArgError::DimNotMultipleOfVeclen { .. } => "dim",
             ScanArgError::K { .. } => "k",
-            ScanArgError::RowsNeedWideIds { .. } => "n_rows",
+            ScanArgError::RowsNeedWideIds { .. } | ScanArgError::TooManyRows { .. } => "n_rows",
         }
     }
 }
@@ -627,6 +634,11 @@ impl ScanContract {
         }
         if self.id_bytes == 4 && n_rows >= u64::from(u32::MAX) {
             return Err(ScanArgError::RowsNeedWideIds { n_rows });
+        }
+        // The kernel steps a split's tiles by splits x 128 rows, which must
+        // not wrap around: it refuses 2^63 rows and more.
+        if n_rows >= SCAN_MAX_ROWS {
+            return Err(ScanArgError::TooManyRows { n_rows });
         }
         Ok(ScanScalars {
             n_rows,
@@ -1492,9 +1504,13 @@ mod tests {
         // u32 ids stop one short of 2^32 - 1 rows; i64 ids do not.
         assert!(c.scalars(max - 1, 4, 1, 1).is_ok());
         assert_eq!(c.scalars(max, 4, 1, 1).unwrap_err().argument(), "n_rows");
-        assert!(ScanContract { id_bytes: 8, ..c }
-            .scalars(max * 4, 4, 1, 1)
-            .is_ok());
+        let wide = ScanContract { id_bytes: 8, ..c };
+        assert!(wide.scalars(max * 4, 4, 1, 1).is_ok());
+        // ... up to the kernel's own bound.
+        assert!(wide.scalars(SCAN_MAX_ROWS - 1, 4, 1, 1).is_ok());
+        let e = wide.scalars(SCAN_MAX_ROWS, 4, 1, 1).unwrap_err();
+        assert_eq!(e.argument(), "n_rows");
+        assert!(e.to_string().contains("9223372036854775807"), "{e}");
     }
 
     #[test]

@@ -675,11 +675,14 @@ impl LinkRuntime {
                     tried: tried.join("; "),
                 })
         })?;
+        // No --gen-opt-lto: a run-time source is compiled and linked in the
+        // same first call, so optimizing it twice would only add time.
         let options = crate::build::compile::nvrtc_options(
             Arch::compute(arch.number),
             include_dirs,
             &[],
             true,
+            false,
         );
         let mut h = blake3::Hasher::new();
         h.update(format!("nvrtc {maj}.{min}\0").as_bytes());

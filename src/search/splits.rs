@@ -5,7 +5,8 @@
 //! queries than the GPU has SMs leaves most of it idle: one query over a
 //! million rows, or at `nprobe` 16, would use 1 of an H100's 132 SMs. With a
 //! grid `splits` high, block `(x, y)` takes only the `y`-th of `splits`
-//! even parts of its query's work (rows for the scan, probes for IVF) and
+//! interleaved parts of its query's work (every `splits`-th 128-row tile
+//! for the scan, every `splits`-th probe for IVF, from the `y`-th) and
 //! writes that part's best `k`; the host then merges each query's `splits`
 //! sorted lists ([`merge_splits`]). A row of the query's best `k` is among
 //! the best `k` of its part, so the merge of the parts' best is the best

@@ -13,7 +13,10 @@ use std::sync::{Arc, Mutex};
 use crate::gpu::launch::ScanContract;
 use crate::gpu::{GpuBuffer, GpuError, KernelArgs, LaunchConfig, MemoryPool, Transfer};
 use crate::link::{Linked, Planner};
-use crate::search::gpu::{append_batch, push_output, DeviceVectors, GpuSearchError, GpuSearcher};
+use crate::search::gpu::{
+    append_batch, check_written, push_output, widen_ids, DeviceVectors, GpuSearchError, GpuSearcher,
+};
+use crate::search::splits::merge_splits;
 use crate::search::{trace, Metric, Neighbors, Vectors};
 
 use super::f16copy;
@@ -456,18 +459,15 @@ impl KnnSearch<'_> {
                 unsafe { tile.launch(&cfg, &mut a)? };
             }
             trace::mark_device("candidates", t.stream());
-            let mut o_ids = pool.alloc::<u32>(nb * k)?;
-            let mut o_dists = pool.alloc::<f32>(nb * k)?;
-            t.fill_nan(&mut o_dists)?;
-            trace::mark_device("buffers", t.stream());
             let (groups, group_chunks) = super::plan::merge_groups(n_chunks);
-            // Merge level: each group's exact best k, in knn_tile's format.
-            // Kept until the download below: the final launch reads it.
-            let merged = if groups > 1 {
+            if groups > 1 {
+                // Merge level: each group's exact best k, in knn_tile's
+                // format; the host merges the groups (`merge_on_host`).
                 let mut merged = Candidates::alloc(pool, nb * groups as usize, cap)?;
-                // As the tile's counts: a merge launch that writes nothing
-                // (refused, or over unwritten counts) stops the final level.
-                t.fill_ones(&mut merged.count)?;
+                // Pooled memory: a merge launch that writes nothing (refused,
+                // or over unwritten candidate counts) leaves the distances
+                // NaN, which the host reports (GpuSearchError::Unwritten).
+                t.fill_nan(&mut merged.lo)?;
                 let cfg = LaunchConfig::new((nb as u32, groups, 1), (KNN_BLOCK, 1, 1));
                 let mut a =
                     self.rerank_args(&d_q, nb, &contract, &cand, [n_chunks, group_chunks])?;
@@ -480,22 +480,28 @@ impl KnnSearch<'_> {
                 unsafe { rerank.launch(&cfg, &mut a)? };
                 drop(a);
                 trace::mark_device("merge", t.stream());
-                Some(merged)
-            } else {
-                None
-            };
-            let (last, chunks) = match &merged {
-                Some(m) => (m, groups),
-                None => (&cand, n_chunks),
-            };
+                let lo = t.download_vec(&merged.lo)?;
+                trace::mark("wait for results");
+                let ids = t.download_vec(&merged.ids)?;
+                trace::mark("download");
+                let (ids, dists) =
+                    merge_on_host(rerank.entry(), &lo, &ids, nb, groups as usize, cap, k)?;
+                trace::mark("merge groups");
+                out.ids.extend(ids);
+                out.distances.extend(dists);
+                continue;
+            }
+            let mut o_ids = pool.alloc::<u32>(nb * k)?;
+            let mut o_dists = pool.alloc::<f32>(nb * k)?;
+            t.fill_nan(&mut o_dists)?;
+            trace::mark_device("buffers", t.stream());
             let cfg = LaunchConfig::new((nb as u32, 1, 1), (KNN_BLOCK, 1, 1));
-            let mut a = self.rerank_args(&d_q, nb, &contract, last, [chunks, chunks])?;
+            let mut a = self.rerank_args(&d_q, nb, &contract, &cand, [n_chunks, n_chunks])?;
             a.null_ptr().null_ptr().null_ptr().null_ptr();
             push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
             push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
-            // SAFETY: knn_rerank's contract, final level over `chunks` slots
-            // per query: knn_tile's, or the merge level's launched just before
-            // on the same stream (its buffers live until the download).
+            // SAFETY: knn_rerank's contract, one level over the n_chunks
+            // slots per query knn_tile just filled, on the same stream.
             unsafe { rerank.launch(&cfg, &mut a)? };
             drop(a);
             trace::mark_device("re-rank", t.stream());
@@ -503,6 +509,37 @@ impl KnnSearch<'_> {
         }
         Ok((out, tile_link))
     }
+}
+
+/// The final level of a re-rank whose merge level ran (`groups > 1`): each
+/// query's best `k` of its `groups` lists, from the merge level's outputs
+/// (`lo`, `ids`: `nb × groups` slots of `cap`, each slot's first `k`
+/// written, sorted, padded with (+inf, all ones)), merged on the host in
+/// the kernels' key order ([`merge_splits`]). This was a second re-rank
+/// launch of one block per query: a serial tail after a search spread over
+/// every SM (on an H200 at nq 1, commit 6f7ea6a: 86 µs of one block, and
+/// a launch, for 33 lists of 10), where the host merges such lists in a few
+/// microseconds. The results are that launch's, bit for bit: the merge
+/// level's keys are exact, so the launch only merged them. A slot left NaN
+/// (the merge level wrote nothing) is [`GpuSearchError::Unwritten`].
+fn merge_on_host(
+    entry: &str,
+    lo: &[f32],
+    ids: &[u32],
+    nb: usize,
+    groups: usize,
+    cap: usize,
+    k: usize,
+) -> Result<(Vec<i64>, Vec<f32>), GpuSearchError> {
+    debug_assert!(k <= cap && lo.len() == nb * groups * cap && ids.len() == lo.len());
+    // Each slot's written first k.
+    fn firsts<T: Copy>(v: &[T], cap: usize, k: usize) -> Vec<T> {
+        v.chunks(cap).flat_map(|slot| &slot[..k]).copied().collect()
+    }
+    let dists = firsts(lo, cap, k);
+    check_written(entry, &dists)?;
+    let ids = widen_ids(firsts(ids, cap, k));
+    Ok(merge_splits(&ids, &dists, nb, groups, k, true))
 }
 
 /// The error of an f16copy `plan` over `what` (rows or queries) with an
@@ -559,6 +596,87 @@ pub fn variant_by_env() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The merge level's outputs as the kernel leaves them: per (query,
+    /// group) slot of `cap`, the first `k` written (sorted keys, padding
+    /// last), the rest stale; merged on the host they equal the best `k`
+    /// of all real entries in key order (distance, then id), and a slot the
+    /// kernel left NaN is an error naming the entry.
+    #[test]
+    fn groups_merge_on_the_host_as_the_final_launch_did() {
+        let (nb, groups, cap, k) = (3usize, 4usize, 8usize, 5usize);
+        let mut lo = vec![f32::NAN; nb * groups * cap];
+        let mut ids = vec![0xDEAD_BEEFu32; lo.len()];
+        let mut all: Vec<Vec<(f32, u32)>> = vec![Vec::new(); nb];
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for (q, all_of_q) in all.iter_mut().enumerate() {
+            for g in 0..groups {
+                // Query 2's group 3 has fewer real rows than k (padding);
+                // distances repeat across groups (ties broken by id), with
+                // -0 beside +0.
+                let real = if q == 2 && g == 3 { 2 } else { k };
+                let mut keys: Vec<(f32, u32)> = (0..real)
+                    .map(|_| {
+                        let d = [-0.0, 0.0, 1.5, 2.0, f32::INFINITY][next() as usize % 5];
+                        (d, next() % 1000 + (g as u32) * 1000)
+                    })
+                    .collect();
+                keys.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
+                all_of_q.extend(&keys);
+                let slot = (q * groups + g) * cap;
+                for j in 0..k {
+                    let (d, id) = keys.get(j).copied().unwrap_or((f32::INFINITY, u32::MAX));
+                    lo[slot + j] = d;
+                    ids[slot + j] = id;
+                }
+            }
+        }
+        let (got_ids, got_d) =
+            merge_on_host("knn_rerank_f32_k32", &lo, &ids, nb, groups, cap, k).unwrap();
+        for q in 0..nb {
+            let mut want = all[q].clone();
+            // The kernels' order: -0 as +0, then the id.
+            want.sort_by(|a, b| {
+                (a.0 + 0.0)
+                    .partial_cmp(&(b.0 + 0.0))
+                    .unwrap()
+                    .then(a.1.cmp(&b.1))
+            });
+            for j in 0..k {
+                assert_eq!(
+                    got_ids[q * k + j],
+                    i64::from(want[j].1),
+                    "query {q} rank {j}"
+                );
+                assert_eq!(
+                    got_d[q * k + j].to_bits(),
+                    want[j].0.to_bits(),
+                    "query {q} rank {j}"
+                );
+            }
+        }
+        // A slot the merge level never wrote.
+        lo[(groups + 1) * cap + 3] = f32::NAN;
+        match merge_on_host("knn_rerank_f32_k32", &lo, &ids, nb, groups, cap, k) {
+            Err(GpuSearchError::Unwritten {
+                entry,
+                unwritten,
+                outputs,
+            }) => {
+                assert_eq!(
+                    (entry.as_str(), unwritten, outputs),
+                    ("knn_rerank_f32_k32", 1, nb * groups * k)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     /// Rows of 3 cut into steps of 4 elements: a special row's elements are
     /// zeroed in every step it crosses, and steps without one are left alone.
