@@ -403,7 +403,8 @@ ncu_step() {
   # run (0.44-0.49x torch); its first search's launches (candidates, the re-rank's
   # merge and final levels).
   # At nq 1 a search's rows span hundreds of chunks, so the re-rank has its merge
-  # level: knn_tile, knn_rerank (merge), knn_rerank (final). At nq 1000 (f16copy:
+  # level, and the host merges its groups (knn::gpu::HOST_MERGE_MAX_ENTRIES): two
+  # launches, knn_tile and knn_rerank (merge); the second search's are profiled. At nq 1000 (f16copy:
   # 32 query tiles of 32) the chunks fit one re-rank level on an H100 or H200 where the tile
   # kernel fits 2 blocks per SM (16 chunks at most: two launches), but with 3 a
   # merge level is added; so that case profiles the first search's launches, two
@@ -416,7 +417,7 @@ ncu_step() {
     math_pipe_throttle not_selected selected membar dispatch_stall no_instruction branch_resolving; do
     ncu_stalls="$ncu_stalls${ncu_stalls:+,}smsp__average_warps_issue_stalled_${reason}_per_issue_active.ratio"
   done
-  for spec in "knn-nq1 1 1 3 3 10" "knn-nq1000 1000 1 0 3 10" "scan-nq1 1 0 1 1 10" "knn-nq100-k100 100 1 0 3 100"; do
+  for spec in "knn-nq1 1 1 2 2 10" "knn-nq1000 1000 1 0 3 10" "scan-nq1 1 0 1 1 10" "knn-nq100-k100 100 1 0 3 100"; do
     if [ "$(left)" -le 30 ]; then status=stopped; break; fi
     set -- $spec
     # Clocks as the application sees them (ncu's default locks them at base).

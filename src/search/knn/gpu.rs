@@ -460,14 +460,24 @@ impl KnnSearch<'_> {
             }
             trace::mark_device("candidates", t.stream());
             let (groups, group_chunks) = super::plan::merge_groups(n_chunks);
-            if groups > 1 {
-                // Merge level: each group's exact best k, in knn_tile's
-                // format; the host merges the groups (`merge_on_host`).
+            // The host merges the groups where their lists are short (a few
+            // microseconds, no serial one-block launch); many queries' long
+            // lists keep the final launch (downloads and a host merge that
+            // grow with batch x groups x k).
+            let host_merge = groups > 1 && nb * groups as usize * k <= HOST_MERGE_MAX_ENTRIES;
+            // Merge level: each group's exact best k, in knn_tile's format.
+            let merged = if groups > 1 {
                 let mut merged = Candidates::alloc(pool, nb * groups as usize, cap)?;
-                // Pooled memory: a merge launch that writes nothing (refused,
-                // or over unwritten candidate counts) leaves the distances
-                // NaN, which the host reports (GpuSearchError::Unwritten).
-                t.fill_nan(&mut merged.lo)?;
+                if host_merge {
+                    // A merge launch that writes nothing (refused, or over
+                    // unwritten candidate counts) leaves these NaN, which the
+                    // host reports (GpuSearchError::Unwritten).
+                    t.fill_nan(&mut merged.lo)?;
+                } else {
+                    // As the tile's counts: a merge launch that writes
+                    // nothing stops the final level.
+                    t.fill_ones(&mut merged.count)?;
+                }
                 let cfg = LaunchConfig::new((nb as u32, groups, 1), (KNN_BLOCK, 1, 1));
                 let mut a =
                     self.rerank_args(&d_q, nb, &contract, &cand, [n_chunks, group_chunks])?;
@@ -480,9 +490,14 @@ impl KnnSearch<'_> {
                 unsafe { rerank.launch(&cfg, &mut a)? };
                 drop(a);
                 trace::mark_device("merge", t.stream());
-                let lo = t.download_vec(&merged.lo)?;
+                Some(merged)
+            } else {
+                None
+            };
+            if let (true, Some(m)) = (host_merge, &merged) {
+                let lo = t.download_vec(&m.lo)?;
                 trace::mark("wait for results");
-                let ids = t.download_vec(&merged.ids)?;
+                let ids = t.download_vec(&m.ids)?;
                 trace::mark("download");
                 let (ids, dists) =
                     merge_on_host(rerank.entry(), &lo, &ids, nb, groups as usize, cap, k)?;
@@ -491,17 +506,22 @@ impl KnnSearch<'_> {
                 out.distances.extend(dists);
                 continue;
             }
+            let (last, chunks) = match &merged {
+                Some(m) => (m, groups),
+                None => (&cand, n_chunks),
+            };
             let mut o_ids = pool.alloc::<u32>(nb * k)?;
             let mut o_dists = pool.alloc::<f32>(nb * k)?;
             t.fill_nan(&mut o_dists)?;
             trace::mark_device("buffers", t.stream());
             let cfg = LaunchConfig::new((nb as u32, 1, 1), (KNN_BLOCK, 1, 1));
-            let mut a = self.rerank_args(&d_q, nb, &contract, &cand, [n_chunks, n_chunks])?;
+            let mut a = self.rerank_args(&d_q, nb, &contract, last, [chunks, chunks])?;
             a.null_ptr().null_ptr().null_ptr().null_ptr();
             push_output(&mut a, &contract, "out_ids", o_ids.view_mut())?;
             push_output(&mut a, &contract, "out_dists", o_dists.view_mut())?;
-            // SAFETY: knn_rerank's contract, one level over the n_chunks
-            // slots per query knn_tile just filled, on the same stream.
+            // SAFETY: knn_rerank's contract, final level over `chunks` slots
+            // per query: knn_tile's, or the merge level's launched just before
+            // on the same stream (its buffers live until the download).
             unsafe { rerank.launch(&cfg, &mut a)? };
             drop(a);
             trace::mark_device("re-rank", t.stream());
@@ -511,7 +531,15 @@ impl KnnSearch<'_> {
     }
 }
 
-/// The final level of a re-rank whose merge level ran (`groups > 1`): each
+/// The most merged entries (`batch × groups × k`) the host merges itself
+/// ([`merge_on_host`]); beyond, a final re-rank launch merges them on the
+/// GPU. At nq 1 an H100/H200 search has about 33 groups (330 entries at
+/// k 10); the bound keeps the host's downloads (`× capacity / k`) and merge
+/// within some tens of microseconds.
+pub const HOST_MERGE_MAX_ENTRIES: usize = 16_384;
+
+/// The final level of a re-rank whose merge level ran (`groups > 1`) and
+/// whose lists are short ([`HOST_MERGE_MAX_ENTRIES`]): each
 /// query's best `k` of its `groups` lists, from the merge level's outputs
 /// (`lo`, `ids`: `nb × groups` slots of `cap`, each slot's first `k`
 /// written, sorted, padded with (+inf, all ones)), merged on the host in

@@ -315,8 +315,9 @@ pub fn tile_stages(qtile: u32, capacity: u32) -> u32 {
 
 /// Chunks per block of the re-rank's merge level. A query whose candidates
 /// span more chunks is re-ranked in two launches: blocks of this many chunks
-/// each keep their exact best k (in parallel over the groups), then one block
-/// per query merges the groups. One block walking every chunk (about 400 on
+/// each keep their exact best k (in parallel over the groups), then the host
+/// merges the groups where their lists are short (`knn::gpu::merge_on_host`),
+/// else one block per query does. One block walking every chunk (about 400 on
 /// an H100 at nq = 1) would be a serial tail after a search spread over
 /// every SM.
 pub const MERGE_CHUNKS: u32 = 16;
