@@ -532,7 +532,7 @@ impl KnnSearch<'_> {
 }
 
 /// The most merged entries (`batch × groups × k`) the host merges itself
-/// ([`merge_on_host`]); beyond, a final re-rank launch merges them on the
+/// (`merge_on_host`); beyond, a final re-rank launch merges them on the
 /// GPU. At nq 1 an H100/H200 search has about 33 groups (330 entries at
 /// k 10); the bound keeps the host's downloads (`× capacity / k`) and merge
 /// within some tens of microseconds.
