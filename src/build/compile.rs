@@ -204,10 +204,11 @@ fn is_pre_optimize(option: &str) -> bool {
     option == PRE_OPTIMIZE || option == "-gen-opt-lto"
 }
 
-/// Whether this NVRTC takes [`PRE_OPTIMIZE`]: one tiny LTO-IR compile with
-/// it (an NVRTC that does not know an option fails the compile).
-pub fn supports_pre_optimize(nvrtc: &Nvrtc) -> bool {
-    let options = nvrtc_options(Arch::compute(75), &[], &[], false, true);
+/// Whether this NVRTC takes [`PRE_OPTIMIZE`] for `arch` (one of the
+/// build's): one tiny LTO-IR compile with it (an NVRTC that does not know an
+/// option fails the compile).
+pub fn supports_pre_optimize(nvrtc: &Nvrtc, arch: Arch) -> bool {
+    let options = nvrtc_options(arch, &[], &[], false, true);
     nvrtc
         .compile(
             "extern \"C\" __global__ void fraglink_probe(float* x) { x[threadIdx.x] = 1.0f; }",
