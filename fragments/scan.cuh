@@ -5,7 +5,7 @@
 // and filtering come from the metric and filter fragments linked beside it (abi.cuh).
 //
 // Algorithm (one block of FRAGLINK_SCAN_BLOCK threads per query, grid-stride over
-// queries; with gridDim.y > 1, per query and row split, see `split_point`):
+// queries; with gridDim.y > 1, per query and row split, see "Row splits" below):
 //   shared memory holds S = next_pow2(CAP + BLOCK) (distance, id) keys. Slots
 //   [0, CAP) are the best keys so far, sorted ascending; slots [CAP, S) are scratch.
 //   for each tile of BLOCK consecutive rows:

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use fraglink::build::Arch;
 use fraglink::search::data::{synthetic, Rng};
 use fraglink::search::knn::f16copy;
+use fraglink::search::knn::gpu::merge_on_host;
 use fraglink::search::knn::norms::Norms;
 use fraglink::search::knn::plan::{merge_groups, SharedMemory};
 use fraglink::search::knn::{choose, choose_variant, KnnPlan, KnnRequest, Precision, Staging};
@@ -152,10 +153,45 @@ fn run_case(
 ) -> (KnnPlan, Neighbors) {
     let (plan, dir, args) = prepare(metric, precision, c);
     emulated::run(exe, &args, &c.what);
-    (
-        plan,
-        emulated::read_results(dir.path(), c.queries.rows(), c.k, false),
-    )
+    let found = emulated::read_results(dir.path(), c.queries.rows(), c.k, false);
+    assert_host_merge_equals_final_launch(&plan, dir.path(), c, &found);
+    (plan, found)
+}
+
+/// Where the case took the merge level, the host merge of its lists
+/// (`knn::gpu::merge_on_host`, what a search uses for short lists) equals
+/// the final re-rank launch's output (`found`) bit for bit.
+fn assert_host_merge_equals_final_launch(
+    plan: &KnnPlan,
+    dir: &Path,
+    c: &Case<'_>,
+    found: &Neighbors,
+) {
+    let (nq, k, cap) = (c.queries.rows(), c.k, plan.capacity as usize);
+    let groups = merge_groups(plan.chunks(c.base.rows(), nq, c.resident).0).0 as usize;
+    let lo_path = dir.join("merged_lo.bin");
+    assert_eq!(lo_path.exists(), groups > 1, "{}: merged lists", c.what);
+    if groups == 1 {
+        return;
+    }
+    let lo = emulated::read_of(&lo_path, f32::from_le_bytes);
+    let ids = emulated::read_of(&dir.join("merged_ids.bin"), u32::from_le_bytes);
+    assert_eq!(lo.len(), nq * groups * cap, "{}", c.what);
+    let (m_ids, m_dists) = merge_on_host(plan.rerank.name, &lo, &ids, nq, groups, cap, k)
+        .unwrap_or_else(|e| {
+            panic!("{}: host merge: {e}", c.what);
+        });
+    let merged = Neighbors {
+        nq,
+        k,
+        ids: m_ids,
+        distances: m_dists,
+    };
+    assert!(
+        merged.bitwise_eq(found),
+        "{}: the host merge of {groups} lists differs from the final launch",
+        c.what
+    );
 }
 
 /// Case `c`'s plan, its inputs written to a new directory, and the driver's

@@ -194,6 +194,23 @@ fn lto_option_forms() {
     assert!(e.to_string().contains("NVRTC_ERROR_INVALID_OPTION"), "{e}");
 }
 
+/// The builder's option probe: a refused option is `Ok(false)` (the build
+/// goes on without it, with a warning), a known one `Ok(true)`.
+#[test]
+fn the_option_probe_tells_a_refused_option_from_a_taken_one() {
+    use fraglink::build::compile::{supports_pre_optimize, takes_option};
+    use fraglink::build::Arch;
+    let nvrtc = &libs().nvrtc;
+    for arch in [Arch::compute(75), Arch::sm(90)] {
+        assert!(supports_pre_optimize(nvrtc, arch).unwrap(), "{arch}");
+        assert!(takes_option(nvrtc, arch, "-lineinfo").unwrap(), "{arch}");
+        assert!(
+            !takes_option(nvrtc, arch, "--fraglink-no-such-option").unwrap(),
+            "{arch}"
+        );
+    }
+}
+
 #[test]
 fn fatbin_lto_link_roundtrip() {
     for arch in ["sm_80", "sm_90", "sm_75"] {

@@ -16,6 +16,7 @@ use super::arch::Arch;
 use super::render::{entry_display, Rendered};
 use crate::sys::nvfatbin::Nvfatbin;
 use crate::sys::nvrtc::{Nvrtc, Output};
+use crate::sys::SysError;
 
 /// Bumped when the cache's meaning changes (v3, v4: a sidecar of recorded
 /// entries, definitions and lowered names beside each fatbin).
@@ -205,18 +206,31 @@ fn is_pre_optimize(option: &str) -> bool {
 }
 
 /// Whether this NVRTC takes [`PRE_OPTIMIZE`] for `arch` (one of the
-/// build's): one tiny LTO-IR compile with it (an NVRTC that does not know an
-/// option fails the compile).
-pub fn supports_pre_optimize(nvrtc: &Nvrtc, arch: Arch) -> bool {
-    let options = nvrtc_options(arch, &[], &[], false, true);
-    nvrtc
-        .compile(
-            "extern \"C\" __global__ void fraglink_probe(float* x) { x[threadIdx.x] = 1.0f; }",
-            "fraglink_probe.cu",
-            &options,
-            Output::LtoIr,
-        )
-        .is_ok()
+/// build's): [`takes_option`].
+pub fn supports_pre_optimize(nvrtc: &Nvrtc, arch: Arch) -> Result<bool, SysError> {
+    takes_option(nvrtc, arch, PRE_OPTIMIZE)
+}
+
+/// Whether this NVRTC takes `option` for `arch`: one tiny LTO-IR compile
+/// with it. `Ok(false)` only where NVRTC refuses the options
+/// (`NVRTC_ERROR_INVALID_OPTION`, what an NVRTC that does not know one
+/// answers); any other failure of that compile (the library itself
+/// failing) is the error, since every fragment's compile would fail too.
+pub fn takes_option(nvrtc: &Nvrtc, arch: Arch, option: &str) -> Result<bool, SysError> {
+    let mut options = nvrtc_options(arch, &[], &[], false, false);
+    options.push(option.to_owned());
+    match nvrtc.compile(
+        "extern \"C\" __global__ void fraglink_probe(float* x) { x[threadIdx.x] = 1.0f; }",
+        "fraglink_probe.cu",
+        &options,
+        Output::LtoIr,
+    ) {
+        Ok(_) => Ok(true),
+        Err(SysError::Compile { code_name, .. }) if code_name == "NVRTC_ERROR_INVALID_OPTION" => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The cache key of a fragment: its source, every option, every tool version,

@@ -507,7 +507,7 @@ impl Builder {
         // Probed for one of the build's own archs (the list is never empty).
         let probe_arch = archs.first().copied().unwrap_or(Arch::compute(75));
         if family_settings.iter().any(|f| f.pre_optimize)
-            && !compile::supports_pre_optimize(&nvrtc, probe_arch)
+            && !compile::supports_pre_optimize(&nvrtc, probe_arch).map_err(load)?
         {
             let msg = format!(
                 "NVRTC {}.{} does not take {}: fragments are built without it (cold links take longer)",

@@ -526,13 +526,15 @@ pub const SPLIT_PART_ROWS: usize = 4 * SCAN_BLOCK as usize;
 /// The row splits of a scan of `nq` queries over `n_rows` rows with `k`
 /// results for a grid of about `wave` blocks (what the device holds of the
 /// scan at once): `fixed` ([`SCAN_SPLITS_VAR`], [`fixed_row_splits`]) where
-/// set, at most one per row and within the merge bound ([`fixed_splits`]);
+/// set, at most one per 128-row tile (a split scans every `splits`-th
+/// tile, so more would scan nothing) and within the merge bound
+/// ([`fixed_splits`]);
 /// else [`splits`] over `⌈n_rows / SPLIT_PART_ROWS⌉` parts
 /// ([`SPLIT_PART_ROWS`]). On an H100 holding 5 scan blocks per SM one query
 /// over a million rows runs 660 blocks instead of one.
 pub fn row_splits(fixed: Option<usize>, nq: usize, n_rows: usize, k: usize, wave: usize) -> usize {
     match fixed {
-        Some(n) => fixed_splits(n, n_rows, k),
+        Some(n) => fixed_splits(n, n_rows.div_ceil(SCAN_BLOCK as usize), k),
         None => splits(nq, n_rows.div_ceil(SPLIT_PART_ROWS), k, wave),
     }
 }
@@ -735,10 +737,13 @@ mod tests {
         assert_eq!(row_splits(None, 1, 512, 10, wave), 1);
         assert_eq!(row_splits(None, 1, 0, 10, wave), 1);
         assert_eq!(row_splits(None, 1, 1_000_000, 256, wave), 128);
-        // A fixed count, at most one split per row and within the merge bound.
+        // A fixed count, at most one split per 128-row tile and within the
+        // merge bound.
         assert_eq!(row_splits(Some(1), 1, 1_000_000, 10, wave), 1);
         assert_eq!(row_splits(Some(7), 10_000, 1_000_000, 10, wave), 7);
-        assert_eq!(row_splits(Some(7), 1, 5, 10, wave), 5);
+        assert_eq!(row_splits(Some(7), 1, 5, 10, wave), 1);
+        assert_eq!(row_splits(Some(7), 1, 129, 10, wave), 2);
+        assert_eq!(row_splits(Some(7), 1, 6 * 128, 10, wave), 6);
         assert_eq!(row_splits(Some(7), 1, 0, 10, wave), 1);
         assert_eq!(row_splits(Some(65_535), 1, 1_000_000, 256, wave), 128);
         let e = GpuSearchError::Env {

@@ -532,7 +532,7 @@ impl KnnSearch<'_> {
 }
 
 /// The most merged entries (`batch × groups × k`) the host merges itself
-/// (`merge_on_host`); beyond, a final re-rank launch merges them on the
+/// ([`merge_on_host`]); beyond, a final re-rank launch merges them on the
 /// GPU. At nq 1 an H100/H200 search has about 33 groups (330 entries at
 /// k 10); the bound keeps the host's downloads (`× capacity / k`) and merge
 /// within some tens of microseconds.
@@ -550,7 +550,9 @@ pub const HOST_MERGE_MAX_ENTRIES: usize = 16_384;
 /// microseconds. The results are that launch's, bit for bit: the merge
 /// level's keys are exact, so the launch only merged them. A slot left NaN
 /// (the merge level wrote nothing) is [`GpuSearchError::Unwritten`].
-fn merge_on_host(
+/// Public so that tests/knn_emulated.rs can hold it to that launch's
+/// output under emulation.
+pub fn merge_on_host(
     entry: &str,
     lo: &[f32],
     ids: &[u32],

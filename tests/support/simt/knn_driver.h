@@ -150,7 +150,8 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   }
 
   // The re-rank as src/search/knn/gpu.rs launches it: a merge level over groups of
-  // chunks first when there are several groups.
+  // chunks first when there are several groups, then the final launch over its
+  // lists (which gpu.rs replaces by a host merge of short lists).
   const candidates* final_in = &c;
   uint32_t final_chunks = n_chunks;
   candidates merged(groups > 1 ? size_t(nq) * groups : 0, cap);
@@ -168,6 +169,10 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
           return id / chunk_rows >= g * group_chunks && id / chunk_rows < (g + 1) * group_chunks;
         },
         groups, skipped);
+    // What src/search/knn/gpu.rs merges on the host instead of the final launch
+    // for short lists (merge_on_host): the test merges these and compares.
+    write_file(dir + "/merged_lo.bin", merged.lo);
+    write_file(dir + "/merged_ids.bin", merged.ids);
     final_in = &merged;
     final_chunks = groups;
   }
