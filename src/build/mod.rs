@@ -270,6 +270,7 @@ pub struct Builder {
     jobs: Option<usize>,
     cargo: bool,
     keep_going: bool,
+    ignore_embedded_ir: bool,
 }
 
 impl Default for Builder {
@@ -321,6 +322,7 @@ impl Builder {
             jobs: None,
             cargo: std::env::var_os("OUT_DIR").is_some(),
             keep_going: false,
+            ignore_embedded_ir: false,
         }
     }
     /// On: fragments that fail are left out, the registry holds the ones
@@ -392,6 +394,19 @@ impl Builder {
     /// else the number of cores).
     pub fn jobs(mut self, jobs: usize) -> Self {
         self.jobs = Some(jobs);
+        self
+    }
+    /// On: NVRTC and nvFatbin of any CUDA major are taken, whatever NVRTC
+    /// built the fraglink crate's own embedded fragments. Off (default):
+    /// they must share that major (`sys::loader::compatibility`), since
+    /// fragments built here are linked at run time by the nvJitLink that
+    /// links the embedded ones, which takes LTO-IR of its own major only.
+    /// Turn it on only where the output is used on its own: a benchmark of
+    /// the builder under another CUDA (examples/bench_build.rs), a fatbin
+    /// set linked by a separate nvJitLink. (A build script sees no
+    /// embedded fragments: there the check never applies.)
+    pub fn ignore_embedded_ir(mut self, on: bool) -> Self {
+        self.ignore_embedded_ir = on;
         self
     }
     /// Print `cargo:` directives (default: when `OUT_DIR` is set).
@@ -500,9 +515,18 @@ impl Builder {
             origin: origin.clone(),
             source,
         };
-        let nvrtc = crate::sys::nvrtc::Nvrtc::open_path(&toolkit.nvrtc).map_err(load)?;
-        let nvfatbin =
-            crate::sys::nvfatbin::Nvfatbin::open_path(&toolkit.nvfatbin).map_err(load)?;
+        let (nvrtc, nvfatbin) = if self.ignore_embedded_ir {
+            (
+                crate::sys::nvrtc::Nvrtc::open_path_ignoring_embedded_ir(&toolkit.nvrtc),
+                crate::sys::nvfatbin::Nvfatbin::open_path_ignoring_embedded_ir(&toolkit.nvfatbin),
+            )
+        } else {
+            (
+                crate::sys::nvrtc::Nvrtc::open_path(&toolkit.nvrtc),
+                crate::sys::nvfatbin::Nvfatbin::open_path(&toolkit.nvfatbin),
+            )
+        };
+        let (nvrtc, nvfatbin) = (nvrtc.map_err(load)?, nvfatbin.map_err(load)?);
         let nvrtc_version = nvrtc.version().map_err(load)?;
         // Probed for one of the build's own archs (the list is never empty).
         let probe_arch = archs.first().copied().unwrap_or(Arch::compute(75));

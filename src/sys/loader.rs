@@ -536,6 +536,19 @@ macro_rules! library_handle {
                 Self::open(Some(path))
             }
 
+            #[doc = concat!("Opens ", $name, " from exactly `path` whatever NVRTC produced the crate's embedded LTO-IR (no [`compatibility`](crate::sys::loader::compatibility) check): for work that never links the embedded fragments, such as a fragment build whose output is used on its own ([`Builder::ignore_embedded_ir`](crate::build::Builder::ignore_embedded_ir)).")]
+            pub fn open_path_ignoring_embedded_ir(
+                path: &::std::path::Path,
+            ) -> Result<Self, $crate::sys::SysError> {
+                Ok($handle {
+                    inner: ::std::sync::Arc::new($crate::sys::loader::open_table_for(
+                        Some(path),
+                        $companions,
+                        None,
+                    )?),
+                })
+            }
+
             /// The absolute path the library was loaded from.
             pub fn path(&self) -> &::std::path::Path {
                 &self.inner.path
@@ -600,7 +613,15 @@ pub fn open_table<F: FnTable>(
     explicit: Option<&Path>,
     companions: impl Fn(&Path) -> Vec<libloading::Library>,
 ) -> Result<Loaded<F>, SysError> {
-    let ir = embedded_ir_version();
+    open_table_for(explicit, companions, embedded_ir_version())
+}
+
+/// [`open_table`] against the LTO-IR of NVRTC `ir` (`None`: no check).
+pub fn open_table_for<F: FnTable>(
+    explicit: Option<&Path>,
+    companions: impl Fn(&Path) -> Vec<libloading::Library>,
+    ir: Option<(u32, u32)>,
+) -> Result<Loaded<F>, SysError> {
     let ((fns, lib, version, extra), at) = open_first(F::LIBRARY, explicit, |lib, path| {
         // SAFETY: `open_first` loaded F::LIBRARY; the accepted library is
         // made resident below, so the table never outlives its code.

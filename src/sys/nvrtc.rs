@@ -481,4 +481,20 @@ mod tests {
         assert!(s.contains("/nonexistent/libnvrtc.so.12"), "{s}");
         assert!(s.contains("FRAGLINK_NVRTC_PATH"), "{s}");
     }
+
+    /// The embedded-IR check refuses an NVRTC of another major than the
+    /// IR's; the builder's opt-out (`open_path_ignoring_embedded_ir`,
+    /// `ir = None`) takes it. The real NVRTC, posing against IR of major 99.
+    #[test]
+    fn the_embedded_ir_check_can_be_skipped() {
+        let nvrtc = Nvrtc::open(None).expect("NVRTC (set FRAGLINK_NVRTC_PATH)");
+        let path = nvrtc.path();
+        let e = loader::open_table_for::<NvrtcFns>(Some(path), preload_builtins, Some((99, 0)))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("major must match"), "{e}");
+        loader::open_table_for::<NvrtcFns>(Some(path), preload_builtins, None).unwrap();
+        Nvrtc::open_path_ignoring_embedded_ir(path).unwrap();
+    }
 }
