@@ -145,7 +145,7 @@ for i in $(seq 1 "$BUILD_REPS"); do
   # nvcc compiles the sources the builder just rendered (identical text).
   if [ "$i" -le "$NVCC_REPS" ]; then
     run "$PY" benches/scripts/nvcc_build.py --nvcc "$NVCC" --gen "$WORK/build/fraglink13/out/gen" \
-      --out "$WORK/build/nvcc" --jobs "$JOBS" --include "$ROOT/fragments" >>"$RES/build_nvcc.jsonl"
+      --archs "$WORK/build/fraglink13/out/archs.json" --out "$WORK/build/nvcc" --jobs "$JOBS" --include "$ROOT/fragments" >>"$RES/build_nvcc.jsonl"
     echo "  nvcc run $i/$NVCC_REPS: $(tail -1 "$RES/build_nvcc.jsonl" | cut -c1-60)" >&2
   fi
   if [ "$i" -le "$BUILD129_REPS" ]; then

@@ -10,7 +10,9 @@
 //! ```
 //!
 //! `cold`: one build into a fresh `DIR` with a fresh (empty) content cache
-//! (`DIR/cache`), so every fragment is compiled.
+//! (`DIR/cache`), so every fragment is compiled. It also writes
+//! `DIR/out/archs.json`: each fragment's archs (its minimum arch leaves
+//! some out), which the nvcc side compiles alike.
 //!
 //! `rebuild`: copies `matrices/`, `templates/` and `fragments/` to
 //! `DIR/src`, builds once with the content cache on (cold), then rebuilds
@@ -212,6 +214,20 @@ fn cold(a: &Args) {
     v["toolkit"] = toolkit_json(&r, a.jobs);
     v["gen_dir"] = json!(out.join("out/gen"));
     v["fatbin_dir"] = json!(out.join("out/fatbins"));
+    // Each fragment's archs (a minimum arch leaves some out), so that the nvcc
+    // side (benches/scripts/nvcc_build.py --archs) compiles the same set.
+    let archs: serde_json::Map<String, Value> = r
+        .fragments
+        .iter()
+        .map(|f| {
+            let archs: Vec<&str> = f.recorded.entries.iter().map(|(a, _)| a.as_str()).collect();
+            (f.name.clone(), json!(archs))
+        })
+        .collect();
+    let archs_file = out.join("out/archs.json");
+    std::fs::write(&archs_file, Value::Object(archs).to_string())
+        .unwrap_or_else(|e| fail(format!("{}: {e}", archs_file.display())));
+    v["archs_file"] = json!(archs_file);
     println!("{v}");
 }
 
