@@ -236,7 +236,6 @@ def section_size(res, lines, headline):
     same = [f for f in ("scan", "metric", "filter") if f in t["families"]]
     same_bytes = sum(t["families"][f]["bytes"] for f in same)
     same_frags = sum(t["families"][f]["fragments"] for f in same)
-    others = [f for f in t["families"] if f not in same]
     lines += [
         "## 2. Binary size",
         "",
@@ -267,7 +266,8 @@ def section_size(res, lines, headline):
         "favour: an sm_75 cubin runs only on sm_75 and an sm_90 cubin only on sm_90, while the "
         "compute_75 LTO-IR links for every GPU from sm_75 on (covering sm_80/86/89/100/120 with AOT would "
         "add one cubin set per architecture). fraglink pays instead with a link at first use "
-        "(section 3).",
+        "(section 3). The archs also differ: the embedded LTO-IR is for "
+        f"{aot['fragments']['archs']}, the AOT cubins for {' and '.join(aot['archs'])} only.",
         "",
     ]
     headline.append((f"Binary size ({', '.join(same)} families)",
@@ -728,7 +728,10 @@ def main():
             body += old["sections"][name]
             headline += [r for r in old["summary"] if row_section(r[0]) == name]
 
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    # When the measurements ended (the newest results file), not when this
+    # ran: rendering the same results again keeps their date.
+    ended = max(os.path.getmtime(os.path.join(res, f)) for f in os.listdir(res))
+    now = datetime.datetime.fromtimestamp(ended, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [
         "# Benchmarks",
         "",

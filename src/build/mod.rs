@@ -94,6 +94,16 @@ pub enum BuildError {
         origin: String,
         source: crate::sys::SysError,
     },
+    /// NVRTC failed the one-line compile that asks whether it takes
+    /// `option` ([`compile::takes_option`]) for a reason other than refusing
+    /// the option: the library does not work, and no fragment would build.
+    #[error("NVRTC ({origin}) failed the compile that probes for `{option}`: {source}")]
+    Probe {
+        origin: String,
+        option: &'static str,
+        // Boxed: the variant would otherwise make every builder Result larger.
+        source: Box<crate::sys::SysError>,
+    },
     #[error("reading {path}: {source}")]
     Read {
         path: PathBuf,
@@ -403,8 +413,11 @@ impl Builder {
     /// links the embedded ones, which takes LTO-IR of its own major only.
     /// Turn it on only where the output is used on its own: a benchmark of
     /// the builder under another CUDA (examples/bench_build.rs), a fatbin
-    /// set linked by a separate nvJitLink. (A build script sees no
-    /// embedded fragments: there the check never applies.)
+    /// set linked by a separate nvJitLink. The check applies wherever the
+    /// fraglink library is used, downstream build scripts included (their
+    /// fraglink build-dependency carries the embedded fragments' NVRTC
+    /// version); only fraglink's own build.rs, which compiles this module
+    /// before any fragment exists, has nothing to check against.
     pub fn ignore_embedded_ir(mut self, on: bool) -> Self {
         self.ignore_embedded_ir = on;
         self
@@ -515,23 +528,30 @@ impl Builder {
             origin: origin.clone(),
             source,
         };
-        let (nvrtc, nvfatbin) = if self.ignore_embedded_ir {
-            (
-                crate::sys::nvrtc::Nvrtc::open_path_ignoring_embedded_ir(&toolkit.nvrtc),
-                crate::sys::nvfatbin::Nvfatbin::open_path_ignoring_embedded_ir(&toolkit.nvfatbin),
-            )
+        use crate::sys::{nvfatbin::Nvfatbin, nvrtc::Nvrtc};
+        let nvrtc = if self.ignore_embedded_ir {
+            Nvrtc::open_path_ignoring_embedded_ir(&toolkit.nvrtc)
         } else {
-            (
-                crate::sys::nvrtc::Nvrtc::open_path(&toolkit.nvrtc),
-                crate::sys::nvfatbin::Nvfatbin::open_path(&toolkit.nvfatbin),
-            )
-        };
-        let (nvrtc, nvfatbin) = (nvrtc.map_err(load)?, nvfatbin.map_err(load)?);
+            Nvrtc::open_path(&toolkit.nvrtc)
+        }
+        .map_err(load)?;
+        let nvfatbin = if self.ignore_embedded_ir {
+            Nvfatbin::open_path_ignoring_embedded_ir(&toolkit.nvfatbin)
+        } else {
+            Nvfatbin::open_path(&toolkit.nvfatbin)
+        }
+        .map_err(load)?;
         let nvrtc_version = nvrtc.version().map_err(load)?;
         // Probed for one of the build's own archs (the list is never empty).
         let probe_arch = archs.first().copied().unwrap_or(Arch::compute(75));
         if family_settings.iter().any(|f| f.pre_optimize)
-            && !compile::supports_pre_optimize(&nvrtc, probe_arch).map_err(load)?
+            && !compile::supports_pre_optimize(&nvrtc, probe_arch).map_err(|source| {
+                BuildError::Probe {
+                    origin: origin.clone(),
+                    option: compile::PRE_OPTIMIZE,
+                    source: Box::new(source),
+                }
+            })?
         {
             let msg = format!(
                 "NVRTC {}.{} does not take {}: fragments are built without it (cold links take longer)",

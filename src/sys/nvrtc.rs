@@ -483,8 +483,11 @@ mod tests {
     }
 
     /// The embedded-IR check refuses an NVRTC of another major than the
-    /// IR's; the builder's opt-out (`open_path_ignoring_embedded_ir`,
-    /// `ir = None`) takes it. The real NVRTC, posing against IR of major 99.
+    /// IR's, and without IR to check against (what
+    /// `open_path_ignoring_embedded_ir` passes) the same library opens.
+    /// The real NVRTC, against IR posing as major 99. (That a library of
+    /// another major really opens through the builder's opt-out needs a
+    /// second CUDA: `benches/run.sh` builds with CUDA 13.0 through it.)
     #[test]
     fn the_embedded_ir_check_can_be_skipped() {
         let nvrtc = Nvrtc::open(None).expect("NVRTC (set FRAGLINK_NVRTC_PATH)");
@@ -495,6 +498,5 @@ mod tests {
             .to_string();
         assert!(e.contains("major must match"), "{e}");
         loader::open_table_for::<NvrtcFns>(Some(path), preload_builtins, None).unwrap();
-        Nvrtc::open_path_ignoring_embedded_ir(path).unwrap();
     }
 }
