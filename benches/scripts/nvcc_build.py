@@ -62,9 +62,7 @@ def main():
         "jobs": a.jobs,
         "targets": sum(len(archs[n]) for n in names),
         "command": "(one line per fragment: NAME -gencode arch=compute_XX,code=lto_XX ... for its archs) | "
-                   "xargs -P %d -L 1 sh -c %s nvcc" % (a.jobs, shlex.quote(
-                       'n=$1; shift; exec "$0" -fatbin -std=c++17 -rdc=true "$@" -Ifragments '
-                       'GEN/$n.cu -o OUT/$n.fatbin')),
+                   "INCLUDE=fragments GEN=GEN OUT=OUT xargs -P %d -L 1 sh -c %s nvcc" % (a.jobs, shlex.quote(script)),
     }))
 
 

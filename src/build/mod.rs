@@ -528,19 +528,16 @@ impl Builder {
             origin: origin.clone(),
             source,
         };
-        use crate::sys::{nvfatbin::Nvfatbin, nvrtc::Nvrtc};
-        let nvrtc = if self.ignore_embedded_ir {
-            Nvrtc::open_path_ignoring_embedded_ir(&toolkit.nvrtc)
+        // The LTO-IR the libraries must suit (none to check when ignored).
+        let ir = if self.ignore_embedded_ir {
+            None
         } else {
-            Nvrtc::open_path(&toolkit.nvrtc)
-        }
-        .map_err(load)?;
-        let nvfatbin = if self.ignore_embedded_ir {
-            Nvfatbin::open_path_ignoring_embedded_ir(&toolkit.nvfatbin)
-        } else {
-            Nvfatbin::open_path(&toolkit.nvfatbin)
-        }
-        .map_err(load)?;
+            crate::sys::loader::embedded_ir_version()
+        };
+        let nvrtc =
+            crate::sys::nvrtc::Nvrtc::open_against(Some(&toolkit.nvrtc), ir).map_err(load)?;
+        let nvfatbin = crate::sys::nvfatbin::Nvfatbin::open_against(Some(&toolkit.nvfatbin), ir)
+            .map_err(load)?;
         let nvrtc_version = nvrtc.version().map_err(load)?;
         // Probed for one of the build's own archs (the list is never empty).
         let probe_arch = archs.first().copied().unwrap_or(Arch::compute(75));

@@ -523,12 +523,7 @@ macro_rules! library_handle {
         impl $handle {
             #[doc = concat!("Opens ", $name, " from `explicit`, else from [`Library::candidates`](crate::sys::Library::candidates).")]
             pub fn open(explicit: Option<&::std::path::Path>) -> Result<Self, $crate::sys::SysError> {
-                Ok($handle {
-                    inner: ::std::sync::Arc::new($crate::sys::loader::open_table(
-                        explicit,
-                        $companions,
-                    )?),
-                })
+                Self::open_against(explicit, $crate::sys::loader::embedded_ir_version())
             }
 
             #[doc = concat!("Opens ", $name, " from exactly `path`.")]
@@ -536,15 +531,16 @@ macro_rules! library_handle {
                 Self::open(Some(path))
             }
 
-            #[doc = concat!("Opens ", $name, " from exactly `path` whatever NVRTC produced the crate's embedded LTO-IR (no [`compatibility`](crate::sys::loader::compatibility) check): for work that never links the embedded fragments, such as a fragment build whose output is used on its own ([`Builder::ignore_embedded_ir`](crate::build::Builder::ignore_embedded_ir)).")]
-            pub fn open_path_ignoring_embedded_ir(
-                path: &::std::path::Path,
+            #[doc = concat!("As [`Self::open`], checked against LTO-IR of NVRTC `ir` instead of the crate's embedded one ([`compatibility`](crate::sys::loader::compatibility)); `None`: no check, for work that never links the embedded fragments, such as a fragment build whose output is used on its own ([`Builder::ignore_embedded_ir`](crate::build::Builder::ignore_embedded_ir)).")]
+            pub fn open_against(
+                explicit: Option<&::std::path::Path>,
+                ir: Option<(u32, u32)>,
             ) -> Result<Self, $crate::sys::SysError> {
                 Ok($handle {
-                    inner: ::std::sync::Arc::new($crate::sys::loader::open_table_for(
-                        Some(path),
+                    inner: ::std::sync::Arc::new($crate::sys::loader::open_table(
+                        explicit,
                         $companions,
-                        None,
+                        ir,
                     )?),
                 })
             }
@@ -607,17 +603,10 @@ unsafe fn dlopen_resident(
 }
 
 /// Opens the first compatible `F::LIBRARY` ([`open_first`]): loads its
-/// table, reads its version, checks it against the embedded LTO-IR
-/// ([`compatibility`]), then loads `companions(path)` beside it.
+/// table, reads its version, checks it against LTO-IR of NVRTC `ir` (the
+/// embedded one, [`embedded_ir_version`], for the handles' `open`; `None`:
+/// no check) ([`compatibility`]), then loads `companions(path)` beside it.
 pub fn open_table<F: FnTable>(
-    explicit: Option<&Path>,
-    companions: impl Fn(&Path) -> Vec<libloading::Library>,
-) -> Result<Loaded<F>, SysError> {
-    open_table_for(explicit, companions, embedded_ir_version())
-}
-
-/// [`open_table`] against the LTO-IR of NVRTC `ir` (`None`: no check).
-pub fn open_table_for<F: FnTable>(
     explicit: Option<&Path>,
     companions: impl Fn(&Path) -> Vec<libloading::Library>,
     ir: Option<(u32, u32)>,

@@ -483,20 +483,19 @@ mod tests {
     }
 
     /// The embedded-IR check refuses an NVRTC of another major than the
-    /// IR's, and without IR to check against (what
-    /// `open_path_ignoring_embedded_ir` passes) the same library opens.
-    /// The real NVRTC, against IR posing as major 99. (That a library of
-    /// another major really opens through the builder's opt-out needs a
-    /// second CUDA: `benches/run.sh` builds with CUDA 13.0 through it.)
+    /// IR's, and without IR to check against (what the builder passes under
+    /// `ignore_embedded_ir`) the same library opens. The real NVRTC,
+    /// against IR posing as major 99. (That a library of another major
+    /// really opens through the builder's opt-out needs a second CUDA:
+    /// `benches/run.sh` builds with CUDA 13.0 through it.)
     #[test]
     fn the_embedded_ir_check_can_be_skipped() {
         let nvrtc = Nvrtc::open(None).expect("NVRTC (set FRAGLINK_NVRTC_PATH)");
-        let path = nvrtc.path();
-        let e = loader::open_table_for::<NvrtcFns>(Some(path), preload_builtins, Some((99, 0)))
-            .map(|_| ())
+        let path = Some(nvrtc.path());
+        let e = Nvrtc::open_against(path, Some((99, 0)))
             .unwrap_err()
             .to_string();
         assert!(e.contains("major must match"), "{e}");
-        loader::open_table_for::<NvrtcFns>(Some(path), preload_builtins, None).unwrap();
+        Nvrtc::open_against(path, None).unwrap();
     }
 }
