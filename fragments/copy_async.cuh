@@ -59,4 +59,32 @@ __device__ FRAGLINK_INLINE void copy_wait() {
 #endif
 }
 
+// Asks L2 for the 32-byte sector that holds `p`, the first of `bytes` the caller
+// wants there (prefetch.global.L2): a hint with no ordering, no result and no
+// fault, so a block's cp.async pipeline, whose depth shared memory caps, finds
+// rows a few steps ahead already on chip. A plain per-thread instruction: the
+// sm_90 bulk form (cp.async.bulk.prefetch.L2) takes a warp-uniform address, and
+// for one row segment per thread ptxas looped over the lanes. Under the kernel
+// emulator the bytes are checked against the launch's buffers (simt::prefetch).
+__device__ FRAGLINK_INLINE void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(FRAGLINK_HOST_SIMT)
+  simt::prefetch(p, bytes);
+#elif defined(__CUDA_ARCH__)
+  (void)bytes;
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
+}
+
+// The bytes [begin, end) of `base`, a sector per thread in turn among `threads`
+// (this one `tid`); only addresses inside the range are named.
+__device__ FRAGLINK_INLINE void prefetch_l2_span(const void* base, uint64_t begin, uint64_t end, uint32_t tid,
+                                                 uint32_t threads) {
+  const char* const b = static_cast<const char*>(base);
+  // Rolled: unrolled, these loops were a third of a knn_tile kernel's SASS.
+#pragma unroll 1
+  for (uint64_t at = begin + 32u * static_cast<uint64_t>(tid); at < end; at += 32u * static_cast<uint64_t>(threads)) {
+    prefetch_l2(b + at, end - at < 32u ? static_cast<uint32_t>(end - at) : 32u);
+  }
+}
+
 }  // namespace fraglink

@@ -17,7 +17,8 @@
 //   in slabs of one MMA K step, rows padded so fragment loads are free of bank
 //   conflicts and 32-byte aligned. Chunks come through a pipeline of STAGES
 //   buffers (cp.async where the arch, dim and alignment allow), so the next
-//   STAGES - 1 chunks' global loads overlap the MMAs and the select. STAGING
+//   STAGES - 1 chunks' global loads overlap the MMAs and the select; the
+//   `prefetch` chunks after those are asked of L2 (prefetch_l2). STAGING
 //   (staging_any, staging_a16) decides which copies a variant holds: any dim and
 //   alignment (16-byte, 4-byte or element copies, chosen at run time), or rows
 //   that are whole 16-byte groups, 16-byte aligned, only (the host picks it for such
@@ -726,7 +727,7 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
                                          uint32_t n_queries, uint32_t k, uint32_t chunk_rows,
                                          uint32_t* __restrict__ out_count, float* __restrict__ out_lo,
                                          float* __restrict__ out_hi, uint32_t* __restrict__ out_ids,
-                                         uint32_t* __restrict__ bound_keys) {
+                                         uint32_t* __restrict__ bound_keys, uint32_t prefetch) {
   typedef tile_shape<T, PREC, QT, RT, CAP> Shape;
   typedef typename Shape::M M;
   typedef typename Shape::S S;
@@ -804,19 +805,63 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
     uint64_t next_row = row_begin;
     uint32_t next_k = 0;
     int in_stage = 0;
+    // The chunk after (row, k0) in the order the pipeline copies them.
+    auto step = [&](uint64_t& row, uint32_t& k0) {
+      k0 += KC;
+      if (k0 >= dim) {
+        k0 = 0;
+        row += RT;
+      }
+    };
+    // Chunks `prefetch` steps ahead of the copies, asked of L2 (prefetch_l2): each
+    // row's segment of the chunk (one thread per row), and at a row iteration's
+    // first chunk its rows' norms, which the select reads. The pipeline keeps
+    // STAGES - 1 chunks (64 bytes of each of RT rows) in flight, as many as shared
+    // memory allows; at small nq that leaves DRAM latency exposed (GPU.md at
+    // 6f7ea6a: 36% of DRAM bandwidth at nq 1). A prefetch holds no shared memory
+    // and no register, and its lead is in chunks, so in bytes (prefetch x RT x 64)
+    // whatever the dim. 0: none.
+    uint64_t ahead_row = row_begin;
+    uint32_t ahead_k = 0;
+    auto prefetch_next = [&]() {
+      if (ahead_row >= row_end) return;
+      // Each row's segment of the chunk in 32-byte sectors, one sector per thread
+      // in turn (64-byte segments of 64 rows: one each).
+      const uint32_t len = dim - ahead_k < static_cast<uint32_t>(KC) ? dim - ahead_k : static_cast<uint32_t>(KC);
+      const uint32_t seg = len * static_cast<uint32_t>(S_BYTES);
+      const uint32_t sectors = (seg + 31u) / 32u;
+#pragma unroll 1
+      for (uint32_t i = tid; i < static_cast<uint32_t>(RT) * sectors; i += FRAGLINK_KNN_BLOCK) {
+        const uint64_t r = ahead_row + i / sectors;
+        const uint32_t off = (i % sectors) * 32u;
+        if (r < row_end) {
+          prefetch_l2(reinterpret_cast<const char*>(xs + r * dim + ahead_k) + off, seg - off < 32u ? seg - off : 32u);
+        }
+      }
+      if (ahead_k == 0) {
+        const uint64_t b = ahead_row + RT < row_end ? ahead_row + RT : row_end;
+        prefetch_l2_span(row_aux0, ahead_row * 4u, b * 4u, tid, FRAGLINK_KNN_BLOCK);
+        if (PREC != precision_int) prefetch_l2_span(row_aux1, ahead_row * 4u, b * 4u, tid, FRAGLINK_KNN_BLOCK);
+      }
+      step(ahead_row, ahead_k);
+    };
     auto issue = [&]() {
       if (next_row < row_end) {
         copy_chunk<QT, KC, K, LD, true, STAGING>(s_q + in_stage * Q_STAGE, qs, n_queries, q0, dim, next_k, unit);
         copy_chunk<RT, KC, K, LD, false, STAGING>(s_x + in_stage * X_STAGE, xs, row_end, next_row, dim, next_k, unit);
-        next_k += KC;
-        if (next_k >= dim) {
-          next_k = 0;
-          next_row += RT;
-        }
+        step(next_row, next_k);
       }
       copy_commit();
       in_stage = in_stage + 1 == STAGES ? 0 : in_stage + 1;
     };
+    // The prefetch cursor starts past the chunks the first step has copied or
+    // copies (not asked for); that step asks for `prefetch` chunks, every later
+    // one for one more, so it stays `prefetch` chunks ahead of the copies. (One
+    // call site: each inlined copy of prefetch_next is about 150 SASS
+    // instructions, of the link time.)
+    uint32_t prefetch_due = prefetch;
+#pragma unroll 1
+    for (int i = 0; i < STAGES; ++i) step(ahead_row, ahead_k);
 #pragma unroll 1
     for (int i = 0; i < STAGES - 1; ++i) issue();
     int stage = 0;
@@ -840,6 +885,9 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
         copy_wait<STAGES - 2>();
         __syncthreads();
         issue();
+#pragma unroll 1
+        for (; prefetch_due != 0u && ahead_row < row_end; --prefetch_due) prefetch_next();
+        prefetch_due = prefetch != 0u ? 1u : 0u;
         const S* const sq = s_q + stage * Q_STAGE;
         const S* const sx = s_x + stage * X_STAGE;
         stage = stage + 1 == STAGES ? 0 : stage + 1;

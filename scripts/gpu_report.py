@@ -392,10 +392,11 @@ def render(r, summary=False):
                     names.append(n)
         lines.append("| dtype | nq | k | " + " | ".join(names)
                      + " | fraglink kernel | fraglink / best peer | goal (met) | tensor cores / scan"
-                     + " | -Ofc=min link / default | shared bound / none | scan row splits / 1 block"
+                     + " | -Ofc=min link / default | shared bound / none | L2 prefetch / none"
+                     + " | scan row splits / 1 block"
                      + " | scan wave splits / 2 per SM | floor QPS (bound) |")
         lines.append("| --- | --- | --- | " + " | ".join("---" for _ in names)
-                     + " | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+                     + " | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for c in p["cases"]:
             cells = []
             for n in names:
@@ -412,7 +413,8 @@ def render(r, summary=False):
             lines.append(f"| {c['dtype']} | {c['nq']} | {c['k']} | " + " | ".join(cells)
                          + f" | {fmt(kernel)} | {fmt(c.get('fraglink_vs_best_peer'))} | {met}"
                          + f" | {fmt(c.get('tensor_core_vs_scan'))} | {fmt(c.get('fast_link_vs_default'))}"
-                         + f" | {fmt(c.get('shared_bound_gain'))} | {fmt(c.get('scan_splits_gain'))}"
+                         + f" | {fmt(c.get('shared_bound_gain'))} | {fmt(c.get('prefetch_gain'))}"
+                         + f" | {fmt(c.get('scan_splits_gain'))}"
                          + f" | {fmt(c.get('scan_wave_gain'))}"
                          + f" | {fmt(c.get('floor_qps'))} ({c.get('floor_bound')}) |")
         lines.append("")

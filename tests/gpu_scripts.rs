@@ -133,12 +133,14 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
         "fraglink/scan": {"qps": 80.0, "recall": 1.0},
         "fraglink/scan-1block": {"qps": 2.0, "recall": 1.0},
         "fraglink/scan-2sm": {"qps": 64.0, "recall": 1.0},
-        "fraglink/no-bound": {"qps": 80.0, "recall": 1.0}
+        "fraglink/no-bound": {"qps": 80.0, "recall": 1.0},
+        "fraglink/no-prefetch": {"qps": 50.0, "recall": 1.0}
     });
     doc["cases"][0]["best_variant"] = "knn_tile_f32_tf32_q64_r64_k32".into();
     doc["cases"][0]["scan_splits_gain"] = 40.0.into();
     doc["cases"][0]["scan_wave_gain"] = 1.25.into();
     doc["cases"][0]["shared_bound_gain"] = 1.25.into();
+    doc["cases"][0]["prefetch_gain"] = 2.0.into();
     // A traced search (FRAGLINK_SEARCH_TRACE), as run_fraglink keeps it.
     doc["cases"][0]["traces"] = serde_json::json!({
         "fraglink": {"qps": 90.0, "trace": {"wall_us": 400.0, "gpu_span_us": 300.0, "steps": [
@@ -171,8 +173,9 @@ fn the_knn_comparison_dry_runs_and_renders_into_gpu_md() {
             && md.contains("tensor cores / scan")
             && md.contains("scan row splits / 1 block")
             && md.contains("shared bound / none")
+            && md.contains("L2 prefetch / none")
             && md.contains("scan wave splits / 2 per SM")
-            && md.contains("| 1.25 | 40 | 1.25 |")
+            && md.contains("| 1.25 | 2 | 40 | 1.25 |")
             && md.contains("| fraglink/scan-1block |")
             && md.contains("| 2 (1) |")
             && md.contains("| 40 |"),

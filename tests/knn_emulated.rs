@@ -768,6 +768,66 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         .find(|c| c.what.contains("ties over 40 chunks, k 40"))
         .expect("a case with ties under the union bound");
     the_shared_bound_drops_only_far_rows(exe, metric, precision, union_ties, false);
+    for what in ["grid-stride loops", "k 700 over 900 rows in one chunk"] {
+        let c = all
+            .iter()
+            .find(|c| c.what.contains(what))
+            .expect("a case over several row iterations per chunk");
+        prefetch_names_only_staged_rows_and_changes_nothing(exe, metric, precision, c);
+    }
+}
+
+/// knn_tile's L2 prefetch (`prefetch` chunks ahead of its copies) is a hint:
+/// the results with the host's default lead, a lead beyond every chunk's
+/// rows, and none are the same, bit for bit; every byte it names lies in the
+/// rows it stages or their norms (the emulator fails any other), it names
+/// some (the cases run several row iterations per chunk: the first steps'
+/// chunks are copied, not prefetched), and no chunk's bytes twice per query
+/// tile: at most the staged rows' and norms' bytes (the grid-stride case
+/// walks each chunk once per tile).
+fn prefetch_names_only_staged_rows_and_changes_nothing(
+    exe: &Path,
+    metric: Metric,
+    precision: Precision,
+    c: &Case<'_>,
+) {
+    let (plan, dir, args) = prepare(metric, precision, c);
+    let run = |lead: u32| {
+        let how = format!("prefetch {lead}");
+        emulated::run_with(
+            exe,
+            &args,
+            &[("FRAGLINK_SIMT_PREFETCH", lead.to_string())],
+            &format!("{}: {how}", c.what),
+        );
+        let bytes = std::fs::read(dir.path().join("prefetched.bin")).unwrap();
+        let named = u64::from_le_bytes(bytes.try_into().expect("one u64"));
+        let found = emulated::read_results(dir.path(), c.queries.rows(), c.k, false);
+        let bits: Vec<u32> = found.distances.iter().map(|d| d.to_bits()).collect();
+        (named, found.ids, bits)
+    };
+    let (n, dim) = (c.base.rows() as u64, c.base.dim() as u64);
+    let tiles = c.queries.rows().div_ceil(plan.qtile as usize) as u64;
+    let staged = plan.staged_dtype().size() as u64;
+    let norms = if precision == Precision::Int { 1 } else { 2 };
+    let most = tiles * n * (dim * staged + 4 * norms);
+    let off = run(0);
+    assert_eq!(off.0, 0, "{}: prefetch 0 named bytes", c.what);
+    for lead in [fraglink::search::knn::gpu::DEFAULT_PREFETCH, 1, 64] {
+        let on = run(lead);
+        assert!(
+            on.0 > 0 && on.0 <= most,
+            "{}: prefetch {lead} named {} bytes (at most {most})",
+            c.what,
+            on.0
+        );
+        assert_eq!(
+            (&on.1, &on.2),
+            (&off.1, &off.2),
+            "{}: results with prefetch {lead} and without",
+            c.what
+        );
+    }
 }
 
 /// The bound a query's chunks share (knn_tile.cuh `shared_bound`) drops

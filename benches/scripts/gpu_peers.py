@@ -44,6 +44,11 @@ out of memory on the distance matrix):
                        candidate kernel's shared bound (knn_tile.cuh
                        `shared_bound`), where the tensor-core path serves
                        (k <= 1024): `shared_bound_gain` = `fraglink` over it
+  fraglink/no-prefetch `fraglink` with FRAGLINK_KNN_PREFETCH=0: the candidate
+                       kernel without its L2 prefetch ahead of the copy
+                       pipeline (knn_tile.cuh `prefetch_l2`), where the
+                       tensor-core path serves (k <= 1024): `prefetch_gain`
+                       = `fraglink` over it
   traces               not a side: for nq <= 100 and k <= 100, `fraglink` once
                        more with FRAGLINK_SEARCH_TRACE=1 (and at nq 1, k 10,
                        `fraglink/scan` too), the last repetition's trace in
@@ -63,7 +68,7 @@ out of memory on the distance matrix):
 
 Order, for a run cut short: every case's goal sides first (the peers and
 `fraglink`, the planner's pick: the issue's table), then the diagnostic sides
-of every case (`fraglink/scan`, then the traces, then `fraglink/no-bound`, then
+of every case (`fraglink/no-prefetch`, then `fraglink/scan`, then the traces, then `fraglink/no-bound`, then
 `fraglink/fast-link`, then `fraglink/scan-1block` and `fraglink/scan-2sm`, then the candidate kernels
 by name). With `--seconds S` (gpu-run.sh passes what its
 budget has left) nothing is started that the run's own timings say would end
@@ -247,7 +252,8 @@ def knn_variants(bin_, dtype, k, dim):
 
 
 def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None, splits=None,
-                 fast_compile=None, shared_bound=True, trace=False, timeout=FRAGLINK_TIMEOUT):
+                 fast_compile=None, shared_bound=True, prefetch=None, trace=False,
+                 timeout=FRAGLINK_TIMEOUT):
     """fraglink's side, timed as the peers are (`timed`): one warm-up search,
     then the median of `reps` (`--repeat reps+1` in one process; the first
     search, which links or loads the kernels, is reported apart). `variant`
@@ -255,7 +261,8 @@ def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None
     scan's row splits (FRAGLINK_SCAN_SPLITS), `fast_compile` the link's
     fast-compile level (FRAGLINK_FAST_COMPILE), `shared_bound` False turns
     the candidate kernel's shared bound off (FRAGLINK_KNN_SHARED_BOUND=0),
-    `trace` asks for the search's trace (FRAGLINK_SEARCH_TRACE=1)."""
+    `prefetch` sets its L2 prefetch lead (FRAGLINK_KNN_PREFETCH; None: the
+    default), `trace` asks for the search's trace (FRAGLINK_SEARCH_TRACE=1)."""
     cmd = [bin_, "search", "--device", "gpu", "--json", "--base", base, "--queries", queries,
            "--groundtruth", gt, "--k", str(k), "--metric", "l2", "--dtype", dtype,
            "--repeat", str(reps + 1)]
@@ -263,6 +270,9 @@ def run_fraglink(bin_, base, queries, gt, k, dtype, reps, knn=True, variant=None
     env.pop("FRAGLINK_KNN_VARIANT", None)
     env.pop("FRAGLINK_SCAN_SPLITS", None)
     env.pop("FRAGLINK_FAST_COMPILE", None)
+    env.pop("FRAGLINK_KNN_PREFETCH", None)
+    if prefetch is not None:
+        env["FRAGLINK_KNN_PREFETCH"] = str(prefetch)
     env["FRAGLINK_KNN_SHARED_BOUND"] = "1" if shared_bound else "0"
     env["FRAGLINK_SEARCH_TRACE"] = "1" if trace else "0"
     if fast_compile:
@@ -361,6 +371,8 @@ def finish_case(case):
     case["fast_link_vs_default"] = (lq / fq) if (fq and lq) else None
     bq = case["sides"].get("fraglink/no-bound", {}).get("qps")
     case["shared_bound_gain"] = (fq / bq) if (fq and bq) else None
+    pq = case["sides"].get("fraglink/no-prefetch", {}).get("qps")
+    case["prefetch_gain"] = (fq / pq) if (fq and pq) else None
     r = case["fraglink_vs_best_peer"]
     case["goal_met"] = None if (case["goal"] is None or r is None) else r >= case["goal"]
 
@@ -515,6 +527,8 @@ def main():
                 save()
                 print(json.dumps({kk: case[kk] for kk in ("dtype", "nq", "k", "fraglink_vs_best_peer",
                                                           "goal", "goal_met")}), flush=True)
+                if k <= 1024:
+                    extras.append((case, "fraglink/no-prefetch", {"prefetch": 0}, files))
                 extras.append((case, "fraglink/scan", {"knn": False}, files))
                 if nq <= 100 and k <= 100:
                     extras.append((case, "trace:fraglink", {"trace": True}, files))
@@ -534,13 +548,15 @@ def main():
                         extras.append((case, f"fraglink[{v}]", {"variant": v}, files))
         del x, x64, xf, qall
         torch.cuda.empty_cache()
-    # The scan against the tensor-core path first (every case's), then the
+    # The candidate kernel without its L2 prefetch first (not yet measured on
+    # a GPU: the default's one open question), then the scan against the
+    # tensor-core path (every case's), then the
     # candidate kernel without its shared bound, then the fast-compile links,
     # then one block per query against the row splits,
     # then the candidate kernels by name: the order in which they answer
     # questions about the planner.
-    rank = {"fraglink/scan": 0, "trace:fraglink": 1, "trace:fraglink/scan": 1, "fraglink/no-bound": 2,
-            "fraglink/fast-link": 3, "fraglink/scan-1block": 4, "fraglink/scan-2sm": 4}
+    rank = {"fraglink/no-prefetch": -1, "fraglink/scan": 0, "trace:fraglink": 1, "trace:fraglink/scan": 1,
+            "fraglink/no-bound": 2, "fraglink/fast-link": 3, "fraglink/scan-1block": 4, "fraglink/scan-2sm": 4}
     for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 5)):
         if not clock.allows(clock.fraglink_estimate()):
             case.setdefault("sides_left_out", []).append(name)
@@ -561,6 +577,7 @@ def main():
                           "tensor_core_vs_scan": case["tensor_core_vs_scan"],
                           "fast_link_vs_default": case["fast_link_vs_default"],
                           "shared_bound_gain": case["shared_bound_gain"],
+                          "prefetch_gain": case["prefetch_gain"],
                           "scan_splits_gain": case["scan_splits_gain"]}), flush=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -368,6 +368,7 @@ impl KnnSearch<'_> {
         let cap = self.plan.capacity as usize;
         let (k, dim) = (self.k, self.dim);
         let share_bound = shared_bound_by_env()?;
+        let prefetch = prefetch_by_env()?;
         let mut out = Neighbors {
             nq,
             k,
@@ -449,6 +450,7 @@ impl KnnSearch<'_> {
                     Some(b) => a.output(b.view_mut())?,
                     None => a.null_ptr(),
                 };
+                a.value(prefetch);
                 // SAFETY: arguments in the order and types of knn_tile's
                 // contract (fragments/README.md); counts fit their u32
                 // parameters (n_rows < 2^32 - 1 and dim ≤ 2^17 by the plan,
@@ -601,6 +603,48 @@ pub fn shared_bound_by_env() -> Result<bool, GpuSearchError> {
     switch_by_env("FRAGLINK_KNN_SHARED_BOUND")
 }
 
+/// The variable that sets knn_tile's L2 prefetch lead.
+pub const PREFETCH_VAR: &str = "FRAGLINK_KNN_PREFETCH";
+
+/// [`PREFETCH_VAR`]'s default: chunks (64 bytes of each of a row tile's
+/// rows, 4 KiB at RT 64) a candidate block asks L2 for ahead of its copies,
+/// 16 KiB a block; at the seven blocks an H200 SM holds at nq 1, about
+/// 15 MB of its 60 MB L2 in all. Not measured on a GPU yet
+/// (`benches/scripts/gpu_peers.py`'s `fraglink/no-prefetch` side is the
+/// comparison).
+pub const DEFAULT_PREFETCH: u32 = 4;
+
+/// The most chunks [`PREFETCH_VAR`] takes: 64 × 4 KiB a block is already
+/// more than an SM's blocks could keep in L2.
+pub const MAX_PREFETCH: u32 = 64;
+
+/// What [`PREFETCH_VAR`] takes.
+pub const PREFETCH_EXPECTED: &str = "a whole number of chunks from 0 (off) to 64";
+
+/// [`PREFETCH_VAR`]'s value: unset or empty is [`DEFAULT_PREFETCH`]; a
+/// whole number up to [`MAX_PREFETCH`] is that lead (0: no prefetch);
+/// anything else is an error naming the variable.
+pub fn prefetch_by_env() -> Result<u32, GpuSearchError> {
+    let value = match std::env::var(PREFETCH_VAR) {
+        Err(std::env::VarError::NotPresent) => return Ok(DEFAULT_PREFETCH),
+        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
+        Ok(v) => v,
+    };
+    parse_prefetch(&value).ok_or(GpuSearchError::Env {
+        variable: PREFETCH_VAR,
+        value,
+        expected: PREFETCH_EXPECTED,
+    })
+}
+
+/// A prefetch lead as [`prefetch_by_env`] reads it; `None`: refused.
+fn parse_prefetch(value: &str) -> Option<u32> {
+    match value.trim() {
+        "" => Some(DEFAULT_PREFETCH),
+        v => v.parse::<u32>().ok().filter(|&n| n <= MAX_PREFETCH),
+    }
+}
+
 /// A switch that is on unless `var` says otherwise
 /// ([`crate::switch::parse_switch`]); a value it does not take is an error
 /// naming `var` and the value.
@@ -626,6 +670,26 @@ pub fn variant_by_env() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefetch_lead_is_a_bounded_whole_number() {
+        assert_eq!(parse_prefetch(""), Some(DEFAULT_PREFETCH));
+        assert_eq!(parse_prefetch(" 0 "), Some(0));
+        assert_eq!(parse_prefetch("8"), Some(8));
+        assert_eq!(parse_prefetch("64"), Some(MAX_PREFETCH));
+        for bad in ["65", "-1", "on", "4.0", "4294967296"] {
+            assert_eq!(parse_prefetch(bad), None, "{bad}");
+        }
+        let e = GpuSearchError::Env {
+            variable: PREFETCH_VAR,
+            value: "lots".into(),
+            expected: PREFETCH_EXPECTED,
+        };
+        assert_eq!(
+            e.to_string(),
+            "FRAGLINK_KNN_PREFETCH = `lots`: expected a whole number of chunks from 0 (off) to 64"
+        );
+    }
 
     /// The merge level's outputs as the kernel leaves them: per (query,
     /// group) slot of `cap`, the first `k` written (sorted keys, padding

@@ -23,6 +23,10 @@
 // null pointer (every chunk on its own).
 // DIR/candidates.bin receives the number of candidates the tile kernel wrote, all
 // slots together (one little-endian u64).
+// FRAGLINK_SIMT_PREFETCH=N is the tile kernel's `prefetch` (chunks asked of L2
+// ahead of its copies; default 4, the host's DEFAULT_PREFETCH): every byte it
+// names must lie in the rows it stages or their norms (simt::prefetch), and
+// DIR/prefetched.bin receives how many bytes it named (one u64).
 // FRAGLINK_SIMT_UNWRITE_SLOT=S sets candidate slot S's count back to all ones after
 // the tile kernel (as a refused tile launch leaves every count): the re-rank blocks
 // whose first query is that slot's must write nothing, so with the query alone in
@@ -44,7 +48,7 @@ using namespace simt_io;
 template <typename T>
 using tile_fn = void (*)(const T*, const T*, const void*, const void*, const uint32_t*, const float*, const float*,
                          const float*, const float*, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*,
-                         float*, float*, uint32_t*, uint32_t*);
+                         float*, float*, uint32_t*, uint32_t*, uint32_t);
 template <typename T>
 using rerank_fn = void (*)(const T*, const T*, const uint32_t*, const float*, const float*, const uint32_t*,
                            uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t*, float*, float*, uint32_t*,
@@ -129,11 +133,22 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   // The shared bounds, then the chunks' certificates (knn_tile.cuh union_of).
   std::vector<uint32_t> bounds(size_t(nq) + size_t(nq) * n_chunks, 0xFFFFFFFFu);
   uint32_t* const bound_keys = no_bound_env != nullptr && std::string(no_bound_env) == "1" ? nullptr : bounds.data();
+  const char* prefetch_env = std::getenv("FRAGLINK_SIMT_PREFETCH");
+  const uint32_t prefetch = prefetch_env == nullptr ? 4u : arg_u32(prefetch_env);
+  // What the kernel stages (the f16 copies for f16copy) and the rows' norms.
+  if (stage_dataset != nullptr) {
+    simt::prefetchable(stage_dataset, stage_rows.size() * sizeof(uint16_t));
+  } else {
+    simt::prefetchable(dataset.data(), dataset.size() * sizeof(T));
+  }
+  simt::prefetchable(ra0.data(), ra0.size() * sizeof(float));
+  simt::prefetchable(ra1.data(), ra1.size() * sizeof(float));
   auto run_tile = [&] {
     tile.fn(dataset.data(), queries, stage_dataset, stage_queries, filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
-            chunk_rows, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data(), bound_keys);
+            chunk_rows, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data(), bound_keys, prefetch);
   };
   simt::launch(simt::extent{tile_grid, n_chunks, 1}, simt::extent{128, 1, 1}, run_tile, seed, tile_shared);
+  write_file(dir + "/prefetched.bin", std::vector<uint64_t>{simt::prefetched()});
   c.check("tile", cap, n_rows, [&](size_t s, uint32_t id) { return id / chunk_rows == s % n_chunks; });
   {
     uint64_t written = 0;

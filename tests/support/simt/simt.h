@@ -314,6 +314,39 @@ inline void copy_wait(unsigned pending) {
   }
 }
 
+// prefetch.L2 for fragments built with FRAGLINK_HOST_SIMT: a hint, so nothing is
+// read, but every byte named must lie in a range the driver declared
+// (prefetchable), the buffers whose rows a kernel may ask L2 for: a prefetch
+// elsewhere fails, as would the row arithmetic that made it. `prefetched` counts
+// the bytes named, so a driver can check that prefetching happened at all.
+struct byte_range {
+  const void* begin;
+  size_t bytes;
+};
+inline std::vector<byte_range>& prefetchable_ranges() {
+  static std::vector<byte_range> ranges;
+  return ranges;
+}
+inline uint64_t& prefetched() {
+  static uint64_t bytes = 0;
+  return bytes;
+}
+inline void prefetchable(const void* begin, size_t bytes) {
+  if (begin != nullptr && bytes != 0) prefetchable_ranges().push_back(byte_range{begin, bytes});
+}
+inline void prefetch(const void* p, uint64_t bytes) {
+  self();  // only inside a launch
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (const byte_range& r : prefetchable_ranges()) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(r.begin);
+    if (a >= b && bytes <= r.bytes && a - b <= r.bytes - bytes) {
+      prefetched() += bytes;
+      return;
+    }
+  }
+  fail("prefetch of " + std::to_string(bytes) + " bytes outside every prefetchable buffer");
+}
+
 // `extern __shared__` and %dynamic_smem_size, for fragments built with FRAGLINK_HOST_SIMT.
 inline unsigned char* dynamic_shared() {
   self();  // only inside a launch
