@@ -60,7 +60,7 @@ __device__ FRAGLINK_INLINE void copy_wait() {
 }
 
 // Asks L2 for the 32-byte sector that holds `p`, the first of `bytes` the caller
-// wants there (prefetch.global.L2): a hint with no ordering, no result and no
+// wants there (prefetch.L2): a hint with no ordering, no result and no
 // fault, so a block's cp.async pipeline, whose depth shared memory caps, finds
 // rows a few steps ahead already on chip. A plain per-thread instruction: the
 // sm_90 bulk form (cp.async.bulk.prefetch.L2) takes a warp-uniform address, and
@@ -71,7 +71,7 @@ __device__ FRAGLINK_INLINE void prefetch_l2(const void* p, uint32_t bytes) {
   simt::prefetch(p, bytes);
 #elif defined(__CUDA_ARCH__)
   (void)bytes;
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+  asm volatile("prefetch.L2 [%0];\n" ::"l"(p));  // generic addressing: `p` is a generic pointer
 #endif
 }
 

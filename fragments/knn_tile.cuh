@@ -814,7 +814,7 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
       }
     };
     // Chunks `prefetch` steps ahead of the copies, asked of L2 (prefetch_l2): each
-    // row's segment of the chunk (one thread per row), and at a row iteration's
+    // row's segment of the chunk (a 32-byte sector per thread), and at a row iteration's
     // first chunk its rows' norms, which the select reads. The pipeline keeps
     // STAGES - 1 chunks (64 bytes of each of RT rows) in flight, as many as shared
     // memory allows; at small nq that leaves DRAM latency exposed (GPU.md at
@@ -823,19 +823,27 @@ __device__ FRAGLINK_INLINE void run_tile(const T* __restrict__ dataset, const T*
     // whatever the dim. 0: none.
     uint64_t ahead_row = row_begin;
     uint32_t ahead_k = 0;
+    // Every chunk segment starts on a 32-byte sector (rows and chunks whole sectors).
+    const bool sector_aligned = scan::misaligned_bits<32>(xs) == 0 && (dim * static_cast<uint32_t>(S_BYTES)) % 32u == 0;
     auto prefetch_next = [&]() {
       if (ahead_row >= row_end) return;
-      // Each row's segment of the chunk in 32-byte sectors, one sector per thread
-      // in turn (64-byte segments of 64 rows: one each).
+      // Each row's segment of the chunk sector by sector, a sector per thread in
+      // turn (64-byte segments of 64 rows 32-byte aligned: one each). A segment
+      // that does not start on a sector boundary touches one sector more: the
+      // first address is the segment's start, the others sector starts.
       const uint32_t len = dim - ahead_k < static_cast<uint32_t>(KC) ? dim - ahead_k : static_cast<uint32_t>(KC);
       const uint32_t seg = len * static_cast<uint32_t>(S_BYTES);
-      const uint32_t sectors = (seg + 31u) / 32u;
+      const uint32_t sectors = (seg + 31u) / 32u + (sector_aligned ? 0u : 1u);
 #pragma unroll 1
       for (uint32_t i = tid; i < static_cast<uint32_t>(RT) * sectors; i += FRAGLINK_KNN_BLOCK) {
         const uint64_t r = ahead_row + i / sectors;
-        const uint32_t off = (i % sectors) * 32u;
-        if (r < row_end) {
-          prefetch_l2(reinterpret_cast<const char*>(xs + r * dim + ahead_k) + off, seg - off < 32u ? seg - off : 32u);
+        const uint32_t j = i % sectors;
+        const uintptr_t first = reinterpret_cast<uintptr_t>(xs + r * dim + ahead_k);
+        const uintptr_t end = first + seg;
+        const uintptr_t at = j == 0 ? first : (first & ~static_cast<uintptr_t>(31u)) + 32u * j;
+        if (r < row_end && at < end) {
+          const uintptr_t next = (at & ~static_cast<uintptr_t>(31u)) + 32u;
+          prefetch_l2(reinterpret_cast<const void*>(at), static_cast<uint32_t>((next < end ? next : end) - at));
         }
       }
       if (ahead_k == 0) {

@@ -779,8 +779,9 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
 
 /// knn_tile's L2 prefetch (`prefetch` chunks ahead of its copies) is a hint:
 /// the results with the host's default lead, a lead beyond every chunk's
-/// rows, and none are the same, bit for bit; every byte it names lies in the
-/// rows it stages or their norms (the emulator fails any other), it names
+/// rows, and none are the same, bit for bit; every byte a block names lies in
+/// its chunk's rows as it stages them or their norms (the emulator fails any
+/// other; every case runs with the default lead), it names
 /// some (the cases run several row iterations per chunk: the first steps'
 /// chunks are copied, not prefetched), and no chunk's bytes twice per query
 /// tile: at most the staged rows' and norms' bytes (the grid-stride case
@@ -811,6 +812,11 @@ fn prefetch_names_only_staged_rows_and_changes_nothing(
     let staged = plan.staged_dtype().size() as u64;
     let norms = if precision == Precision::Int { 1 } else { 2 };
     let most = tiles * n * (dim * staged + 4 * norms);
+    assert_eq!(
+        fraglink::search::knn::gpu::DEFAULT_PREFETCH,
+        4,
+        "tests/support/simt/knn_driver.h's default lead"
+    );
     let off = run(0);
     assert_eq!(off.0, 0, "{}: prefetch 0 named bytes", c.what);
     for lead in [fraglink::search::knn::gpu::DEFAULT_PREFETCH, 1, 64] {

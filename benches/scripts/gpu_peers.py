@@ -46,7 +46,7 @@ out of memory on the distance matrix):
                        (k <= 1024): `shared_bound_gain` = `fraglink` over it
   fraglink/no-prefetch `fraglink` with FRAGLINK_KNN_PREFETCH=0: the candidate
                        kernel without its L2 prefetch ahead of the copy
-                       pipeline (knn_tile.cuh `prefetch_l2`), where the
+                       pipeline (copy_async.cuh `prefetch_l2`), where the
                        tensor-core path serves (k <= 1024): `prefetch_gain`
                        = `fraglink` over it
   traces               not a side: for nq <= 100 and k <= 100, `fraglink` once
@@ -68,10 +68,10 @@ out of memory on the distance matrix):
 
 Order, for a run cut short: every case's goal sides first (the peers and
 `fraglink`, the planner's pick: the issue's table), then the diagnostic sides
-of every case (`fraglink/no-prefetch`, then `fraglink/scan`, then the traces, then `fraglink/no-bound`, then
-`fraglink/fast-link`, then `fraglink/scan-1block` and `fraglink/scan-2sm`, then the candidate kernels
-by name). With `--seconds S` (gpu-run.sh passes what its
-budget has left) nothing is started that the run's own timings say would end
+of every case (`fraglink/no-prefetch`, then `fraglink/scan`, then the traces,
+then `fraglink/no-bound`, then `fraglink/fast-link`, then `fraglink/scan-1block`
+and `fraglink/scan-2sm`, then the candidate kernels by name). With `--seconds S`
+(gpu-run.sh passes what its budget has left) nothing is started that the run's own timings say would end
 after S seconds: such cases are listed in `cases_left_out`, such sides in
 their case's `sides_left_out`, and GPU.md says so.
 
@@ -555,8 +555,8 @@ def main():
     # then one block per query against the row splits,
     # then the candidate kernels by name: the order in which they answer
     # questions about the planner.
-    rank = {"fraglink/no-prefetch": -1, "fraglink/scan": 0, "trace:fraglink": 1, "trace:fraglink/scan": 1,
-            "fraglink/no-bound": 2, "fraglink/fast-link": 3, "fraglink/scan-1block": 4, "fraglink/scan-2sm": 4}
+    rank = {"fraglink/no-prefetch": -1, "fraglink/scan": 0, "trace:fraglink": 1,
+            "trace:fraglink/scan": 1, "fraglink/no-bound": 2, "fraglink/fast-link": 3, "fraglink/scan-1block": 4, "fraglink/scan-2sm": 4}
     for case, name, kwargs, files in sorted(extras, key=lambda e: rank.get(e[1], 5)):
         if not clock.allows(clock.fraglink_estimate()):
             case.setdefault("sides_left_out", []).append(name)

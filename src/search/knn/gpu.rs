@@ -608,8 +608,8 @@ pub const PREFETCH_VAR: &str = "FRAGLINK_KNN_PREFETCH";
 
 /// [`PREFETCH_VAR`]'s default: chunks (64 bytes of each of a row tile's
 /// rows, 4 KiB at RT 64) a candidate block asks L2 for ahead of its copies,
-/// 16 KiB a block; at the seven blocks an H200 SM holds at nq 1, about
-/// 15 MB of its 60 MB L2 in all. Not measured on a GPU yet
+/// 16 KiB a block; at the seven blocks an H100/H200 SM holds at nq 1,
+/// about 15 MB of the 50 MB L2 in all. Not measured on a GPU yet
 /// (`benches/scripts/gpu_peers.py`'s `fraglink/no-prefetch` side is the
 /// comparison).
 pub const DEFAULT_PREFETCH: u32 = 4;

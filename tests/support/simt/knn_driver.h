@@ -24,8 +24,8 @@
 // DIR/candidates.bin receives the number of candidates the tile kernel wrote, all
 // slots together (one little-endian u64).
 // FRAGLINK_SIMT_PREFETCH=N is the tile kernel's `prefetch` (chunks asked of L2
-// ahead of its copies; default 4, the host's DEFAULT_PREFETCH): every byte it
-// names must lie in the rows it stages or their norms (simt::prefetch), and
+// ahead of its copies; default 4, the host's DEFAULT_PREFETCH): every byte a block
+// names must lie in its chunk's rows as staged or their norms (simt::prefetch), and
 // DIR/prefetched.bin receives how many bytes it named (one u64).
 // FRAGLINK_SIMT_UNWRITE_SLOT=S sets candidate slot S's count back to all ones after
 // the tile kernel (as a refused tile launch leaves every count): the re-rank blocks
@@ -135,14 +135,20 @@ int knn_main(int argc, char** argv, const entry<tile_fn<T>>* tiles, size_t n_til
   uint32_t* const bound_keys = no_bound_env != nullptr && std::string(no_bound_env) == "1" ? nullptr : bounds.data();
   const char* prefetch_env = std::getenv("FRAGLINK_SIMT_PREFETCH");
   const uint32_t prefetch = prefetch_env == nullptr ? 4u : arg_u32(prefetch_env);
-  // What the kernel stages (the f16 copies for f16copy) and the rows' norms.
-  if (stage_dataset != nullptr) {
-    simt::prefetchable(stage_dataset, stage_rows.size() * sizeof(uint16_t));
-  } else {
-    simt::prefetchable(dataset.data(), dataset.size() * sizeof(T));
-  }
-  simt::prefetchable(ra0.data(), ra0.size() * sizeof(float));
-  simt::prefetchable(ra1.data(), ra1.size() * sizeof(float));
+  // Block (x, y) may name the rows of chunk y only: of what it stages (the f16
+  // copies for f16copy) and of their norms.
+  const void* const staged = stage_dataset != nullptr ? stage_dataset : static_cast<const void*>(dataset.data());
+  const uint64_t staged_bytes = stage_dataset != nullptr ? sizeof(uint16_t) : sizeof(T);
+  simt::prefetchable() = [&](simt::extent b, uintptr_t at, uint64_t bytes) {
+    const uint64_t r0 = uint64_t(b.y) * chunk_rows;
+    const uint64_t r1 = std::min<uint64_t>(r0 + chunk_rows, n_rows);
+    if (r1 <= r0) return false;
+    const uint64_t rows = r1 - r0;
+    return simt::within(at, bytes, static_cast<const char*>(staged) + r0 * dim * staged_bytes,
+                        rows * dim * staged_bytes) ||
+           simt::within(at, bytes, ra0.data() + r0, rows * sizeof(float)) ||
+           simt::within(at, bytes, ra1.data() + r0, rows * sizeof(float));
+  };
   auto run_tile = [&] {
     tile.fn(dataset.data(), queries, stage_dataset, stage_queries, filter, ra0.data(), ra1.data(), qa0.data(), qa1.data(), n_rows, dim, nq, k,
             chunk_rows, c.count.data(), c.lo.data(), c.hi.data(), c.ids.data(), bound_keys, prefetch);

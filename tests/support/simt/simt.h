@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -315,36 +316,32 @@ inline void copy_wait(unsigned pending) {
 }
 
 // prefetch.L2 for fragments built with FRAGLINK_HOST_SIMT: a hint, so nothing is
-// read, but every byte named must lie in a range the driver declared
-// (prefetchable), the buffers whose rows a kernel may ask L2 for: a prefetch
-// elsewhere fails, as would the row arithmetic that made it. `prefetched` counts
-// the bytes named, so a driver can check that prefetching happened at all.
-struct byte_range {
-  const void* begin;
-  size_t bytes;
-};
-inline std::vector<byte_range>& prefetchable_ranges() {
-  static std::vector<byte_range> ranges;
-  return ranges;
+// read, but every byte named must be one the driver's `prefetchable` predicate
+// allows for the running block (the rows that block stages, their norms): a
+// prefetch elsewhere fails, as would the row arithmetic that made it. No
+// predicate: every prefetch fails. `prefetched` counts the bytes named, so a
+// driver can check that prefetching happened at all.
+inline std::function<bool(extent block, uintptr_t at, uint64_t bytes)>& prefetchable() {
+  static std::function<bool(extent, uintptr_t, uint64_t)> allows;
+  return allows;
 }
 inline uint64_t& prefetched() {
   static uint64_t bytes = 0;
   return bytes;
 }
-inline void prefetchable(const void* begin, size_t bytes) {
-  if (begin != nullptr && bytes != 0) prefetchable_ranges().push_back(byte_range{begin, bytes});
+// Whether [at, at + bytes) lies in the `len` bytes from `begin`.
+inline bool within(uintptr_t at, uint64_t bytes, const void* begin, uint64_t len) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(begin);
+  return begin != nullptr && at >= b && bytes <= len && at - b <= len - bytes;
 }
 inline void prefetch(const void* p, uint64_t bytes) {
   self();  // only inside a launch
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  for (const byte_range& r : prefetchable_ranges()) {
-    const uintptr_t b = reinterpret_cast<uintptr_t>(r.begin);
-    if (a >= b && bytes <= r.bytes && a - b <= r.bytes - bytes) {
-      prefetched() += bytes;
-      return;
-    }
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  if (bytes == 0 || !prefetchable() || !prefetchable()(m().block_idx, at, bytes)) {
+    fail("prefetch of " + std::to_string(bytes) + " bytes outside the rows of block (" +
+         std::to_string(m().block_idx.x) + ", " + std::to_string(m().block_idx.y) + ")");
   }
-  fail("prefetch of " + std::to_string(bytes) + " bytes outside every prefetchable buffer");
+  prefetched() += bytes;
 }
 
 // `extern __shared__` and %dynamic_smem_size, for fragments built with FRAGLINK_HOST_SIMT.
