@@ -65,7 +65,8 @@ __device__ FRAGLINK_INLINE void copy_wait() {
 // rows a few steps ahead already on chip. A plain per-thread instruction: the
 // sm_90 bulk form (cp.async.bulk.prefetch.L2) takes a warp-uniform address, and
 // for one row segment per thread ptxas looped over the lanes. Under the kernel
-// emulator the bytes are checked against the launch's buffers (simt::prefetch).
+// emulator the bytes are checked against the rows the running block may name
+// (simt::prefetch).
 __device__ FRAGLINK_INLINE void prefetch_l2(const void* p, uint32_t bytes) {
 #if defined(FRAGLINK_HOST_SIMT)
   simt::prefetch(p, bytes);

@@ -16,13 +16,22 @@ pub(crate) fn parse_switch(value: &str, default: bool) -> Option<bool> {
     }
 }
 
+/// The value of `var`: `None` where it is unset; one that is not Unicode
+/// lossily converted, so a parser refuses it and its error shows it.
+pub(crate) fn env_value(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
+    }
+}
+
 /// The switch `var` (unset: `default`); `Err` with the value it does not
 /// take.
 pub(crate) fn switch_by_env(var: &str, default: bool) -> Result<bool, String> {
-    match std::env::var(var) {
-        Ok(v) => parse_switch(&v, default).ok_or(v),
-        Err(std::env::VarError::NotPresent) => Ok(default),
-        Err(std::env::VarError::NotUnicode(v)) => Err(v.to_string_lossy().into_owned()),
+    match env_value(var) {
+        Some(v) => parse_switch(&v, default).ok_or(v),
+        None => Ok(default),
     }
 }
 

@@ -625,10 +625,8 @@ pub const PREFETCH_EXPECTED: &str = "a whole number of chunks from 0 (off) to 64
 /// whole number up to [`MAX_PREFETCH`] is that lead (0: no prefetch);
 /// anything else is an error naming the variable.
 pub fn prefetch_by_env() -> Result<u32, GpuSearchError> {
-    let value = match std::env::var(PREFETCH_VAR) {
-        Err(std::env::VarError::NotPresent) => return Ok(DEFAULT_PREFETCH),
-        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
-        Ok(v) => v,
+    let Some(value) = crate::switch::env_value(PREFETCH_VAR) else {
+        return Ok(DEFAULT_PREFETCH);
     };
     parse_prefetch(&value).ok_or(GpuSearchError::Env {
         variable: PREFETCH_VAR,
