@@ -46,7 +46,8 @@
 //
 // knn_rerank<T, CAP> — merge and exact re-rank, one block per query and group of chunks
 //   (grid-stride; with many chunks a merge launch over groups of chunks comes first,
-//   see run_rerank):
+//   see run_rerank). Each pass visits the written slots only, packed by a prefix sum
+//   of the chunks' counts (pack_counts):
 //   pass 1: U = the k-th smallest hi over the chunks' candidates (a block-wide top-k of
 //   (hi, id) keys, scan.cuh's BlockTopK); pass 2: every candidate with lo <= U gets
 //   its exact distance from the linked metric (the in-order fold of the scan kernel,
@@ -1016,6 +1017,62 @@ __device__ FRAGLINK_INLINE bool exact_bounds(float lo, float hi) {
   return __float_as_uint(lo) == __float_as_uint(hi) && lo != 0.0f;
 }
 
+// The re-rank's packed view of a window of the group's chunks (the next BLOCK, or
+// the `remaining` left): start[j] = the number of candidates in the window's chunks
+// before j (an exclusive prefix sum of their counts, each at most CAP; chunks past
+// the group's count none, so start[j] = the total for j >= remaining), and the
+// window's total is returned. All threads of the block call it; it begins with a
+// barrier (the previous window's readers of `start` are done) and ends with one
+// (every start written). Packed, the re-rank visits only written slots: with the
+// shared and union bounds most chunks end with a few candidates or none, and
+// visiting every chunk's CAP slots took 4 tiles a group per pass at CAP 32 (16
+// chunks a group, merge_groups), 16 at CAP 128.
+template <int BLOCK, int CAP>
+__device__ FRAGLINK_INLINE uint32_t pack_counts(const uint32_t* __restrict__ counts, uint32_t remaining,
+                                                uint32_t* start, uint32_t* warp_sums) {
+  const uint32_t tid = threadIdx.x;
+  const uint32_t lane = tid & 31u;
+  const uint32_t warp = tid >> 5;
+  // At most CAP (a count above it, all ones, means an unwritten slot: the block's
+  // first query is checked before its loop; later ones read no more than CAP).
+  const uint32_t c = tid < remaining ? counts[tid] : 0u;
+  const uint32_t n = c < static_cast<uint32_t>(CAP) ? c : static_cast<uint32_t>(CAP);
+  uint32_t x = n;  // inclusive prefix within the warp
+  // Rolled: unrolled, the five `lane >= d` were loop invariants of the re-rank's
+  // loops, hoisted out as predicates, and ptxas spilled one (sm_75, sm_80).
+#pragma unroll 1
+  for (uint32_t d = 1; d < 32; d <<= 1) {
+    const uint32_t y = __shfl_sync(0xffffffffu, x, lane >= d ? lane - d : lane);
+    if (lane >= d) x += y;
+  }
+  __syncthreads();
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  uint32_t before = 0, total = 0;
+#pragma unroll
+  for (uint32_t w = 0; w < BLOCK / 32; ++w) {
+    const uint32_t sum = warp_sums[w];
+    before += w < warp ? sum : 0u;
+    total += sum;
+  }
+  start[tid] = before + x - n;
+  __syncthreads();
+  return total;
+}
+
+// The chunk of a window (pack_counts) that holds packed candidate s < total: the
+// last j with start[j] <= s (a chunk without candidates shares its start with the
+// next, which then holds s; start[0] = 0).
+template <int BLOCK>
+__device__ FRAGLINK_INLINE uint32_t chunk_of(const uint32_t* start, uint32_t s) {
+  uint32_t j = 0;
+#pragma unroll
+  for (uint32_t step = BLOCK / 2; step > 0; step >>= 1) {
+    if (start[j + step] <= s) j += step;
+  }
+  return j;
+}
+
 // Block (x, y) re-ranks the candidates of query x (grid-stride) from chunks
 // [group_chunks y, group_chunks (y + 1)). With `merged_count` (the merge level, grid.y
 // groups) the group's exact best k go to slot (q, y) of the merged arrays in
@@ -1044,6 +1101,8 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
   constexpr int S = scan::next_pow2(CAP + 4 * BLOCK);
   __shared__ float s_key[S];
   __shared__ uint32_t s_id[S];
+  __shared__ uint32_t s_start[BLOCK];
+  __shared__ uint32_t s_warp_sums[BLOCK / 32];
 
   const void* ptrs4[] = {cand_count, cand_lo, cand_hi, cand_ids, merged_count, merged_lo, merged_hi, merged_ids,
                          out_ids, out_dists};
@@ -1062,7 +1121,8 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
   const uint32_t invalid = scan::idx_abi<uint32_t>::invalid;
   const uint64_t c0 = static_cast<uint64_t>(blockIdx.y) * group_chunks;
   const uint64_t c_end = c0 + group_chunks < n_chunks ? c0 + group_chunks : n_chunks;
-  const uint64_t slots = (c_end > c0 ? c_end - c0 : 0) * CAP;
+  // The group's chunks (at most group_chunks, a u32).
+  const uint32_t span = static_cast<uint32_t>(c_end > c0 ? c_end - c0 : 0);
   // The host sets every count to all ones (0xFFFFFFFF) before the kernel that
   // fills them (knn_tile, or this kernel's merge level) runs. A count above CAP
   // means that kernel refused its launch. The block then writes nothing: its
@@ -1094,16 +1154,25 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
       }
       __syncthreads();
       scan::BlockTopK<CAP, S, BLOCK, uint32_t> top(s_key, s_id);
-      for (uint64_t tile = 0; tile < slots; tile += BLOCK) {
-        const bool last = tile + BLOCK >= slots;
-        const uint64_t s = tile + tid;
-        float key = inf;
-        uint32_t id = invalid;
-        bool candidate = false;
-        if (s < slots) {
-          const uint64_t c = q * n_chunks + c0 + s / CAP;
-          if (s % CAP < cand_count[c]) {
-            const uint64_t at = c * CAP + s % CAP;
+      // Windows of BLOCK chunks, their written slots packed (pack_counts). The last
+      // window has at least one tile, so the last offer sorts in what is pending.
+      for (uint32_t w = 0; w < span; w += BLOCK) {
+        const uint32_t total = pack_counts<BLOCK, CAP>(cand_count + q * n_chunks + c0 + w, span - w, s_start, s_warp_sums);
+        const uint32_t full = (total + BLOCK - 1) / BLOCK;
+        const uint32_t tiles = full == 0 && span - w <= BLOCK ? 1u : full;
+        // The index of the last offer, as an integer: a flag live across the loop
+        // took ptxas's last predicate register, and it spilled one (sm_75/sm_80).
+        const uint32_t last_tile = span - w <= BLOCK ? tiles - 1 : 0xFFFFFFFFu;
+#pragma unroll 1
+        for (uint32_t t = 0; t < tiles; ++t) {
+          const bool last = t == last_tile;
+          const uint32_t s = t * BLOCK + tid;
+          float key = inf;
+          uint32_t id = invalid;
+          bool candidate = false;
+          if (s < total) {
+            const uint32_t j = chunk_of<BLOCK>(s_start, s);
+            const uint64_t at = (q * n_chunks + c0 + w + j) * CAP + (s - s_start[j]);
             id = cand_ids[at];
             if (pass == 0) {
               key = cand_hi[at];
@@ -1115,8 +1184,8 @@ __device__ FRAGLINK_INLINE void run_rerank(const T* __restrict__ dataset, const 
             }
             candidate = candidate && scan::key_less(key, id, s_key[k - 1], s_id[k - 1]);
           }
+          top.offer(candidate, key, id, last);
         }
-        top.offer(candidate, key, id, last);
       }
       u = s_key[k - 1];
       // Every candidate exact: pass 0's (hi, id) keys were the (d, id) keys.

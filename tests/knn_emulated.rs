@@ -481,6 +481,9 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
     // bound's certificates (the j-th smallest hi of a chunk) among equal
     // distances.
     let big_ties = ties(dtype, 2500, odd, 19);
+    // More than 128 chunks of one row tile: a re-rank launch over all of them
+    // packs them in two windows (knn_tile.cuh pack_counts).
+    let (many_base, many_queries) = synthetic(8400, 16, 1, dtype, 22);
     let near_base = near_ties(dtype, n, odd, 14);
     // Rows the bounds do not cover, and the candidate kernel's filter that
     // skips them (the index's, knn::special): alone and over a user filter.
@@ -768,12 +771,54 @@ fn run_program(exe: &Path, dtype: DType, precision: Precision, metric: Metric) {
         .find(|c| c.what.contains("ties over 40 chunks, k 40"))
         .expect("a case with ties under the union bound");
     the_shared_bound_drops_only_far_rows(exe, metric, precision, union_ties, false);
+    let many = Case::new(
+        label("one query over 132 chunks"),
+        &many_base,
+        many_queries,
+        10,
+        1000,
+    );
+    one_launch_packs_windows_of_chunks(exe, metric, precision, &many);
     for what in ["grid-stride loops", "k 700 over 900 rows in one chunk"] {
         let c = all
             .iter()
             .find(|c| c.what.contains(what))
             .expect("a case over several row iterations per chunk");
         prefetch_names_only_staged_rows_and_changes_nothing(exe, metric, precision, c);
+    }
+}
+
+/// knn_rerank packs each window of 128 chunks (their written slots, by a
+/// prefix sum of the counts): one launch over more than 128 chunks (no merge
+/// level: groups 1, as the final launch over a merge level's many groups)
+/// takes several windows, nearly empty under the bounds, full without them
+/// (every chunk keeps k rows); both equal the CPU path bit for bit.
+fn one_launch_packs_windows_of_chunks(
+    exe: &Path,
+    metric: Metric,
+    precision: Precision,
+    c: &Case<'_>,
+) {
+    let (_plan, dir, mut args) = prepare(metric, precision, c);
+    let n_chunks: u32 = args[7].parse().unwrap();
+    assert!(n_chunks > 128, "{}: {n_chunks} chunks", c.what);
+    args[8] = "1".into();
+    args[9] = n_chunks.to_string();
+    let params = SearchParams::new(c.k, metric);
+    for (env, how) in [
+        (vec![], "bounds"),
+        (
+            vec![("FRAGLINK_SIMT_NO_BOUND", "1".to_string())],
+            "no bound",
+        ),
+    ] {
+        let what = format!(
+            "{}: one re-rank launch over {n_chunks} chunks, {how}",
+            c.what
+        );
+        emulated::run_with(exe, &args, &env, &what);
+        let found = emulated::read_results(dir.path(), c.queries.rows(), c.k, false);
+        emulated::assert_equals_cpu(&found, c.base, &c.queries, &params, &what);
     }
 }
 
