@@ -281,11 +281,18 @@ fn the_gpu_route_uploads_the_base_once_and_reports_it_apart() {
         assert_eq!(v["recall"], 1.0, "{v}");
         // The base, plus the row norms of the tensor-core path where the
         // device has one for the dtype: 12 bytes a row for floats (squared
-        // norm, norm, inverse norm), 4 for integers (squared norm).
+        // norm, norm, inverse norm), 4 for integers (squared norm); for f32
+        // also the rows' f16 copies (f16copy, f32's default), 2 bytes an
+        // element.
         let base = 50_000 * 128 * size;
         let norms = if size == 1 { 4 } else { 12 } * 50_000;
+        let copies = if size == 4 { 2 * 50_000 * 128 } else { 0 };
         let bytes = v["upload_bytes"].as_u64().unwrap();
-        assert!(bytes == base || bytes == base + norms, "{v}");
+        // (Without copies where FRAGLINK_GPU_KNN=0 turns the path off.)
+        assert!(
+            bytes == base || bytes == base + norms || bytes == base + norms + copies,
+            "{v}"
+        );
         let (upload, search) = (
             v["upload_ms"].as_f64().unwrap(),
             v["search_ms"].as_f64().unwrap(),
@@ -305,13 +312,46 @@ fn the_gpu_route_uploads_the_base_once_and_reports_it_apart() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    // 20 000 × 128 f32 = 10.24 MB, and 0.24 MB of norms on a device with
-    // the tensor-core path.
+    // 20 000 × 128 f32 = 10.24 MB, and on a device with the tensor-core
+    // path 0.24 MB of norms and 5.12 MB of f16 copies (not these where
+    // FRAGLINK_GPU_KNN=0 turns the path off).
     assert!(
         text.lines().any(|l| l.starts_with("upload ")
-            && (l.contains("10.2 MB of base vectors") || l.contains("10.5 MB of base vectors"))),
+            && ["10.2", "10.5", "15.6"]
+                .iter()
+                .any(|mb| l.contains(&format!("{mb} MB of base vectors")))),
         "{text}"
     );
+}
+
+/// FRAGLINK_SEARCH_TRACE on the GPU route: the steps that queue device work
+/// carry their device time (CUDA events that time: cudarc's default event
+/// does not, and left every one null), and the device span is positive.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_gpu_search_trace_times_its_device_steps() {
+    let args = [
+        "search", "--json", "--device", "gpu", "--n", "20000", "--dim", "64", "--nq", "4",
+        "--repeat", "2",
+    ];
+    let r = run_bounded(
+        &args,
+        &[("FRAGLINK_SEARCH_TRACE", "1")],
+        None,
+        std::time::Duration::from_secs(300),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["route"], "gpu", "{v}");
+    let t = &v["trace"];
+    let steps = t["steps"].as_array().unwrap();
+    let timed: Vec<f64> = steps.iter().filter_map(|s| s["gpu_us"].as_f64()).collect();
+    assert!(
+        !timed.is_empty() && timed.iter().all(|us| us.is_finite() && *us >= 0.0),
+        "{t}"
+    );
+    let span = t["gpu_span_us"].as_f64().unwrap();
+    assert!(span > 0.0 && span.is_finite(), "{t}");
 }
 
 // ---------------------------------------------------------------------------------

@@ -560,9 +560,8 @@ fn every_candidate_variant_by_name_equals_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn f16copy_makes_its_copies_once_and_refuses_what_f16_cannot_hold() {
-    // The f16copy variants read f16 copies of f32 rows: the first search that
-    // names one makes the rows' copies (the index grows by half the rows'
-    // bytes, once); rows or queries with an element beyond f16's range are
+    // The f16copy variants read f16 copies of f32 rows: the upload makes
+    // them (half the rows' bytes, once), no search makes more; rows or queries with an element beyond f16's range are
     // an error naming the variant, and the other precisions still serve them.
     let gpu = searcher();
     let arch = gpu.context().arch();
@@ -582,6 +581,9 @@ fn f16copy_makes_its_copies_once_and_refuses_what_f16_cannot_hold() {
     let (base, queries) = synthetic(20_000, 64, 40, DType::F32, 41);
     let index = gpu.upload(&base).unwrap();
     let before = index.device_bytes();
+    // The rows, their three norms and their f16 copies.
+    assert_eq!(before, 20_000 * (64 * 4 + 12 + 64 * 2));
+    assert_eq!(index.upload_bytes(), before, "the copies are the upload's");
     let params = SearchParams::new(10, Metric::L2);
     let want = search_cpu(&base, &queries, &params).unwrap();
     for round in 0..2 {
@@ -591,8 +593,8 @@ fn f16copy_makes_its_copies_once_and_refuses_what_f16_cannot_hold() {
         assert!(found.neighbors.bitwise_eq(&want), "round {round}");
         assert_eq!(
             index.device_bytes(),
-            before + 20_000 * 64 * 2,
-            "round {round}: the copies are made once"
+            before,
+            "round {round}: no search makes copies"
         );
     }
     // A query element beyond 65504.

@@ -325,16 +325,17 @@ fn an_index_uploaded_once_answers_every_batch_like_the_cpu() {
             assert_eq!((index.dtype(), index.rows(), index.dim()), (dtype, n, dim));
             // The rows, and the row norms of the tensor-core path where the
             // device has a variant for the dtype (12 bytes a float row, 4 an
-            // integer one).
-            let norms = index.device_bytes() - base.size_bytes() as u64;
-            let per_row = if matches!(dtype, DType::F32 | DType::F16) {
-                12
-            } else {
-                4
+            // integer one), for f32 with the rows' f16 copies (f16copy, f32's
+            // default: 2 bytes an element), made by the upload.
+            let extra = index.device_bytes() - base.size_bytes() as u64;
+            let per_row = match dtype {
+                DType::F32 => 12 + 2 * dim as u64,
+                DType::F16 => 12,
+                _ => 4,
             };
             assert!(
-                norms == 0 || norms == per_row * n as u64,
-                "{dtype}: {norms}"
+                extra == 0 || extra == per_row * n as u64,
+                "{dtype}: {extra}"
             );
             let uploads = gpu.transfer().stats().bytes_to_device;
             let mut moved = 0u64;
@@ -402,16 +403,15 @@ fn an_index_uploaded_once_answers_every_batch_like_the_cpu() {
                 }
             }
             // Every byte sent after the upload was a query or a changed
-            // filter, or once the rows' f16 copies (an f16copy search made
-            // them): the rows never crossed again.
-            let copies = index.device_bytes() - base.size_bytes() as u64 - norms;
-            assert!(
-                copies == 0 || (dtype == DType::F32 && copies == 2 * (n * dim) as u64),
-                "{dtype}: {copies}"
+            // filter: the rows never crossed again, nor their copies.
+            assert_eq!(
+                index.device_bytes() - base.size_bytes() as u64,
+                extra,
+                "{dtype}: no search made copies"
             );
             assert_eq!(
                 gpu.transfer().stats().bytes_to_device - uploads,
-                moved + copies,
+                moved,
                 "{dtype} n {n} dim {dim}"
             );
         }
@@ -427,20 +427,27 @@ fn the_base_is_uploaded_once_not_per_search() {
     let (t0, p0) = (gpu.transfer().stats(), gpu.pool().stats());
     let index = gpu.upload(&base).unwrap();
     let (t1, p1) = (gpu.transfer().stats(), gpu.pool().stats());
-    // The rows, and (where the device has a TF32 variant) their norms:
-    // squared norm, norm and inverse norm, three f32 allocations.
-    let norms = index.device_bytes() - base_bytes;
-    assert!(norms == 0 || norms == 12 * 20_000, "{norms}");
-    let resident = base_bytes + norms;
+    // The rows and, where the device has the tensor-core path for f32 (its
+    // f16copy variants), their norms (squared norm, norm and inverse norm,
+    // three f32 allocations) and their f16 copies, made at upload from these
+    // host rows: 12 + 2 x 128 bytes a row.
+    let extra = index.device_bytes() - base_bytes;
+    assert!(extra == 0 || extra == (12 + 2 * 128) * 20_000, "{extra}");
+    let resident = base_bytes + extra;
+    assert_eq!(index.upload_bytes(), resident);
     assert_eq!(t1.bytes_to_device - t0.bytes_to_device, resident);
     assert_eq!(
+        t1.bytes_to_host, t0.bytes_to_host,
+        "the copies are made from the host rows, none read back"
+    );
+    assert_eq!(
         p1.allocations - p0.allocations,
-        if norms == 0 { 1 } else { 4 },
-        "the dataset and its norms"
+        if extra == 0 { 1 } else { 5 },
+        "the dataset, its norms and its f16 copies"
     );
     assert_eq!(
         p1.current_bytes, resident,
-        "only the rows and norms are resident"
+        "only the rows, norms and copies are resident"
     );
     assert!(index.upload_time() > std::time::Duration::ZERO);
 
@@ -465,17 +472,24 @@ fn the_base_is_uploaded_once_not_per_search() {
         let before = gpu.transfer().stats();
         let got = index.search(&part, &params).unwrap();
         let after = gpu.transfer().stats();
-        // The tensor-core path also sends the queries' two norms.
+        // The tensor-core path also sends the queries' two norms, and
+        // f16copy (f32's default) their f16 bits.
         let qnorms = if got.knn.is_some() { 8 * 8 } else { 0 };
+        let q16 = match &got.knn {
+            Some(p) if p.precision == knn::Precision::F16Copy => 2 * 8 * 128,
+            _ => 0,
+        };
         assert_eq!(
             after.bytes_to_device - before.bytes_to_device,
-            part.size_bytes() as u64 + extra + qnorms,
+            part.size_bytes() as u64 + extra + qnorms + q16,
             "search {i}: only the queries (and a changed filter) go up"
         );
-        assert_eq!(
-            after.bytes_to_host - before.bytes_to_host,
-            (8 * k * (4 + 4)) as u64,
-            "search {i}: only the results (u32 ids, f32 distances) come back"
+        // The results (u32 ids, f32 distances), or where the host merges the
+        // re-rank's groups their short lists: never the rows (10.24 MB).
+        let down = after.bytes_to_host - before.bytes_to_host;
+        assert!(
+            down >= (8 * k * (4 + 4)) as u64 && down < base_bytes / 50,
+            "search {i}: {down} bytes came back"
         );
         let want = search_cpu(&base, &part, &params).unwrap();
         assert!(got.neighbors.bitwise_eq(&want), "search {i}");
@@ -525,8 +539,13 @@ fn the_router_uploads_once_for_all_batches_and_searches() {
                     Filter::Bitset(b) => 4 * b.words.len() as u64,
                     Filter::None => 0,
                 };
-                // The tensor-core path also sends the queries' two norms.
-                let qn = [0, 8 * 64];
+                // The tensor-core path also sends the queries' two norms,
+                // and f16copy (f32's default) their f16 bits.
+                let q16 = match r.gpu_kernel {
+                    Some(name) if name.contains("_f16copy_") => 2 * 64 * 128,
+                    _ => 0,
+                };
+                let qn = [0, 8 * 64 + q16];
                 let queries_bytes = queries.size_bytes() as u64;
                 if first {
                     assert!(r.upload_seconds > 0.0, "{what}");

@@ -5,10 +5,11 @@
 //!
 //! The rows stay in their own dtype (f32, f16 as its 16 bits, i8, u8): the
 //! kernels read them as they are, so nothing is converted per search. The
-//! one addition: the first search through an f16copy candidate kernel
-//! (named: `FRAGLINK_KNN_VARIANT` or [`GpuIndex::search_with_variant`])
-//! makes f16 copies of f32 rows, kept beside them (half their bytes), which
-//! that kernel reads instead ([`crate::search::knn::f16copy`]).
+//! one addition: f32 rows get f16 copies, kept beside them (half their
+//! bytes), which the f16copy candidate kernels (f32's default) read instead
+//! ([`crate::search::knn::f16copy`]); the upload makes them from the host
+//! rows where the device has those kernels (out of device memory then, the
+//! first search that asks makes them).
 //! Beside the rows the index holds their norms ([`KnnRows`]: squared norm,
 //! norm and inverse norm per row, 12 bytes; the exact squared norm for
 //! integers, 4 bytes), computed once on the host at upload, for the
@@ -222,6 +223,8 @@ pub struct GpuIndex {
     /// Row norms for the tensor-core path (`None` for shapes it never takes).
     knn: Option<KnnRows>,
     upload: Duration,
+    /// [`Self::device_bytes`] when the upload ended.
+    uploaded_bytes: u64,
     /// The search's filter, and (two slots, so that a search using both
     /// does not upload each in turn) the candidate kernel's where special
     /// rows are skipped.
@@ -245,16 +248,23 @@ impl GpuIndex {
         shape.check_searchable()?;
         let started = Instant::now();
         let data = upload_vectors(gpu.transfer(), gpu.pool(), base)?;
-        let knn = KnnRows::upload(gpu.transfer(), gpu.pool(), base, gpu.context().arch())?;
-        Ok(GpuIndex {
+        let arch = gpu.context().arch();
+        let knn = KnnRows::upload(gpu.transfer(), gpu.pool(), base, arch)?;
+        if let Some(rows) = &knn {
+            rows.copy_f16_at_upload(gpu.transfer(), gpu.pool(), &data, base, arch)?;
+        }
+        let mut index = GpuIndex {
             gpu: gpu.clone(),
             shape,
             data,
             knn,
             upload: started.elapsed(),
+            uploaded_bytes: 0,
             bits: ResidentBits::default(),
             skip_bits: ResidentBits::default(),
-        })
+        };
+        index.uploaded_bytes = index.device_bytes();
+        Ok(index)
     }
 
     pub fn shape(&self) -> IndexShape {
@@ -273,16 +283,17 @@ impl GpuIndex {
         self.shape.dim
     }
 
-    /// Bytes of the resident rows and their norms (what the upload moved),
-    /// and of the rows' f16 copies once an f16copy search made them.
+    /// Bytes of the resident rows, their norms and, for f32 rows on a
+    /// device with the f16copy variants, their f16 copies (made at upload,
+    /// or by the first search that asks where the device had no room then).
     pub fn device_bytes(&self) -> u64 {
         self.shape.size_bytes() + self.knn.as_ref().map_or(0, KnnRows::device_bytes)
     }
 
-    /// Bytes the one-time upload moved: [`Self::device_bytes`] less the rows'
-    /// f16 copies, which the first f16copy search makes.
+    /// Bytes the one-time upload moved: [`Self::device_bytes`] as the
+    /// upload left it.
     pub fn upload_bytes(&self) -> u64 {
-        self.device_bytes() - self.knn.as_ref().map_or(0, KnnRows::f16_copy_bytes)
+        self.uploaded_bytes
     }
 
     /// Wall time of the one-time upload (norms on the host, allocation and
@@ -298,8 +309,9 @@ impl GpuIndex {
 
     /// Exact k-NN of `queries` against the resident rows. Moves the queries
     /// to the device, a bitset filter when it differs from the last one, and
-    /// the results back; never the rows (an f16copy search's first makes their
-    /// f16 copies: `elapsed` includes it). Bad input (a dtype or dim other than
+    /// the results back; never the rows (nor their f16 copies, made at upload;
+    /// where the device had no room for them then, the first f16copy search
+    /// makes them, reading the rows back: `elapsed` includes it). Bad input (a dtype or dim other than
     /// the index's, `k` = 0, `k` beyond the scan capacities where neither the
     /// tensor-core path nor the two-pass select can serve it, a filter of another
     /// length) is a typed error naming the value, found before anything
@@ -336,8 +348,9 @@ impl GpuIndex {
 
     /// [`Self::search_with_variant`], given the host rows the index was just
     /// uploaded from (`base`, by [`GpuSearcher::search`]): an f16copy search
-    /// then makes the rows' f16 copies from them instead of reading the
-    /// rows back from the device.
+    /// whose upload could not make the rows' f16 copies (out of device
+    /// memory then) makes them from these instead of reading the rows back
+    /// from the device.
     pub(crate) fn search_uploaded_from(
         &self,
         queries: &Vectors,
@@ -727,8 +740,8 @@ impl GpuIndex {
     }
 
     /// An f16copy plan's operands: the queries' f16 bits (rounded here, on
-    /// the host) and the rows' f16 copies (made by the first search that
-    /// asks: [`KnnRows::f16_copy`], from `base` where given). `Err(what)`,
+    /// the host) and the rows' f16 copies (made at upload, else by the first
+    /// search that asks: [`KnnRows::f16_copy`], from `base` where given). `Err(what)`,
     /// "the queries" or "the rows", where they hold an element without a
     /// finite f16 (|v| > 65504, NaN or infinite); the queries are checked
     /// first, so a refused search makes no copy of the rows.

@@ -22,6 +22,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
 use serde::Serialize;
 
@@ -108,7 +109,12 @@ pub(crate) fn mark_device(step: &'static str, stream: &Arc<CudaStream>) {
     if !active {
         return;
     }
-    let event = stream.record_event(None).ok();
+    // Timing events: cudarc's default (`None`) is CU_EVENT_DISABLE_TIMING,
+    // whose cuEventElapsedTime fails, which left every step's device time
+    // unknown.
+    let event = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .ok();
     mark(step);
     ACTIVE.with(|a| {
         if let (Some(r), Some(e)) = (a.borrow_mut().as_mut(), event) {

@@ -495,7 +495,7 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     }
     match upload {
         Some((bytes, s)) => println!(
-            "upload     {:.1} MB of base vectors to the GPU in {:.1} ms ({:.2} GB/s), once: not in the search time or QPS",
+            "upload     {:.1} MB of base vectors (with their norms and f16 copies where the GPU path uses them) to the GPU in {:.1} ms ({:.2} GB/s), once: not in the search time or QPS",
             bytes as f64 / 1e6,
             s * 1e3,
             bytes as f64 / s.max(1e-9) / 1e9

@@ -17,7 +17,7 @@ use crate::search::gpu::{
     append_batch, check_written, push_output, widen_ids, DeviceVectors, GpuSearchError, GpuSearcher,
 };
 use crate::search::splits::merge_splits;
-use crate::search::{trace, Metric, Neighbors, Vectors};
+use crate::search::{trace, DType, Metric, Neighbors, Vectors};
 
 use super::f16copy;
 use super::norms::Norms;
@@ -45,9 +45,10 @@ pub struct KnnRows {
     /// (searches they are special for then leave this path for the scan or
     /// the select).
     copied: Option<(SpecialRows, DeviceVectors)>,
-    /// The rows' f16 copies for [`Precision::F16Copy`], made by the first
-    /// search that asks ([`Self::f16_copy`]): `Some(None)` when some element
-    /// has no finite f16 (the precision cannot serve these rows).
+    /// The rows' f16 copies for [`Precision::F16Copy`], made at upload
+    /// ([`Self::copy_f16_at_upload`]) or else by the first search that asks
+    /// ([`Self::f16_copy`]): `Some(None)` when some element has no finite
+    /// f16 (the precision cannot serve these rows).
     f16: Mutex<Option<Option<Arc<DeviceVectors>>>>,
 }
 
@@ -133,8 +134,8 @@ impl KnnRows {
             + special
     }
 
-    /// Device bytes of the rows' f16 copies: 0 until an f16copy search made
-    /// them (`f16_copy`).
+    /// Device bytes of the rows' f16 copies: 0 until made (at upload, or by
+    /// the first search that asks: `f16_copy`).
     pub fn f16_copy_bytes(&self) -> u64 {
         match &*self.f16.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(Some(v)) => match &**v {
@@ -142,6 +143,39 @@ impl KnnRows {
                 _ => 0,
             },
             _ => 0,
+        }
+    }
+
+    /// At upload, where f32's default precision is f16copy and the device
+    /// has its variants: the rows' f16 copies ([`Self::f16_copy`]) from
+    /// `base`, the host rows just uploaded, so that no search reads the rows
+    /// back to make them (the first search of an index uploaded on its own
+    /// downloaded every row: 512 MB for 1M × 128) and the one-time upload
+    /// holds the whole one-time cost. Out of device memory they are left to
+    /// the first search that asks, as the special rows' copy is left out;
+    /// with the tensor-core path off (`FRAGLINK_GPU_KNN`) none are made.
+    pub(crate) fn copy_f16_at_upload(
+        &self,
+        t: &Transfer,
+        pool: &MemoryPool,
+        rows: &DeviceVectors,
+        base: &Vectors,
+        device: crate::build::Arch,
+    ) -> Result<(), GpuError> {
+        let Vectors::F32(m) = base else {
+            return Ok(());
+        };
+        // Not where FRAGLINK_GPU_KNN turns the tensor-core path off (a bad
+        // value is the search's error to report).
+        if Precision::default_for(DType::F32) != Precision::F16Copy
+            || !super::plan::links_at(device, DType::F32, Precision::F16Copy)
+            || !enabled_by_env().unwrap_or(true)
+        {
+            return Ok(());
+        }
+        match self.f16_copy(t, pool, rows, base.dim(), Some(m.data())) {
+            Ok(_) | Err(GpuError::OutOfMemory { .. }) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -473,8 +507,12 @@ impl KnnSearch<'_> {
                 if host_merge {
                     // A merge launch that writes nothing (refused, or over
                     // unwritten candidate counts) leaves these NaN, which the
-                    // host reports (GpuSearchError::Unwritten).
+                    // host reports (GpuSearchError::Unwritten). The ids too
+                    // are set: the download takes whole slots, of which the
+                    // launch writes the first k (no copy of bytes no one
+                    // wrote, which compute-sanitizer's initcheck may report).
                     t.fill_nan(&mut merged.lo)?;
+                    t.fill_ones(&mut merged.ids)?;
                 } else {
                     // As the tile's counts: a merge launch that writes
                     // nothing stops the final level.

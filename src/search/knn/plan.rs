@@ -358,7 +358,12 @@ fn tiles(
 pub fn available(device: Arch, dtype: DType) -> bool {
     Precision::ALL
         .into_iter()
-        .any(|p| tiles(device, dtype, p).next().is_some())
+        .any(|p| links_at(device, dtype, p))
+}
+
+/// Whether some variant of `dtype` at `precision` links for `device`.
+pub fn links_at(device: Arch, dtype: DType, precision: Precision) -> bool {
+    tiles(device, dtype, precision).next().is_some()
 }
 
 /// Whether the tensor-core path can take rows of this shape at all: an
