@@ -43,7 +43,10 @@
 //!   [`prelink::prelink`] into an empty `FRAGLINK_CACHE_DIR` (its own empty
 //!   `CUDA_CACHE_PATH`), timed apart from its process setup, then a
 //!   first-call process over that directory and a new empty
-//!   `CUDA_CACHE_PATH` must find every kernel on disk. Process setup
+//!   `CUDA_CACHE_PATH` must find every kernel on disk; cold again with
+//!   quick links (`LinkRuntime::link_tiered`: no LTO, the optimised links
+//!   in the background, timed to when both are done); cold again at
+//!   nvJitLink's `-Ofc=min`. Process setup
 //!   (driver, context, nvJitLink load) is reported apart. A prelink that
 //!   reports a failed plan fails the section.
 //! * **A routed first search** on a new configuration, in fresh processes
@@ -52,12 +55,14 @@
 //!   `Searcher` on `auto` (the router adds the unlinked kernels' link to the
 //!   GPU's estimate, answers on the CPU and links in the background) against
 //!   the same search forced to the GPU (link, upload, search), interleaved;
-//!   then each one's next search, once the background link is done.
-//! * **The scan linked at `-O3` and at `-O1`** (`Planner::opt_level`): the
-//!   link is about 20% shorter at -O1 (ptxas's share halves), so this
-//!   measures what it costs the kernel: GPU time (CUDA events) of the same
-//!   scan over 262 144 × 128 f32 rows, two queries per SM, k 10, the two
-//!   kernels launched in turn; their results must be equal bit for bit.
+//!   then each one's next search, once the background links are done.
+//! * **The scan linked at `-O3`, at `-O1`** (`Planner::opt_level`: a link
+//!   about 20% shorter, ptxas's share halved) **and quickly**
+//!   (`LinkRuntime::link_quick`: the fragments' SASS without LTO, what a
+//!   cold first call runs until its optimised link is done): what each
+//!   costs the kernel. GPU time (CUDA events) of the same scan over
+//!   262 144 × 128 f32 rows, two queries per SM, k 10, the kernels launched
+//!   in turn; their results must be equal bit for bit.
 //!
 //! nvJitLink keeps linked cubins in the CUDA driver's compute cache
 //! (`~/.nv/ComputeCache`, `CUDA_CACHE_PATH`) when a driver is present (seen
@@ -104,6 +109,9 @@ const PRELINK_COMMAND: &str = "__prelink";
 const ROUTED_COMMAND: &str = "__routed-first";
 /// Prefix of a child's one result line on stdout.
 const CHILD_MARK: &str = "GPU_BENCH_FIRST_CALL ";
+/// Set to `1` for a first-call child that links through
+/// `LinkRuntime::link_tiered` (mode `cold_quick`).
+const TIERED_VAR: &str = "GPU_BENCH_TIERED";
 
 /// The tiny scan every launch figure uses: f32 rows of 4 dims, u32 ids.
 const TINY_ROWS: usize = 128;
@@ -1422,11 +1430,18 @@ fn first_call_inner(probe_ms: f64) -> Result<Value, String> {
     let disk_dir = rt.disk().map(|d| d.dir().display().to_string());
     let pool = MemoryPool::cuda(&ctx, PoolConfig::default()).map_err(err("pool"))?;
     let transfer = Transfer::new(&ctx);
+    let tiered = std::env::var(TIERED_VAR).as_deref() == Ok("1");
+    let tiered_from = Instant::now();
     let mut configs = Vec::new();
     for (label, config) in [("A", &CONFIG_A), ("B", &CONFIG_B)] {
         let plan = planner(config)?;
         let t = Instant::now();
-        let linked = plan.link_with(rt, ctx.arch()).map_err(err("link"))?;
+        let linked = if tiered {
+            rt.link_tiered(&plan, ctx.arch())
+        } else {
+            plan.link_with(rt, ctx.arch())
+        }
+        .map_err(err("link"))?;
         let link_ms = ms(t);
         let t = Instant::now();
         let launcher = load_launcher(&ctx, &linked)?;
@@ -1457,6 +1472,7 @@ fn first_call_inner(probe_ms: f64) -> Result<Value, String> {
             "config": label,
             "fragments": config,
             "source": match linked.source {
+                Source::Linked if linked.kernel.quick => "quick",
                 Source::Linked => "linked",
                 Source::Memory => "memory",
                 Source::Disk => "disk",
@@ -1470,12 +1486,26 @@ fn first_call_inner(probe_ms: f64) -> Result<Value, String> {
             "result_ok": ok,
         }));
     }
+    // Tiered: how long after the first quick link both optimised links
+    // were done (they ran while the process loaded and launched).
+    let upgraded_ms = if tiered {
+        let failed = rt.wait_for_upgrades();
+        if failed > 0 {
+            return Err(format!(
+                "{failed} optimised link(s) failed in the background"
+            ));
+        }
+        Some(ms(tiered_from))
+    } else {
+        None
+    };
     Ok(json!({
         "probe_ms": probe_ms,
         "context_ms": context_ms,
         "runtime_ms": runtime_ms,
         "disk_dir": disk_dir,
         "configs": configs,
+        "upgraded_ms": upgraded_ms,
     }))
 }
 
@@ -1524,6 +1554,11 @@ fn routed_first_inner(device: Option<&str>) -> Result<Value, String> {
             return Err("the background link still runs after 300 s".into());
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+    // And the optimised links that replace quick ones.
+    let rt = LinkRuntime::global().map_err(err("LinkRuntime::global"))?;
+    if rt.wait_for_upgrades() > 0 {
+        return Err("an optimised link failed in the background".into());
     }
     let wait_ms = ms(t);
     let t = Instant::now();
@@ -1667,7 +1702,8 @@ fn run_child(env: &ChildEnv<'_>) -> Result<Value, String> {
 /// errors) in `env`, and returns its `CHILD_MARK` JSON.
 fn run_subcommand(env: &ChildEnv<'_>, args: &[&str], what: &str) -> Result<Value, String> {
     let exe = std::env::current_exe().map_err(err("current_exe"))?;
-    let out = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args(args)
         .env("FRAGLINK_CACHE_DIR", env.fraglink_cache)
         .env("CUDA_CACHE_PATH", env.cuda_cache)
@@ -1677,6 +1713,15 @@ fn run_subcommand(env: &ChildEnv<'_>, args: &[&str], what: &str) -> Result<Value
             "FRAGLINK_FAST_COMPILE",
             if env.mode == "cold_fast" { "min" } else { "0" },
         )
+        .env(TIERED_VAR, if env.mode == "cold_quick" { "1" } else { "0" });
+    // First calls link as each mode says (quick links only where the mode
+    // is cold_quick); a routed search links as the library does by default.
+    match env.mode {
+        "cold_quick" => command.env("FRAGLINK_QUICK_LINK", "1"),
+        "auto" | "gpu" => command.env_remove("FRAGLINK_QUICK_LINK"),
+        _ => command.env("FRAGLINK_QUICK_LINK", "0"),
+    };
+    let out = command
         .output()
         .map_err(|e| format!("spawning the {what} child: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1715,11 +1760,11 @@ fn temp_dir(prefix: &str) -> Result<tempfile::TempDir, String> {
         .map_err(err("temp dir"))
 }
 
-/// The scan (configuration A) linked at -O3 and at -O1, launched in turn
-/// over the same rows: each one's GPU time per launch (CUDA events), its
-/// link time and registers; the two results must be equal bit for bit.
+/// The scan (configuration A) linked at -O3, at -O1 and quickly (no LTO,
+/// [`LinkRuntime::link_quick`]), launched in turn over the same rows: each
+/// one's GPU time per launch (CUDA events), its link time and registers;
+/// the results must be equal bit for bit.
 fn opt_levels(b: &Bench) -> Result<Vec<Figure>, String> {
-    const LEVELS: [u8; 2] = [3, 1];
     let nq = 2 * b.ctx.info().sm_count as usize;
     let rt = LinkRuntime::new(RuntimeConfig {
         memory_capacity: 8,
@@ -1734,22 +1779,34 @@ fn opt_levels(b: &Bench) -> Result<Vec<Figure>, String> {
         .transfer
         .upload_new(&b.pool, &data(nq * OPT_DIM, 4))
         .map_err(err("upload"))?;
-    let mut kernels = Vec::new();
-    for level in LEVELS {
+    let arch = b.ctx.arch();
+    let mut sides: Vec<(&str, String, Linked)> = Vec::new();
+    for level in [3u8, 1] {
         let linked = planner(&CONFIG_A)?
             .opt_level(level)
-            .link_with(&rt, b.ctx.arch())
+            .link_with(&rt, arch)
             .map_err(err("link"))?;
+        sides.push(("linked at", format!("O{level}"), linked));
+    }
+    let quick = rt
+        .link_quick(&planner(&CONFIG_A)?, arch)
+        .map_err(err("quick link"))?
+        .ok_or_else(|| {
+            format!("no quick link for {arch}: the build holds no SASS for it (FRAGLINK_ARCHS)")
+        })?;
+    sides.push(("quickly linked (no LTO),", "quick".into(), quick));
+    let mut kernels = Vec::new();
+    for (how, label, linked) in sides {
         let launcher = load_launcher(&b.ctx, &linked)?;
         launcher.set_timing(true);
         let ids = b.pool.alloc::<u32>(nq * OPT_K).map_err(err("pool alloc"))?;
         let dists = b.pool.alloc::<f32>(nq * OPT_K).map_err(err("pool alloc"))?;
-        kernels.push((linked, launcher, ids, dists, Vec::new()));
+        kernels.push((how, label, linked, launcher, ids, dists, Vec::new()));
     }
     let cfg = LaunchConfig::new((nq as u32, 1, 1), (SCAN_BLOCK, 1, 1));
     let (warm, reps) = (2, b.reps.n(15));
     for round in 0..warm + reps {
-        for (_, launcher, ids, dists, times) in kernels.iter_mut() {
+        for (_, _, _, launcher, ids, dists, times) in kernels.iter_mut() {
             let mut a = KernelArgs::new();
             a.input(&base).map_err(err("args"))?;
             a.input(&queries).map_err(err("args"))?;
@@ -1777,26 +1834,30 @@ fn opt_levels(b: &Bench) -> Result<Vec<Figure>, String> {
         let dists = b.transfer.download_vec(dists).map_err(err("download"))?;
         Ok((ids, dists.iter().map(|d| d.to_bits()).collect::<Vec<_>>()))
     };
-    let reference = result(&kernels[0].2, &kernels[0].3)?;
-    if result(&kernels[1].2, &kernels[1].3)? != reference {
-        return Err("the scan linked at -O1 returned other results than at -O3".into());
+    let reference = result(&kernels[0].4, &kernels[0].5)?;
+    for (how, label, _, _, ids, dists, _) in &kernels[1..] {
+        if result(ids, dists)? != reference {
+            return Err(format!(
+                "the scan {how} {label} returned other results than at -O3"
+            ));
+        }
     }
     let bytes = (nq * OPT_ROWS * OPT_DIM * 4) as f64;
-    let base_ms = Stats::of(&kernels[0].4).ms();
+    let base_ms = Stats::of(&kernels[0].6).ms();
     Ok(kernels
         .iter()
-        .zip(LEVELS)
-        .map(|((linked, _, _, _, times), level)| {
+        .map(|(how, label, linked, _, _, _, times)| {
             let st = Stats::of(times);
             let m = &linked.kernel.metadata;
-            Figure::new(format!("scan_opt.O{level}.gpu"), st.ms(), "ms").note(format!(
-                "{} linked at -O{level}: link {} (nvJitLink, this host), {} registers; GPU time \
-                 per launch (CUDA events) over {OPT_ROWS} x {OPT_DIM} f32 rows, {nq} queries \
-                 (one block each), k {OPT_K}: {}, {:.0} GB/s of rows read; {:.3}x the -O3 \
-                 kernel's time; interleaved with the other level, results equal bit for bit",
+            Figure::new(format!("scan_opt.{label}.gpu"), st.ms(), "ms").note(format!(
+                "{} {how} {label}: link {} (nvJitLink, this host), {} registers, {} B stack; GPU \
+                 time per launch (CUDA events) over {OPT_ROWS} x {OPT_DIM} f32 rows, {nq} \
+                 queries (one block each), k {OPT_K}: {}, {:.0} GB/s of rows read; {:.3}x the \
+                 -O3 kernel's time; interleaved with the other sides, results equal bit for bit",
                 m.entry,
                 fmt_ms(m.link_ms),
                 m.registers,
+                m.stack_bytes,
                 st.describe(),
                 bytes / st.median / 1e9,
                 st.ms() / base_ms
@@ -1809,6 +1870,7 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
     let rounds = if b.reps.quick { 1 } else { 3 };
     let mut cold = Vec::new();
     let mut cold_fast = Vec::new();
+    let mut cold_quick = Vec::new();
     let mut disk = Vec::new();
     let mut compute_cache: Vec<Result<Value, String>> = Vec::new();
     let mut prelinks = Vec::new();
@@ -1831,6 +1893,15 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             mode: "cold_fast",
             fraglink_cache: fast_cache.path(),
             cuda_cache: fast_cuda.path(),
+        })?);
+        // Cold again with quick links (LinkRuntime::link_tiered), over
+        // caches of its own.
+        let quick_cache = temp_dir("gpu_bench_fraglink_cache")?;
+        let quick_cuda = temp_dir("gpu_bench_cuda_cache")?;
+        cold_quick.push(run_child(&ChildEnv {
+            mode: "cold_quick",
+            fraglink_cache: quick_cache.path(),
+            cuda_cache: quick_cuda.path(),
         })?);
         // Disk: the cold run's fraglink cache; nvJitLink is not called.
         disk.push(run_child(&ChildEnv {
@@ -1895,7 +1966,10 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
         runs.iter()
             .all(|r| (0..2).all(|c| r["configs"][c]["result_ok"].as_bool() == Some(true)))
     };
-    if !all_ok(&cold) || !all_ok(&cold_fast) || !all_ok(&disk) || !all_ok(&prelinked) {
+    if ![&cold, &cold_fast, &cold_quick, &disk, &prelinked]
+        .into_iter()
+        .all(|runs| all_ok(runs))
+    {
         return Err("a first-call child's scan result failed its check".into());
     }
     let mut figures = Vec::new();
@@ -1911,6 +1985,13 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             "cold_fast",
             &cold_fast,
             "linked",
+            TARGET_FIRST_LINKED,
+            T_FIRST_LINKED_MS,
+        ),
+        (
+            "cold_quick",
+            &cold_quick,
+            "quick",
             TARGET_FIRST_LINKED,
             T_FIRST_LINKED_MS,
         ),
@@ -1932,13 +2013,14 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             let caches = match mode {
                 "cold" => "empty FRAGLINK_CACHE_DIR and empty CUDA_CACHE_PATH (the driver compute cache nvJitLink also uses)",
                 "cold_fast" => "as first_call.cold (empty caches of its own), linked with FRAGLINK_FAST_COMPILE=min (nvJitLink -Ofc=min: a shorter link of slower code; the kernels' speed is the peers' fraglink/fast-link side)",
+                "cold_quick" => "as first_call.cold (empty caches of its own), linked through LinkRuntime::link_tiered: a quick link of the fragments' SASS without LTO, the optimised link started in the background (first_call.cold_quick.upgraded; the quick kernel's speed is scan_opt.quick.gpu)",
                 "prelinked" => "a FRAGLINK_CACHE_DIR filled ahead of time by a separate prelink process (first_call.prelinked.prelink_seconds) and a new empty CUDA_CACHE_PATH",
                 _ => "the cold run's FRAGLINK_CACHE_DIR",
             };
             let mut note = format!(
                 "{which} new configuration in a fresh process ({frags}): link {} (of which nvJitLink {}), module load {}, first launch to completion {}; median of {} fresh processes; {caches}; link sources {:?}",
                 fmt_ms(med("link_ms")),
-                if expect == "linked" {
+                if expect == "linked" || expect == "quick" {
                     fmt_ms(med("nvjitlink_ms"))
                 } else {
                     "none".into()
@@ -1986,6 +2068,20 @@ fn first_call(b: &Bench) -> Result<Vec<Figure>, String> {
             }
         }
     }
+
+    // Tiered: when the optimised links had replaced both quick ones.
+    let upgraded: Vec<f64> = cold_quick
+        .iter()
+        .filter_map(|r| r["upgraded_ms"].as_f64())
+        .map(|ms| ms / 1e3)
+        .collect();
+    let up = Stats::of(&upgraded);
+    figures.push(
+        Figure::new("first_call.cold_quick.upgraded", up.ms(), "ms").note(format!(
+            "first_call.cold_quick's process: from its first link call until both optimised links (started in the background by the quick links, run while the process loaded and launched the quick kernels) were in memory and on disk; {}",
+            up.describe()
+        )),
+    );
 
     // The warm compute cache case.
     let ok: Vec<Value> = compute_cache

@@ -24,6 +24,11 @@ pub struct FragmentInfo {
     /// `(name expression, mangled name)` of the family's name expressions
     /// (`("quantize<float>", "_Z8quantizeIfEvPKfPai")`).
     pub lowered: &'static [(&'static str, &'static str)],
+    /// The real archs (`sm_90`) whose relocatable SASS the fatbin holds
+    /// beside the LTO-IR: a plan of such fragments links for exactly that
+    /// arch without LTO, in about a millisecond
+    /// ([`crate::link::LinkRuntime::link_tiered`]).
+    pub sass: &'static [&'static str],
 }
 
 impl FragmentInfo {
@@ -39,6 +44,13 @@ impl FragmentInfo {
                 .map(|b| b.links_for(target))
                 .unwrap_or(false)
         })
+    }
+
+    /// Whether the fatbin holds relocatable SASS for exactly the real arch
+    /// `target` (`sm_90` for sm_90; an `sm_90a` build for sm_90a only).
+    pub fn has_sass_for(&self, target: crate::build::Arch) -> bool {
+        let target = target.real().to_string();
+        self.sass.iter().any(|a| *a == target)
     }
 
     /// The kernels of the LTO-IR built for `arch` (as named in `archs`).

@@ -64,6 +64,7 @@ fn fixture() -> (Vec<FamilyDecl>, Vec<FragmentDecl>) {
                 format!("{name}<float>"),
                 format!("_Z{}{name}IfEvv", name.len()),
             )],
+            sass: vec!["sm_90".into()],
         },
     };
     let fragments = vec![

@@ -44,6 +44,7 @@ fn fake(
         entries,
         definitions,
         lowered: &[],
+        sass: &[],
     }))
 }
 

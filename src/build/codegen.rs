@@ -288,7 +288,7 @@ pub fn generate(
             .collect();
         writeln!(
             out,
-            "static FRAGMENT_{i}: {krate}::fragment::FragmentInfo = {krate}::fragment::FragmentInfo {{ name: {}, family: {}, params: &[{}], archs: &[{}], fatbin: &FATBIN_{i}.0, hash: {}, entries: &[{}], definitions: &[{}], lowered: &[{}] }};",
+            "static FRAGMENT_{i}: {krate}::fragment::FragmentInfo = {krate}::fragment::FragmentInfo {{ name: {}, family: {}, params: &[{}], archs: &[{}], fatbin: &FATBIN_{i}.0, hash: {}, entries: &[{}], definitions: &[{}], lowered: &[{}], sass: &[{}] }};",
             rust_str(&frag.name),
             rust_str(&frag.family),
             params.join(", "),
@@ -296,7 +296,8 @@ pub fn generate(
             rust_str(&frag.hash),
             entries.join(", "),
             str_list(&rec.definitions),
-            lowered.join(", ")
+            lowered.join(", "),
+            str_list(&rec.sass)
         )
         .unwrap();
         let args: Vec<String> = fam

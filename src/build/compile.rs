@@ -20,7 +20,7 @@ use crate::sys::SysError;
 
 /// Bumped when the cache's meaning changes (v3, v4: a sidecar of recorded
 /// entries, definitions and lowered names beside each fatbin).
-const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v4";
+const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v5";
 
 /// Options nvFatbin gets: smallest output (DESIGN.md decision 1).
 pub const FATBIN_OPTIONS: &[&str] = &["-compress-all", "-compress-mode=size"];
@@ -124,6 +124,10 @@ pub struct Recorded {
     pub definitions: Vec<String>,
     /// `(name expression, lowered name)`.
     pub lowered: Vec<(String, String)>,
+    /// The real archs (`sm_90`) whose relocatable SASS the fatbin holds
+    /// beside their LTO-IR: what a quick link (no LTO) of a first call uses
+    /// ([`crate::link::LinkRuntime::link_tiered`]).
+    pub sass: Vec<String>,
 }
 
 /// One fragment's outcome.
@@ -334,14 +338,25 @@ fn cached(fatbin: &Path) -> Option<(Vec<u8>, Recorded)> {
     Some((bytes, serde_json::from_slice(&side).ok()?))
 }
 
+/// One arch's outputs.
+struct ArchOutputs {
+    lto: Vec<u8>,
+    lowered: Vec<String>,
+    symbols: super::ptx::PtxSymbols,
+    /// A real arch's relocatable SASS, from the PTX compile.
+    sass: Option<Vec<u8>>,
+}
+
 /// Compiles one arch: LTO-IR (with the name expressions' lowered names) and
-/// PTX (for the recorded symbols).
+/// PTX (for the recorded symbols); for a real arch (`sm_90`) the PTX
+/// compile's cubin too: ptxas ran for it anyway, and it is relocatable SASS
+/// a first call can link without LTO in a millisecond.
 fn compile_arch(
     ctx: &CompileContext<'_>,
     r: &Rendered,
     arch: Arch,
     source_path: &Path,
-) -> Result<(Vec<u8>, Vec<String>, super::ptx::PtxSymbols), CompileError> {
+) -> Result<ArchOutputs, CompileError> {
     let opts = fragment_options(ctx, r, arch);
     // The bare file name: a fatbin must not depend on where OUT_DIR is (the
     // error below names the full path).
@@ -370,23 +385,23 @@ fn compile_arch(
         .filter(|o| o != "-dlto" && !is_pre_optimize(o))
         .collect();
     // The name expressions again: they instantiate templates only they use.
-    let (ptx, _) = ctx
+    let outputs: &[Output] = if arch.virtual_arch {
+        &[Output::Ptx]
+    } else {
+        &[Output::Ptx, Output::Cubin]
+    };
+    let (mut out, _) = ctx
         .nvrtc
-        .compile_named(
-            &r.source,
-            &program,
-            &[],
-            &ptx_opts,
-            Output::Ptx,
-            &r.expressions,
-        )
+        .compile_outputs(&r.source, &program, &[], &ptx_opts, outputs, &r.expressions)
         .map_err(nvrtc_err)?;
-    let text = String::from_utf8_lossy(&ptx.bytes);
-    Ok((
-        lto.bytes,
+    let sass = (out.len() == 2).then(|| out.pop().expect("two outputs").bytes);
+    let text = String::from_utf8_lossy(&out[0].bytes);
+    Ok(ArchOutputs {
+        lto: lto.bytes,
         lowered,
-        super::ptx::parse(text.trim_end_matches('\0')),
-    ))
+        symbols: super::ptx::parse(text.trim_end_matches('\0')),
+        sass,
+    })
 }
 
 /// The archs `r` is compiled for: its own list ([`Rendered::archs`]), or
@@ -417,7 +432,12 @@ fn build_fatbin(
     let mut recorded = Recorded::default();
     let mut lowered_from: Option<Arch> = None;
     for arch in &fragment_archs(ctx, r) {
-        let (lto, lowered, symbols) = match compile_arch(ctx, r, *arch, source_path) {
+        let ArchOutputs {
+            lto,
+            lowered,
+            symbols,
+            sass,
+        } = match compile_arch(ctx, r, *arch, source_path) {
             Ok(x) => x,
             Err(e) => {
                 errors.push(e);
@@ -427,6 +447,12 @@ fn build_fatbin(
         builder
             .add_ltoir(&lto, &arch.to_string(), &format!("{}_{arch}", r.name), "")
             .map_err(fatbin_err)?;
+        if let Some(sass) = sass {
+            builder
+                .add_cubin(&sass, &arch.to_string(), &format!("{}_{arch}_sass", r.name))
+                .map_err(fatbin_err)?;
+            recorded.sass.push(arch.to_string());
+        }
         match lowered_from {
             None => {
                 recorded.lowered = r.expressions.iter().cloned().zip(lowered).collect();

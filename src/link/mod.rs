@@ -35,6 +35,7 @@ pub mod planner;
 pub mod prelink;
 pub mod profile;
 pub mod runtime;
+pub mod tiered;
 
 use std::sync::Arc;
 

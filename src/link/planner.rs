@@ -315,16 +315,25 @@ impl Planner {
         LinkRuntime::global()?.link(self, arch)
     }
 
-    /// Links two plans for `arch` through the process-wide runtime, both at
-    /// the same time when neither is in memory yet
-    /// ([`LinkRuntime::link_all`]): a search's kernel pair.
+    /// Links for a launch now on `arch` through the process-wide runtime
+    /// ([`LinkRuntime::link_tiered`]): a cold plan's first call gets a quick
+    /// link (no LTO) while the optimised one runs in the background; ask
+    /// again per launch to move to it. The search paths link so.
+    pub fn link_tiered_for(&self, arch: Arch) -> Result<Linked, LinkError> {
+        LinkRuntime::global()?.link_tiered(self, arch)
+    }
+
+    /// A search's kernel pair for a launch now on `arch`, through the
+    /// process-wide runtime: quick links where they serve, else both at the
+    /// same time when neither is in memory yet
+    /// ([`LinkRuntime::link_all_tiered`]).
     pub fn link_pair_for(
         first: &Planner,
         second: &Planner,
         arch: Arch,
     ) -> Result<(Linked, Linked), LinkError> {
         let mut both = LinkRuntime::global()?
-            .link_all(&[first, second], arch)?
+            .link_all_tiered(&[first, second], arch)?
             .into_iter();
         match (both.next(), both.next()) {
             (Some(a), Some(b)) => Ok((a, b)),

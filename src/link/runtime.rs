@@ -49,6 +49,7 @@ use super::linker::{FastCompile, LinkInput, LinkOptions, Linker};
 use super::metadata::{self, KernelMetadata};
 use super::planner::Planner;
 use super::profile::ProfileWriter;
+use super::tiered::Upgrades;
 use super::LinkError;
 
 /// fraglink's device headers, embedded so that run-time sources can
@@ -90,6 +91,10 @@ pub struct LinkedKernel {
     pub kernels: Vec<KernelMetadata>,
     /// nvJitLink's `-verbose` info log of the link that produced the cubin.
     pub info_log: String,
+    /// A quick link (no LTO) standing in while the optimised one runs
+    /// ([`LinkRuntime::link_tiered`]): kept in memory only.
+    #[serde(default)]
+    pub quick: bool,
     #[serde(skip)]
     pub cubin: Vec<u8>,
 }
@@ -246,19 +251,19 @@ enum InputBytes<'a> {
 
 /// What [`LinkRuntime::link`] knows about a plan before it looks in the
 /// caches or links.
-enum Prepared<'p> {
+pub(super) enum Prepared<'p> {
     /// Linked by this runtime before and still in memory.
     Remembered(Linked),
     Keyed(LinkRequest<'p>),
 }
 
 /// A link request: the real arch, the inputs, the options and their key.
-struct LinkRequest<'p> {
-    arch: Arch,
+pub(super) struct LinkRequest<'p> {
+    pub(super) arch: Arch,
     inputs: Vec<Input<'p>>,
-    options: LinkOptions,
-    key: LinkKey,
-    requested: Instant,
+    pub(super) options: LinkOptions,
+    pub(super) key: LinkKey,
+    pub(super) requested: Instant,
 }
 
 /// LTO-IR of a run-time source.
@@ -300,6 +305,11 @@ pub struct LinkRuntime {
     /// `FRAGLINK_FAST_COMPILE` on the global runtime's first link, or
     /// [`Self::set_fast_compile`]; otherwise `None` (full optimisation).
     fast_compile: OnceCell<Option<FastCompile>>,
+    /// Quick first links ([`Self::link_tiered`]): `FRAGLINK_QUICK_LINK`
+    /// for the process-wide runtime, or [`Self::set_quick_link`].
+    pub(super) quick_link: OnceCell<bool>,
+    /// The optimised links [`Self::link_tiered`] started in the background.
+    upgrades: Upgrades,
 }
 
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(0);
@@ -492,6 +502,8 @@ impl LinkRuntime {
             profile: OnceCell::new(),
             global: false,
             fast_compile: OnceCell::new(),
+            quick_link: OnceCell::new(),
+            upgrades: Upgrades::default(),
         }
     }
 
@@ -798,7 +810,39 @@ impl LinkRuntime {
 
     /// A link request's inputs and key, or, for a plan this runtime linked
     /// before whose kernel is still in memory, the kernel itself.
-    fn prepare<'p>(&self, plan: &'p Planner, arch: Arch) -> Result<Prepared<'p>, LinkError> {
+    /// A ready kernel in memory, without linking (the tiered path's check).
+    pub(super) fn memory_peek(&self, key: &LinkKey) -> Option<Arc<LinkedKernel>> {
+        self.memory.peek(key)
+    }
+
+    /// The memory cache's single-flight lookup (the tiered path's quick
+    /// links, which never go to disk).
+    pub(super) fn memory_get_or_link(
+        &self,
+        key: &LinkKey,
+        produce: impl FnOnce() -> Result<(LinkedKernel, Source), LinkError>,
+    ) -> Result<(Arc<LinkedKernel>, Source), LinkError> {
+        self.settle_memory()?;
+        self.memory
+            .get_or_try_insert(key, produce)
+            .map_err(LinkError::from_shared)
+    }
+
+    pub(super) fn upgrades(&self) -> &Upgrades {
+        &self.upgrades
+    }
+
+    /// Whether this is the process-wide runtime (the one environment
+    /// variables configure).
+    pub(super) fn is_global(&self) -> bool {
+        self.global
+    }
+
+    pub(super) fn prepare<'p>(
+        &self,
+        plan: &'p Planner,
+        arch: Arch,
+    ) -> Result<Prepared<'p>, LinkError> {
         // The real arch, variant kept: sm_90a is its own target and key.
         let arch = arch.real();
         if plan.is_empty() {
@@ -887,6 +931,7 @@ impl LinkRuntime {
                 metadata: kernels[0].clone(),
                 kernels,
                 info_log,
+                quick: false,
                 cubin,
             };
 

@@ -339,10 +339,25 @@ impl GpuSearcher {
         })
     }
 
-    /// Links `kernels` for this device (at the same time,
-    /// [`LinkRuntime::link_all`]) and loads them, as a search's first call
-    /// would; returns how long that took. A no-op, in microseconds, when
-    /// they are loaded already.
+    /// Whether every kernel of `kernels` that is not linked yet can be
+    /// linked quickly for this device ([`LinkRuntime::links_quickly`]): a
+    /// search would wait about a millisecond per kernel, not for a full
+    /// link, running slower kernels until the optimised ones are done.
+    pub fn links_quickly(&self, kernels: &SearchKernels) -> bool {
+        let arch = self.ctx.arch();
+        LinkRuntime::global().is_ok_and(|rt| {
+            kernels.kernels().iter().all(|(p, _)| {
+                rt.is_available(p, arch).unwrap_or(false) || rt.links_quickly(p, arch)
+            })
+        })
+    }
+
+    /// Links `kernels` for this device and loads them, as a search's first
+    /// call would ([`LinkRuntime::link_all_tiered`]: quick links, about a
+    /// millisecond each, where the optimised kernels are neither in memory
+    /// nor on disk, those linking in the background meanwhile); returns how
+    /// long that took. A no-op, in microseconds, when they are loaded
+    /// already.
     pub fn prepare(&self, kernels: &SearchKernels) -> Result<Duration, GpuSearchError> {
         let started = Instant::now();
         self.load_search_kernels(kernels)?;
@@ -385,11 +400,12 @@ impl GpuSearcher {
         first: &(Planner, u32),
         rest: &[(Planner, u32)],
     ) -> Result<Linked, GpuSearchError> {
-        // Linked at the same time (LinkRuntime::link_all), loaded in order.
+        // Linked as a search links them (LinkRuntime::link_all_tiered: quick
+        // links where the optimised ones are not at hand), loaded in order.
         let plans: Vec<&Planner> = std::iter::once(&first.0)
             .chain(rest.iter().map(|(p, _)| p))
             .collect();
-        let linked = LinkRuntime::global()?.link_all(&plans, self.ctx.arch())?;
+        let linked = LinkRuntime::global()?.link_all_tiered(&plans, self.ctx.arch())?;
         let blocks = std::iter::once(first.1).chain(rest.iter().map(|(_, b)| *b));
         for (l, block) in linked.iter().zip(blocks) {
             self.launcher_for(l, block)?;

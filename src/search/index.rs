@@ -424,7 +424,7 @@ impl GpuIndex {
         started: Instant,
     ) -> Result<GpuSearch, GpuSearchError> {
         let (nq, k) = (queries.rows(), params.k);
-        let linked = p.planner().link_for(self.gpu.context().arch())?;
+        let linked = p.planner().link_tiered_for(self.gpu.context().arch())?;
         let launcher = self.gpu.launcher(&linked)?;
         let neighbors = if nq == 0 {
             Neighbors {
@@ -613,7 +613,7 @@ impl GpuIndex {
             // The scan of the special rows links with the pair, all three at
             // once when cold (the launches below then find them in memory).
             let plans = [kp.tile_planner(), kp.rerank_planner(), part.plan.planner()];
-            LinkRuntime::global()?.link_all(&plans.each_ref(), self.gpu.context().arch())?;
+            LinkRuntime::global()?.link_all_tiered(&plans.each_ref(), self.gpu.context().arch())?;
         }
         let bits = match &tensor_params.filter {
             Filter::Bitset(b) if skipping => {
@@ -720,7 +720,10 @@ impl GpuIndex {
         queries: &Vectors,
         main: &Neighbors,
     ) -> Result<Neighbors, GpuSearchError> {
-        let linked = part.plan.planner().link_for(self.gpu.context().arch())?;
+        let linked = part
+            .plan
+            .planner()
+            .link_tiered_for(self.gpu.context().arch())?;
         let launcher = self.gpu.launcher(&linked)?;
         let (t, pool) = (self.gpu.transfer(), self.gpu.pool());
         let d_queries = upload_queries(t, pool, queries)?;

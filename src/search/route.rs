@@ -256,7 +256,8 @@ impl Searcher {
     /// The kernels of this search's GPU batches, distinct (the first
     /// batch's and, where the last is shorter, its own: the tensor-core
     /// tile depends on a batch's query count), and whether any still needs
-    /// a link. No kernels where they cannot be told (bad input: the search
+    /// a full link (one a quick link serves does not: the search waits a
+    /// millisecond for it, [`GpuSearcher::links_quickly`]). No kernels where they cannot be told (bad input: the search
     /// says why); a configuration whose background link failed counts as
     /// linked (a search the GPU wins then meets the error).
     fn cold_kernels(
@@ -295,7 +296,7 @@ impl Searcher {
         let cold = kernels
             .iter()
             .zip(failed)
-            .any(|(k, failed)| !failed && !gpu.is_linked(k));
+            .any(|(k, failed)| !failed && !gpu.is_linked(k) && !gpu.links_quickly(k));
         (kernels, cold)
     }
 

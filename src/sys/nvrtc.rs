@@ -297,6 +297,23 @@ impl Nvrtc {
         output: Output,
         expressions: &[String],
     ) -> Result<(Compiled, Vec<String>), SysError> {
+        let (mut out, lowered) =
+            self.compile_outputs(source, name, headers, options, &[output], expressions)?;
+        Ok((out.remove(0), lowered))
+    }
+
+    /// Like [`Nvrtc::compile_named`], returning several outputs of the one
+    /// compile, in the order asked: a real architecture without `-dlto`
+    /// gives PTX and the cubin ptxas made of it from one front-end run.
+    pub fn compile_outputs(
+        &self,
+        source: &str,
+        name: &str,
+        headers: &[(&str, &str)],
+        options: &[String],
+        outputs: &[Output],
+        expressions: &[String],
+    ) -> Result<(Vec<Compiled>, Vec<String>), SysError> {
         let fns = &self.inner.fns;
         let c_expressions = expressions
             .iter()
@@ -394,6 +411,22 @@ impl Nvrtc {
                     .into_owned(),
             );
         }
+        let out = outputs
+            .iter()
+            .map(|&output| self.output(guard.prog, name, output, &log))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((out, lowered))
+    }
+
+    /// One output of a compiled program.
+    fn output(
+        &self,
+        prog: NvrtcProgram,
+        name: &str,
+        output: Output,
+        log: &str,
+    ) -> Result<Compiled, SysError> {
+        let fns = &self.inner.fns;
         let (size_fn, get_fn, size_call, get_call) = match output {
             Output::LtoIr => (
                 fns.nvrtcGetLTOIRSize,
@@ -422,7 +455,7 @@ impl Nvrtc {
         };
         let mut size = 0usize;
         // SAFETY: valid program and out-pointer.
-        let r = unsafe { size_fn(guard.prog, &mut size) };
+        let r = unsafe { size_fn(prog, &mut size) };
         if r != NVRTC_SUCCESS {
             // NVRTC reports "nothing of this kind was generated" as
             // NVRTC_ERROR_INVALID_PROGRAM / INVALID_INPUT on some versions.
@@ -439,9 +472,12 @@ impl Nvrtc {
         }
         let mut bytes = vec![0u8; size];
         // SAFETY: `bytes` holds the `size` bytes NVRTC reported.
-        let r = unsafe { get_fn(guard.prog, bytes.as_mut_ptr().cast()) };
+        let r = unsafe { get_fn(prog, bytes.as_mut_ptr().cast()) };
         self.check(get_call, r)?;
-        Ok((Compiled { bytes, log }, lowered))
+        Ok(Compiled {
+            bytes,
+            log: log.to_owned(),
+        })
     }
 
     fn program_log(&self, prog: NvrtcProgram) -> Result<String, SysError> {

@@ -458,7 +458,7 @@ impl GpuIvfIndex {
             })
             .collect::<Result<Vec<u32>, _>>()?;
         let linked = planner
-            .link_for(self.gpu.context().arch())
+            .link_tiered_for(self.gpu.context().arch())
             .map_err(dev_err)?;
         let launcher = self.gpu.launcher(&linked).map_err(dev_err)?;
         let t = self.gpu.transfer();

@@ -1,0 +1,439 @@
+//! Tiered links: a configuration's first call runs a quick link, the
+//! optimised one replaces it in the background.
+//!
+//! A cold LTO link of one search kernel takes 60–150 ms (nvJitLink 13.0,
+//! sm_90): NVVM re-optimises the whole program, then ptxas compiles it.
+//! Every fragment built for a real arch (`sm_90` in the default arch list)
+//! also carries the relocatable SASS that ptxas made of it at build time
+//! ([`FragmentInfo::sass`]); linking those without LTO only resolves symbols
+//! and lays out the cubin: about a millisecond. The kernel it gives calls
+//! the metric and filter through the ABI instead of inlining them (more
+//! registers, a small stack frame, slower), and computes the same bits:
+//! fragments round through explicit intrinsics (`fragments/common.cuh`), so
+//! no contraction can differ between inlined and called code.
+//!
+//! [`LinkRuntime::link_tiered`] therefore answers a plan that is neither in
+//! memory nor on disk with the quick link, kept in memory only, and starts
+//! the full link on a thread of its own; that one goes to memory and disk
+//! as any link does, and from then on the same call returns it. A caller that
+//! asks again per launch (the search paths, through their launcher maps
+//! keyed by [`LinkKey`]) moves to the optimised kernel by itself. A caller
+//! that keeps what it got forever should call [`LinkRuntime::link`].
+//!
+//! `FRAGLINK_QUICK_LINK=0` turns the quick tier off: every cold call waits
+//! for the full link.
+//!
+//! [`FragmentInfo::sass`]: crate::fragment::FragmentInfo::sass
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use crate::build::arch::Arch;
+use crate::sys::InputType;
+
+use super::cache::Source;
+use super::key::LinkKey;
+use super::linker::{LinkInput, LinkOptions};
+use super::metadata;
+use super::planner::Planner;
+use super::runtime::{LinkRuntime, Linked, LinkedKernel, Prepared};
+use super::LinkError;
+
+/// Environment variable: `0` turns quick first links off (on by default).
+pub const ENV_QUICK_LINK: &str = "FRAGLINK_QUICK_LINK";
+
+/// Marks a quick link's key: the same fragments and arch without `-lto`
+/// are a different cubin, and this can never be an nvJitLink option.
+const QUICK_KEY_MARK: &str = "fraglink:quick-sass";
+
+/// The static shared memory one block may declare (48 KiB on every arch).
+/// A quick link's cubin counts the driver's 1 KiB reservation per block in
+/// it (`.nv.reservedSmem`, laid out at offset 0), which a whole-program LTO
+/// cubin leaves to the driver: 1 KiB more than the optimised kernel's
+/// figure, so a kernel that declares nearly 48 KiB (IVF's capacity 2048)
+/// gets no quick link.
+pub const STATIC_SHARED_LIMIT: u32 = 48 * 1024;
+
+/// Whether `FRAGLINK_QUICK_LINK` allows quick links (unset: yes).
+pub fn quick_link_from_env() -> Result<bool, LinkError> {
+    crate::switch::switch_by_env(ENV_QUICK_LINK, true).map_err(|value| LinkError::InvalidEnv {
+        var: ENV_QUICK_LINK,
+        value,
+        reason: format!("expected {}", crate::switch::SWITCH_EXPECTED),
+    })
+}
+
+/// Where the optimised link of a key stands.
+#[derive(Debug, Clone)]
+enum Upgrade {
+    Running,
+    /// It failed: the quick link serves on, and it is not retried.
+    Failed(Arc<LinkError>),
+}
+
+/// The optimised links started in the background, by final key.
+#[derive(Default)]
+pub(super) struct Upgrades {
+    state: Mutex<HashMap<LinkKey, Upgrade>>,
+    settled: Condvar,
+}
+
+impl Upgrades {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LinkKey, Upgrade>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `true` when this call claimed the key (no upgrade ran or runs).
+    fn claim(&self, key: LinkKey) -> bool {
+        let mut st = self.lock();
+        if st.contains_key(&key) {
+            return false;
+        }
+        st.insert(key, Upgrade::Running);
+        true
+    }
+
+    fn settle(&self, key: LinkKey, result: Result<(), LinkError>) {
+        let mut st = self.lock();
+        match result {
+            Ok(()) => {
+                st.remove(&key);
+            }
+            Err(e) => {
+                st.insert(key, Upgrade::Failed(Arc::new(e)));
+            }
+        }
+        self.settled.notify_all();
+    }
+
+    fn failed(&self, key: &LinkKey) -> Option<Arc<LinkError>> {
+        match self.lock().get(key) {
+            Some(Upgrade::Failed(e)) => Some(e.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a quick link's kernels can launch as their optimised link's can:
+/// static shared memory within [`STATIC_SHARED_LIMIT`].
+fn fits(quick: &Linked) -> bool {
+    quick
+        .kernel
+        .kernels
+        .iter()
+        .all(|k| k.shared_bytes.unwrap_or(0) <= STATIC_SHARED_LIMIT)
+}
+
+/// The nvJitLink options of a quick link: no LTO, so nvJitLink takes each
+/// fatbin's SASS for `arch` and only links it.
+fn quick_options(arch: Arch) -> LinkOptions {
+    let mut o = LinkOptions::new(arch);
+    o.lto = Some(false);
+    o
+}
+
+/// Whether `plan` can link quickly for `arch` with `options` (its full
+/// link's): every fragment built in with SASS for exactly `arch`, and no
+/// setting that changes the code's registers, precision or debug lines (the
+/// SASS was compiled without them).
+fn quick_serves(plan: &Planner, options: &LinkOptions, arch: Arch) -> bool {
+    plan.sources().is_empty()
+        && plan.static_fragments().iter().all(|f| f.has_sass_for(arch))
+        && options.max_registers.is_none()
+        && !options.lineinfo
+        && [
+            options.ftz,
+            options.prec_div,
+            options.prec_sqrt,
+            options.fma,
+        ]
+        .iter()
+        .all(Option::is_none)
+}
+
+impl LinkRuntime {
+    /// Whether this runtime takes quick first links: [`set_quick_link`]
+    /// where it was called, else `FRAGLINK_QUICK_LINK` for the process-wide
+    /// runtime, else yes.
+    ///
+    /// [`set_quick_link`]: Self::set_quick_link
+    fn quick_link_on(&self) -> Result<bool, LinkError> {
+        self.quick_link
+            .get_or_try_init(|| match self.is_global() {
+                true => quick_link_from_env(),
+                false => Ok(true),
+            })
+            .copied()
+    }
+
+    /// Turns quick first links on or off for this runtime; `false` when
+    /// the setting was fixed already (by an earlier call or a first link).
+    pub fn set_quick_link(&self, on: bool) -> bool {
+        self.quick_link.set(on).is_ok()
+    }
+
+    /// Links `plan` for `arch` for a launch now: the optimised kernel when
+    /// it is in memory or on disk, or when no quick link serves the plan
+    /// (then as [`link`](Self::link)); otherwise a quick link (no LTO, about
+    /// a millisecond; [`LinkedKernel::quick`] set), while the optimised link
+    /// runs on a thread of its own. Ask again per launch: once that link is
+    /// done, this returns it. See the [module docs](self).
+    pub fn link_tiered(&'static self, plan: &Planner, arch: Arch) -> Result<Linked, LinkError> {
+        let mut all = self.link_all_tiered(&[plan], arch)?;
+        Ok(all.remove(0))
+    }
+
+    /// [`link_tiered`](Self::link_tiered) of several plans: quick links
+    /// where they serve, the rest at the same time ([`link_all`](Self::link_all)).
+    pub fn link_all_tiered(
+        &'static self,
+        plans: &[&Planner],
+        arch: Arch,
+    ) -> Result<Vec<Linked>, LinkError> {
+        let mut done: Vec<Option<Linked>> = Vec::with_capacity(plans.len());
+        for plan in plans {
+            done.push(self.try_quick(plan, arch)?);
+        }
+        let rest: Vec<&Planner> = plans
+            .iter()
+            .zip(&done)
+            .filter(|(_, d)| d.is_none())
+            .map(|(p, _)| *p)
+            .collect();
+        let mut linked = self.link_all(&rest, arch)?.into_iter();
+        Ok(done
+            .into_iter()
+            .map(|d| d.unwrap_or_else(|| linked.next().expect("one link per plan left")))
+            .collect())
+    }
+
+    /// The plan's kernel without a full link, if it can be had so: from
+    /// memory, or quickly linked (starting the optimised link). `None`: the
+    /// full path must run (a disk hit, no quick link, quick links off).
+    fn try_quick(&'static self, plan: &Planner, arch: Arch) -> Result<Option<Linked>, LinkError> {
+        let request = match self.prepare(plan, arch)? {
+            Prepared::Remembered(linked) => return Ok(Some(linked)),
+            Prepared::Keyed(request) => request,
+        };
+        if let Some(kernel) = self.memory_peek(&request.key) {
+            return Ok(Some(Linked {
+                kernel,
+                source: Source::Memory,
+                key: request.key,
+                elapsed: request.requested.elapsed(),
+            }));
+        }
+        let arch = request.arch;
+        if !quick_serves(plan, &request.options, arch) || !self.quick_link_on()? {
+            return Ok(None);
+        }
+        let failed = self.upgrades().failed(&request.key);
+        if failed.is_none() && self.disk().is_some_and(|d| d.holds(&request.key.hex())) {
+            return Ok(None);
+        }
+        let quick = match self.quick_link(plan, arch, request.requested) {
+            Ok(q) if fits(&q) => q,
+            // No quick kernel to launch: the full link says what is wrong,
+            // or works where this did not; where it failed already, its
+            // error.
+            _ => {
+                return match failed {
+                    None => Ok(None),
+                    Some(e) => Err(LinkError::Shared(e)),
+                }
+            }
+        };
+        if failed.is_none() {
+            self.upgrade_in_background(plan, arch, request.key);
+        }
+        Ok(Some(quick))
+    }
+
+    /// Whether [`link_tiered`](Self::link_tiered) would answer `plan` for
+    /// `arch` with a quick link when the optimised one is not at hand:
+    /// quick links on, and every fragment built in with SASS for `arch`
+    /// and no setting that changes the code. (A kernel whose quick link
+    /// turns out too large for static shared memory still links in full.)
+    pub fn links_quickly(&self, plan: &Planner, arch: Arch) -> bool {
+        let arch = arch.real();
+        self.quick_link_on().unwrap_or(false) && quick_serves(plan, &plan.options(arch), arch)
+    }
+
+    /// The quick link (no LTO) of `plan` for `arch` alone, in memory only,
+    /// without starting the optimised one; `None` where no quick link
+    /// serves the plan (a fragment without SASS for `arch`, a run-time
+    /// source, a setting that changes the code). Whatever
+    /// `FRAGLINK_QUICK_LINK` says: for comparing the two tiers.
+    pub fn link_quick(&self, plan: &Planner, arch: Arch) -> Result<Option<Linked>, LinkError> {
+        let arch = arch.real();
+        if plan.is_empty() {
+            return Err(LinkError::EmptyPlan {
+                entry: plan.entry().to_string(),
+            });
+        }
+        if !quick_serves(plan, &plan.options(arch), arch) {
+            return Ok(None);
+        }
+        let quick = self.quick_link(plan, arch, Instant::now())?;
+        Ok(fits(&quick).then_some(quick))
+    }
+
+    /// The non-LTO link of `plan`'s fragments' SASS, in memory only.
+    fn quick_link(
+        &self,
+        plan: &Planner,
+        arch: Arch,
+        requested: Instant,
+    ) -> Result<Linked, LinkError> {
+        let options = quick_options(arch);
+        let mut args = options.to_args();
+        args.push(QUICK_KEY_MARK.to_string());
+        let pairs: Vec<(&str, &str)> = plan
+            .static_fragments()
+            .iter()
+            .map(|f| (f.name, f.hash))
+            .collect();
+        let entries: Vec<&str> = plan.entries().iter().map(String::as_str).collect();
+        let key = LinkKey::new(&entries, &pairs, &args, self.linker().version());
+        let produce = || -> Result<(LinkedKernel, Source), LinkError> {
+            super::check::check_plan(plan, arch)?;
+            let inputs: Vec<LinkInput<'_>> = plan
+                .static_fragments()
+                .iter()
+                .map(|f| LinkInput {
+                    name: f.name,
+                    kind: InputType::Fatbin,
+                    bytes: f.fatbin,
+                })
+                .collect();
+            let started = Instant::now();
+            let out = self.linker().link(&inputs, &options)?;
+            let link_ms = started.elapsed().as_secs_f64() * 1e3;
+            let mut kernels = Vec::with_capacity(entries.len());
+            for e in &entries {
+                let cubin_err = |source| LinkError::Cubin {
+                    entry: e.to_string(),
+                    source,
+                };
+                metadata::check_cubin(&out.cubin, e).map_err(cubin_err)?;
+                // nvJitLink's non-LTO log has no ptxas lines: the cubin's
+                // own records give the resources.
+                let res = metadata::cubin_resources(&out.cubin, e).map_err(cubin_err)?;
+                kernels.push(metadata::KernelMetadata::from_cubin(
+                    e,
+                    &arch.to_string(),
+                    &res,
+                    out.cubin.len(),
+                    link_ms,
+                ));
+            }
+            let kernel = LinkedKernel {
+                key: Some(key),
+                entry: plan.entry().to_string(),
+                arch: arch.to_string(),
+                fragments: plan.fragment_names(),
+                metadata: kernels[0].clone(),
+                kernels,
+                info_log: out.info_log,
+                quick: true,
+                cubin: out.cubin,
+            };
+            Ok((kernel, Source::Linked))
+        };
+        let (kernel, source) = self.memory_get_or_link(&key, produce)?;
+        Ok(Linked {
+            kernel,
+            source,
+            key,
+            elapsed: requested.elapsed(),
+        })
+    }
+
+    /// Starts the full link of `plan` under `key` on a thread of its own,
+    /// once per key; a failure is kept (the quick link serves on) and said
+    /// once on stderr.
+    fn upgrade_in_background(&'static self, plan: &Planner, arch: Arch, key: LinkKey) {
+        if !self.upgrades().claim(key) {
+            return;
+        }
+        let plan = plan.clone();
+        let spawned = std::thread::Builder::new()
+            .name("fraglink-upgrade".into())
+            .spawn(move || {
+                let result = self.link(&plan, arch).map(|_| ());
+                if let Err(e) = &result {
+                    eprintln!(
+                        "fraglink: warning: the optimised link of `{}` for {arch} failed, \
+                         its quick link (no LTO) serves on: {e}",
+                        plan.entry()
+                    );
+                }
+                self.upgrades().settle(key, result);
+            });
+        if spawned.is_err() {
+            // No thread: the next call claims the key again.
+            self.upgrades().lock().remove(&key);
+        }
+    }
+
+    /// Waits until no optimised link started by [`link_tiered`](Self::link_tiered)
+    /// runs any more; returns how many of them failed.
+    pub fn wait_for_upgrades(&self) -> usize {
+        let ups = self.upgrades();
+        let mut st = ups.lock();
+        while st.values().any(|u| matches!(u, Upgrade::Running)) {
+            st = ups.settled.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.values()
+            .filter(|u| matches!(u, Upgrade::Failed(_)))
+            .count()
+    }
+
+    /// The error of `plan`'s optimised link for `arch`, if it ran in the
+    /// background and failed (its quick link then serves on).
+    pub fn upgrade_error(&self, plan: &Planner, arch: Arch) -> Option<Arc<LinkError>> {
+        let key = match self.prepare(plan, arch).ok()? {
+            Prepared::Remembered(l) => l.key,
+            Prepared::Keyed(r) => r.key,
+        };
+        self.upgrades().failed(&key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_links_take_no_lto_and_their_key_differs_from_every_full_link() {
+        let args = quick_options(Arch::sm(90)).to_args();
+        assert_eq!(args, ["-arch=sm_90", "-O3", "-verbose"]);
+        assert!(!QUICK_KEY_MARK.starts_with('-'));
+    }
+
+    #[test]
+    fn settings_that_change_the_code_leave_the_quick_tier() {
+        let plan = Planner::new("scan_f32_u32_v4_k32")
+            .add_named("scan_f32_u32_v4_k32")
+            .unwrap();
+        let arch = Arch::sm(90);
+        let mut o = plan.options(arch);
+        let has_sass = plan.static_fragments()[0].has_sass_for(arch);
+        assert_eq!(quick_serves(&plan, &o, arch), has_sass);
+        o.max_registers = Some(64);
+        assert!(!quick_serves(&plan, &o, arch));
+        let mut o = plan.options(arch);
+        o.lineinfo = true;
+        assert!(!quick_serves(&plan, &o, arch));
+        let mut o = plan.options(arch);
+        o.ftz = Some(true);
+        assert!(!quick_serves(&plan, &o, arch));
+        // No SASS for sm_80 in the default arch list (compute_80 is LTO-IR).
+        assert!(!quick_serves(
+            &plan,
+            &plan.options(Arch::sm(80)),
+            Arch::sm(80)
+        ));
+    }
+}
