@@ -76,6 +76,49 @@ fn a_cold_plan_links_quickly_then_the_optimised_kernel_takes_over() {
     assert_eq!(again.wait_for_upgrades(), 0);
 }
 
+/// Set in the child process of the exit test.
+const CHILD_VAR: &str = "FRAGLINK_TIERED_EXIT_CHILD";
+
+/// A process that exits right after its first (quick) link still leaves
+/// the optimised kernel on disk for the next one: its exit waits for the
+/// link running in the background (and does not tear nvJitLink down under
+/// it). The child is this test, re-run in a process of its own.
+#[test]
+fn a_process_exiting_after_a_quick_link_leaves_the_optimised_kernel_on_disk() {
+    if std::env::var_os(CHILD_VAR).is_some() {
+        let rt = LinkRuntime::global().unwrap();
+        let l = rt.link_tiered(&scan_plan(), SM90).unwrap();
+        assert!(l.kernel.quick, "{:?}", l.source);
+        // Returning ends the process with the optimised link still running.
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_process_exiting_after_a_quick_link_leaves_the_optimised_kernel_on_disk",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_VAR, "1")
+        .env("FRAGLINK_CACHE_DIR", dir.path())
+        .env_remove("FRAGLINK_CACHE_DISABLE")
+        .env_remove("FRAGLINK_QUICK_LINK")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child: {:?} {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rt = runtime(dir.path());
+    let next = rt.link_tiered(&scan_plan(), SM90).unwrap();
+    assert_eq!(next.source, Source::Disk);
+    assert!(!next.kernel.quick);
+}
+
 #[test]
 fn no_quick_link_where_it_would_differ_or_is_switched_off() {
     let dir = tempfile::tempdir().unwrap();

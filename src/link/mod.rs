@@ -117,6 +117,14 @@ pub enum LinkError {
         value: String,
         reason: String,
     },
+    /// A link started in the background ended without a result (it
+    /// panicked); its quick link serves meanwhile.
+    #[error("the optimised link of `{entry}` for {arch} ended without a result: {reason}")]
+    Background {
+        entry: String,
+        arch: String,
+        reason: String,
+    },
     #[error(transparent)]
     Shared(Arc<LinkError>),
 }

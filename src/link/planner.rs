@@ -323,18 +323,30 @@ impl Planner {
         LinkRuntime::global()?.link_tiered(self, arch)
     }
 
-    /// A search's kernel pair for a launch now on `arch`, through the
-    /// process-wide runtime: quick links where they serve, else both at the
-    /// same time when neither is in memory yet
-    /// ([`LinkRuntime::link_all_tiered`]).
+    /// Links two plans for `arch` through the process-wide runtime, both at
+    /// the same time when neither is in memory yet
+    /// ([`LinkRuntime::link_all`]): a search's kernel pair.
     pub fn link_pair_for(
         first: &Planner,
         second: &Planner,
         arch: Arch,
     ) -> Result<(Linked, Linked), LinkError> {
-        let mut both = LinkRuntime::global()?
-            .link_all_tiered(&[first, second], arch)?
-            .into_iter();
+        Self::pair(LinkRuntime::global()?.link_all(&[first, second], arch)?)
+    }
+
+    /// [`link_pair_for`](Self::link_pair_for) for a launch now
+    /// ([`LinkRuntime::link_all_tiered`]): quick links where they serve
+    /// (the search paths link so, per search).
+    pub fn link_pair_tiered_for(
+        first: &Planner,
+        second: &Planner,
+        arch: Arch,
+    ) -> Result<(Linked, Linked), LinkError> {
+        Self::pair(LinkRuntime::global()?.link_all_tiered(&[first, second], arch)?)
+    }
+
+    fn pair(links: Vec<Linked>) -> Result<(Linked, Linked), LinkError> {
+        let mut both = links.into_iter();
         match (both.next(), both.next()) {
             (Some(a), Some(b)) => Ok((a, b)),
             _ => unreachable!("link_all returns one link per plan"),

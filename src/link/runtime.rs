@@ -650,6 +650,15 @@ impl LinkRuntime {
         self.profile.set(Some(profile)).is_ok()
     }
 
+    /// Records `plan` under `key` in the profile, if one is written
+    /// (`FRAGLINK_PROFILE`): also a plan served by a quick link, whose
+    /// optimised link a short process may never finish.
+    pub(super) fn record_profile(&self, key: LinkKey, plan: &Planner, arch: Arch) {
+        if let Some(profile) = self.profile() {
+            profile.record(key, plan, arch);
+        }
+    }
+
     fn profile(&self) -> Option<&ProfileWriter> {
         self.profile
             .get_or_init(|| {

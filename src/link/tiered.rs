@@ -20,6 +20,11 @@
 //! keyed by [`LinkKey`]) moves to the optimised kernel by itself. A caller
 //! that keeps what it got forever should call [`LinkRuntime::link`].
 //!
+//! The process's exit waits for optimised links still running (at most 30
+//! s): exiting under a running nvJitLink aborted or crashed the process.
+//! For that wait to run before nvJitLink's own exit handlers, the first
+//! quick link of a process also runs one small LTO link (10–15 ms).
+//!
 //! `FRAGLINK_QUICK_LINK=0` turns the quick tier off: every cold call waits
 //! for the full link.
 //!
@@ -27,7 +32,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::build::arch::Arch;
 use crate::sys::InputType;
@@ -64,12 +69,21 @@ pub fn quick_link_from_env() -> Result<bool, LinkError> {
     })
 }
 
+/// How long a failed optimised link keeps its quick link serving before a
+/// call tries it again (a transient failure, such as memory, heals).
+pub const UPGRADE_RETRY: Duration = Duration::from_secs(60);
+
+/// How long the process's exit waits for optimised links still running
+/// ([`wait_at_exit`]).
+const EXIT_WAIT: Duration = Duration::from_secs(30);
+
 /// Where the optimised link of a key stands.
 #[derive(Debug, Clone)]
 enum Upgrade {
     Running,
-    /// It failed: the quick link serves on, and it is not retried.
-    Failed(Arc<LinkError>),
+    /// It failed at this time: the quick link serves on until
+    /// [`UPGRADE_RETRY`] has passed.
+    Failed(Arc<LinkError>, Instant),
 }
 
 /// The optimised links started in the background, by final key.
@@ -84,35 +98,100 @@ impl Upgrades {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `true` when this call claimed the key (no upgrade ran or runs).
+    /// `true` when this call claimed the key: no upgrade of it runs, and
+    /// none failed less than [`UPGRADE_RETRY`] ago.
     fn claim(&self, key: LinkKey) -> bool {
         let mut st = self.lock();
-        if st.contains_key(&key) {
-            return false;
+        match st.get(&key) {
+            Some(Upgrade::Running) => return false,
+            Some(Upgrade::Failed(_, at)) if at.elapsed() < UPGRADE_RETRY => return false,
+            _ => {}
         }
         st.insert(key, Upgrade::Running);
         true
     }
 
-    fn settle(&self, key: LinkKey, result: Result<(), LinkError>) {
+    /// The upgrade of `key` ended: `None` when it never ran (no thread).
+    fn settle(&self, key: LinkKey, result: Option<Result<(), LinkError>>) {
         let mut st = self.lock();
         match result {
-            Ok(()) => {
-                st.remove(&key);
+            Some(Err(e)) => {
+                st.insert(key, Upgrade::Failed(Arc::new(e), Instant::now()));
             }
-            Err(e) => {
-                st.insert(key, Upgrade::Failed(Arc::new(e)));
+            _ => {
+                st.remove(&key);
             }
         }
         self.settled.notify_all();
     }
 
+    /// The error of a recent failed upgrade of `key`.
     fn failed(&self, key: &LinkKey) -> Option<Arc<LinkError>> {
         match self.lock().get(key) {
-            Some(Upgrade::Failed(e)) => Some(e.clone()),
+            Some(Upgrade::Failed(e, at)) if at.elapsed() < UPGRADE_RETRY => Some(e.clone()),
             _ => None,
         }
     }
+}
+
+/// Optimised links running in the background, over every runtime of the
+/// process: what its exit waits for.
+static IN_FLIGHT: Mutex<usize> = Mutex::new(0);
+static IN_FLIGHT_DONE: Condvar = Condvar::new();
+
+fn in_flight() -> std::sync::MutexGuard<'static, usize> {
+    IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Registered with `atexit` before the first background link: the
+/// process's exit waits (at most [`EXIT_WAIT`]) for the optimised links
+/// still running. Otherwise a short process (a CLI run, a test) would exit
+/// while nvJitLink links on another thread: nvJitLink's exit handlers ran
+/// under it (it aborted or crashed in 14 of 20 such exits on a loaded
+/// 2-core VM), and the next process found no optimised kernel on disk.
+/// Exit handlers run newest first, and nvJitLink registers some of its own
+/// during its first LTO link: [`register_exit_wait`] therefore runs one
+/// small LTO link before registering this one.
+extern "C" fn wait_at_exit() {
+    let started = Instant::now();
+    let mut n = in_flight();
+    while *n > 0 {
+        let Some(left) = EXIT_WAIT.checked_sub(started.elapsed()) else {
+            return;
+        };
+        n = match IN_FLIGHT_DONE.wait_timeout(n, left) {
+            Ok((n, _)) => n,
+            Err(p) => p.into_inner().0,
+        };
+    }
+}
+
+/// Once per process: an LTO link of `plan`'s smallest fragment alone (so
+/// that nvJitLink has registered the exit handlers its LTO path registers
+/// at first use), then [`wait_at_exit`] with `atexit`, to run before them.
+fn register_exit_wait(rt: &LinkRuntime, plan: &Planner, arch: Arch) {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        if let Some(f) = plan
+            .static_fragments()
+            .iter()
+            .min_by_key(|f| f.fatbin.len())
+        {
+            let mut options = LinkOptions::new(arch);
+            options.lto = Some(true);
+            let input = LinkInput {
+                name: f.name,
+                kind: InputType::Fatbin,
+                bytes: f.fatbin,
+            };
+            // Its result does not matter, only that the LTO path ran.
+            let _ = rt.linker().link(&[input], &options);
+        }
+        // SAFETY: `wait_at_exit` is an `extern "C"` function without
+        // arguments that does not unwind (no call in it panics: poisoned
+        // locks are taken over).
+        unsafe { libc::atexit(wait_at_exit) };
+    });
 }
 
 /// Whether a quick link's kernels can launch as their optimised link's can:
@@ -247,6 +326,9 @@ impl LinkRuntime {
         if failed.is_none() {
             self.upgrade_in_background(plan, arch, request.key);
         }
+        // The plan was asked for: a profile lists it even if this process
+        // ends before its optimised link does.
+        self.record_profile(request.key, plan, arch);
         Ok(Some(quick))
     }
 
@@ -351,29 +433,52 @@ impl LinkRuntime {
     }
 
     /// Starts the full link of `plan` under `key` on a thread of its own,
-    /// once per key; a failure is kept (the quick link serves on) and said
-    /// once on stderr.
+    /// once per key at a time; a failure (a panic included) is kept for
+    /// [`UPGRADE_RETRY`], the quick link serving meanwhile, and said on
+    /// stderr.
     fn upgrade_in_background(&'static self, plan: &Planner, arch: Arch, key: LinkKey) {
         if !self.upgrades().claim(key) {
             return;
         }
+        register_exit_wait(self, plan, arch);
+        *in_flight() += 1;
         let plan = plan.clone();
         let spawned = std::thread::Builder::new()
             .name("fraglink-upgrade".into())
             .spawn(move || {
-                let result = self.link(&plan, arch).map(|_| ());
+                let linked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.link(&plan, arch).map(|_| ())
+                }));
+                let result = linked.unwrap_or_else(|panic| {
+                    let reason = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".to_string());
+                    Err(LinkError::Background {
+                        entry: plan.entry().to_string(),
+                        arch: arch.to_string(),
+                        reason,
+                    })
+                });
                 if let Err(e) = &result {
                     eprintln!(
-                        "fraglink: warning: the optimised link of `{}` for {arch} failed, \
-                         its quick link (no LTO) serves on: {e}",
-                        plan.entry()
+                        "fraglink: warning: the optimised link of `{}` for {arch} failed; \
+                         its quick link (no LTO) serves on, and the link is tried again \
+                         after {} s: {e}",
+                        plan.entry(),
+                        UPGRADE_RETRY.as_secs()
                     );
                 }
-                self.upgrades().settle(key, result);
+                self.upgrades().settle(key, Some(result));
+                *in_flight() -= 1;
+                IN_FLIGHT_DONE.notify_all();
             });
         if spawned.is_err() {
             // No thread: the next call claims the key again.
-            self.upgrades().lock().remove(&key);
+            self.upgrades().settle(key, None);
+            *in_flight() -= 1;
+            IN_FLIGHT_DONE.notify_all();
         }
     }
 
@@ -386,7 +491,7 @@ impl LinkRuntime {
             st = ups.settled.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         st.values()
-            .filter(|u| matches!(u, Upgrade::Failed(_)))
+            .filter(|u| matches!(u, Upgrade::Failed(..)))
             .count()
     }
 

@@ -267,7 +267,7 @@ impl GpuSearcher {
         if queries.rows() == 0 {
             // Nothing to launch: link and load what a search would, upload
             // nothing.
-            let linked = self.load_search_kernels(&kernels)?;
+            let linked = self.load_search_kernels(&kernels, true)?;
             let (plan, knn, select) = match kernels {
                 SearchKernels::Scan(p) => (Some(p), None, None),
                 SearchKernels::TwoPass(BeyondScan::Knn(p)) => (None, Some(p), None),
@@ -352,23 +352,36 @@ impl GpuSearcher {
         })
     }
 
-    /// Links `kernels` for this device and loads them, as a search's first
-    /// call would ([`LinkRuntime::link_all_tiered`]: quick links, about a
-    /// millisecond each, where the optimised kernels are neither in memory
-    /// nor on disk, those linking in the background meanwhile); returns how
-    /// long that took. A no-op, in microseconds, when they are loaded
-    /// already.
+    /// Links `kernels` for this device (at the same time,
+    /// [`LinkRuntime::link_all`]: the optimised kernels) and loads them;
+    /// returns how long that took. A no-op, in microseconds, when they are
+    /// loaded already. A warm-up: the searches after it run the kernels a
+    /// benchmark should time.
     pub fn prepare(&self, kernels: &SearchKernels) -> Result<Duration, GpuSearchError> {
         let started = Instant::now();
-        self.load_search_kernels(kernels)?;
+        self.load_search_kernels(kernels, false)?;
+        Ok(started.elapsed())
+    }
+
+    /// [`prepare`](Self::prepare) as a search's first call links
+    /// ([`LinkRuntime::link_all_tiered`]): quick links, about a millisecond
+    /// each, where the optimised kernels are neither in memory nor on disk,
+    /// those linking in the background meanwhile (the router's way).
+    pub fn prepare_tiered(&self, kernels: &SearchKernels) -> Result<Duration, GpuSearchError> {
+        let started = Instant::now();
+        self.load_search_kernels(kernels, true)?;
         Ok(started.elapsed())
     }
 
     /// [`load_kernels`](Self::load_kernels) of every kernel of `kernels`;
     /// the first one's link.
-    fn load_search_kernels(&self, kernels: &SearchKernels) -> Result<Linked, GpuSearchError> {
+    fn load_search_kernels(
+        &self,
+        kernels: &SearchKernels,
+        tiered: bool,
+    ) -> Result<Linked, GpuSearchError> {
         let all = kernels.kernels();
-        self.load_kernels(&all[0], &all[1..])
+        self.load_kernels(&all[0], &all[1..], tiered)
     }
 
     /// The tensor-core planner's view of a search of `params` by `nq`
@@ -392,20 +405,25 @@ impl GpuSearcher {
         }
     }
 
-    /// Links and loads the kernels of a search that launches nothing (no
-    /// queries), each (planner, block size), for this device; returns the
-    /// first one's link.
+    /// Links and loads kernels, each (planner, block size), for this
+    /// device; returns the first one's link. `tiered`: as a search links
+    /// ([`LinkRuntime::link_all_tiered`]), else the optimised kernels
+    /// ([`LinkRuntime::link_all`]).
     pub(super) fn load_kernels(
         &self,
         first: &(Planner, u32),
         rest: &[(Planner, u32)],
+        tiered: bool,
     ) -> Result<Linked, GpuSearchError> {
-        // Linked as a search links them (LinkRuntime::link_all_tiered: quick
-        // links where the optimised ones are not at hand), loaded in order.
+        // Linked at the same time where cold, loaded in order.
         let plans: Vec<&Planner> = std::iter::once(&first.0)
             .chain(rest.iter().map(|(p, _)| p))
             .collect();
-        let linked = LinkRuntime::global()?.link_all_tiered(&plans, self.ctx.arch())?;
+        let rt = LinkRuntime::global()?;
+        let linked = match tiered {
+            true => rt.link_all_tiered(&plans, self.ctx.arch())?,
+            false => rt.link_all(&plans, self.ctx.arch())?,
+        };
         let blocks = std::iter::once(first.1).chain(rest.iter().map(|(_, b)| *b));
         for (l, block) in linked.iter().zip(blocks) {
             self.launcher_for(l, block)?;

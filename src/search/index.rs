@@ -477,7 +477,7 @@ impl GpuIndex {
         };
         let (neighbors, linked) = if nq == 0 {
             let [first, second] = sp.kernels();
-            let linked = self.gpu.load_kernels(&first, &[second])?;
+            let linked = self.gpu.load_kernels(&first, &[second], true)?;
             let empty = Neighbors {
                 nq,
                 k: params.k,

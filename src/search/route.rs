@@ -398,6 +398,7 @@ impl Searcher {
                     .or(found.select.as_ref().map(|s| s.dist.name))
                     .or(found.plan.as_ref().map(|p| p.scan.name)),
             );
+            ran.quick.set(ran.quick.get() || found.linked.kernel.quick);
             ran.special_rows.set(found.special_rows);
             ran.special_queries
                 .set(ran.special_queries.get() + found.special_queries);
@@ -431,6 +432,9 @@ impl Searcher {
 #[derive(Default)]
 struct GpuRan {
     kernel: std::cell::Cell<Option<&'static str>>,
+    /// A batch ran a quick link's kernel (`LinkedKernel::quick`): slower
+    /// than the optimised one the model should learn.
+    quick: std::cell::Cell<bool>,
     special_rows: std::cell::Cell<usize>,
     special_queries: std::cell::Cell<usize>,
 }
@@ -544,7 +548,7 @@ impl SearchIndex<'_> {
         match (choice.target, &s.gpu) {
             (Target::Gpu, Some(g)) if !kernels.is_empty() => {
                 let prepared: Result<Vec<Duration>, _> =
-                    kernels.iter().map(|k| g.prepare(k)).collect();
+                    kernels.iter().map(|k| g.prepare_tiered(k)).collect();
                 match prepared {
                     Ok(each) => {
                         let took: Duration = each.into_iter().sum();
@@ -629,7 +633,11 @@ impl SearchIndex<'_> {
             Target::Gpu => result.final_elapsed() + upload,
             Target::Cpu => result.final_elapsed(),
         };
-        s.model.learn(&op, result.target_used, learned);
+        // Not a search that ran quick links' kernels: the model estimates
+        // the optimised ones, which replace them within a link's time.
+        if !(result.target_used == Target::Gpu && ran.quick.get()) {
+            s.model.learn(&op, result.target_used, learned);
+        }
         Ok(Routed {
             neighbors: result.value?,
             target: result.target_used,

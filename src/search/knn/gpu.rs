@@ -364,8 +364,11 @@ impl KnnSearch<'_> {
         metric: Metric,
     ) -> Result<(Neighbors, Linked), GpuSearchError> {
         let arch = self.gpu.context().arch();
-        let (tile_link, rerank_link) =
-            Planner::link_pair_for(&self.plan.tile_planner(), &self.plan.rerank_planner(), arch)?;
+        let (tile_link, rerank_link) = Planner::link_pair_tiered_for(
+            &self.plan.tile_planner(),
+            &self.plan.rerank_planner(),
+            arch,
+        )?;
         let tile = self.gpu.launcher(&tile_link)?;
         let rerank = self.gpu.launcher(&rerank_link)?;
         let (t, pool) = (self.gpu.transfer(), self.gpu.pool());

@@ -222,8 +222,11 @@ impl SelectSearch<'_> {
     /// the results and the distance kernel's link.
     pub(crate) fn run(&self, queries: &Vectors) -> Result<(Neighbors, Linked), GpuSearchError> {
         let arch = self.gpu.context().arch();
-        let (dist_link, select_link) =
-            Planner::link_pair_for(&self.plan.dist_planner(), &self.plan.select_planner(), arch)?;
+        let (dist_link, select_link) = Planner::link_pair_tiered_for(
+            &self.plan.dist_planner(),
+            &self.plan.select_planner(),
+            arch,
+        )?;
         let dist = self.gpu.launcher_for(&dist_link, DIST_BLOCK)?;
         let select = self.gpu.launcher_for(&select_link, SELECT_BLOCK)?;
         let (t, pool) = (self.gpu.transfer(), self.gpu.pool());
