@@ -16,6 +16,12 @@
 //! time, alternating which goes first (`FRAGLINK_BENCH_PAIR_ROUNDS`, default
 //! 5: a round takes seconds).
 //!
+//! Then quick links against cold LTO links for sm_90
+//! ([`LinkRuntime::link_quick`]: the fragments' SASS without LTO, what a
+//! cold first call of a search links), interleaved: the first-call scan
+//! (`scan_f32_u32_v4_k32` + l2 + no filter) and the same k-NN pair
+//! (`FRAGLINK_BENCH_QUICK_ROUNDS`, default 20).
+//!
 //! `cargo bench --bench link_overhead` (`FRAGLINK_BENCH_ROUNDS`, default 40).
 //! The last line is JSON for `benches/run.sh`.
 
@@ -46,21 +52,29 @@ fn rounds_from_env(var: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// A plan of the named fragments, the first naming the kernel.
+fn named(frags: &[&str]) -> Planner {
+    frags
+        .iter()
+        .fold(Planner::new(frags[0]), |p, f| p.add_named(f).expect(f))
+}
+
+/// The k-NN pair of [`pair_rounds`] and [`quick_rounds`].
+fn knn_pair() -> [Planner; 2] {
+    [
+        named(&[
+            "knn_tile_f32_tf32x3_q64_r64_k32_a16",
+            "metric_l2_f32",
+            "filter_none_u32",
+        ]),
+        named(&["knn_rerank_f32_k32", "metric_l2_f32"]),
+    ]
+}
+
 /// Median ms of the k-NN pair's cold links, one by one and through
 /// `link_all`, over `rounds` interleaved rounds, and the per-round ratio.
 fn pair_rounds(rt: &LinkRuntime, rounds: usize) -> (f64, f64, f64) {
-    // The first fragment names the plan's kernel.
-    let named = |frags: &[&str]| {
-        frags
-            .iter()
-            .fold(Planner::new(frags[0]), |p, f| p.add_named(f).expect(f))
-    };
-    let tile = named(&[
-        "knn_tile_f32_tf32x3_q64_r64_k32_a16",
-        "metric_l2_f32",
-        "filter_none_u32",
-    ]);
-    let rerank = named(&["knn_rerank_f32_k32", "metric_l2_f32"]);
+    let [tile, rerank] = knn_pair();
     let arch = Arch::sm(90);
     let one_by_one = || {
         rt.clear();
@@ -95,8 +109,51 @@ fn pair_rounds(rt: &LinkRuntime, rounds: usize) -> (f64, f64, f64) {
     (m(seq), m(all), m(ratios))
 }
 
+/// Medians over `rounds` interleaved rounds, sm_90: the scan's cold LTO
+/// link and its quick link (ms, and the per-round ratio quick / LTO), and
+/// the k-NN pair's two quick links (ms).
+fn quick_rounds(rt: &LinkRuntime, rounds: usize) -> (f64, f64, f64, f64) {
+    let arch = Arch::sm(90);
+    let scan = named(&["scan_f32_u32_v4_k32", "metric_l2_f32", "filter_none_u32"]);
+    let pair = knn_pair();
+    let lto = || {
+        rt.clear();
+        let t = Instant::now();
+        assert_eq!(rt.link(&scan, arch).unwrap().source, Source::Linked);
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    let quick = |plans: &[&Planner]| {
+        rt.clear();
+        let t = Instant::now();
+        for p in plans {
+            let l = rt.link_quick(p, arch).unwrap().expect("SASS for sm_90");
+            assert!(l.kernel.quick && l.source == Source::Linked);
+        }
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    lto();
+    quick(&[&scan]);
+    let (mut lto_ms, mut quick_ms, mut ratios, mut pair_ms) = (vec![], vec![], vec![], vec![]);
+    for round in 0..rounds {
+        let (l, q) = if round % 2 == 0 {
+            let l = lto();
+            (l, quick(&[&scan]))
+        } else {
+            let q = quick(&[&scan]);
+            (lto(), q)
+        };
+        ratios.push(q / l);
+        lto_ms.push(l);
+        quick_ms.push(q);
+        pair_ms.push(quick(&[&pair[0], &pair[1]]));
+    }
+    let m = |v: Vec<f64>| quantile(&sorted(v), 0.5);
+    (m(lto_ms), m(quick_ms), m(ratios), m(pair_ms))
+}
+
 fn main() {
     let rounds = rounds_from_env("FRAGLINK_BENCH_ROUNDS", 40);
+    let quick_rounds_n = rounds_from_env("FRAGLINK_BENCH_QUICK_ROUNDS", 20);
     let pair_rounds_n = rounds_from_env("FRAGLINK_BENCH_PAIR_ROUNDS", 5);
     let plan = Planner::new("scan_f32_u32_v4_k128")
         .add::<ScanFragment<F32, U32, 4, 128>>()
@@ -185,6 +242,17 @@ fn main() {
     println!(
         "  link_all        median {pair_all_ms:.1} ms (per-round ratio median {pair_ratio:.3})"
     );
+    let (scan_lto_ms, scan_quick_ms, quick_ratio, pair_quick_ms) =
+        quick_rounds(&rt, quick_rounds_n);
+    println!(
+        "quick links vs cold LTO links, sm_90, {quick_rounds_n} interleaved rounds \
+         (scan_f32_u32_v4_k32 + metric_l2_f32 + filter_none_u32)"
+    );
+    println!("  LTO link        median {scan_lto_ms:.2} ms");
+    println!(
+        "  quick link      median {scan_quick_ms:.3} ms (per-round ratio median {quick_ratio:.4})"
+    );
+    println!("  k-NN pair quick median {pair_quick_ms:.3} ms (both kernels)");
     println!(
         "{}",
         serde_json::json!({
@@ -199,6 +267,11 @@ fn main() {
             "pair_one_by_one_ms": pair_seq_ms,
             "pair_link_all_ms": pair_all_ms,
             "pair_ratio": pair_ratio,
+            "quick_rounds": quick_rounds_n,
+            "scan_lto_ms": scan_lto_ms,
+            "scan_quick_ms": scan_quick_ms,
+            "quick_ratio": quick_ratio,
+            "pair_quick_ms": pair_quick_ms,
             "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
         })
     );

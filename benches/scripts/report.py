@@ -344,6 +344,21 @@ def section_link(res, lines, headline):
             headline.append(("k-NN kernel pair, cold: link_all vs one by one",
                              f"{fmt(over['pair_link_all_ms'])} ms vs {fmt(over['pair_one_by_one_ms'])} ms",
                              f"link_all / one by one = {over['pair_ratio']:.3f}"))
+        if "quick_ratio" in over:
+            lines += [
+                f"**Quick first links** (same bench, {over['quick_rounds']} interleaved rounds, sm_90, "
+                "`LinkRuntime::link_quick`: the fragments' SASS linked without LTO, what a search's "
+                "cold first call links while the optimised link runs in the background): "
+                "`scan_f32_u32_v4_k32` + `metric_l2_f32` + `filter_none_u32` cold LTO link "
+                f"{fmt(over['scan_lto_ms'])} ms, quick link {fmt(over['scan_quick_ms'], 3)} ms "
+                f"(per-round ratio quick / LTO median {over['quick_ratio']:.4f}); the k-NN pair above, "
+                f"both kernels quick, {fmt(over['pair_quick_ms'], 3)} ms. The quick kernels' speed on a "
+                "GPU is `gpu_bench`'s `scan_opt.quick.gpu` (GPU.md).",
+                "",
+            ]
+            headline.append(("Cold link vs quick link (sm_90, first-call scan)",
+                             f"quick {fmt(over['scan_quick_ms'], 3)} ms vs LTO {fmt(over['scan_lto_ms'])} ms",
+                             f"LTO / quick = {1 / over['quick_ratio']:,.0f}×"))
     pre = optional("prelink.json")
     if pre:
         lines += [
