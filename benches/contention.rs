@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 use fraglink::build::Arch;
 use fraglink::link::linker::{LinkInput, LinkOutput};
 use fraglink::link::{LinkOptions, LinkRuntime, Linker, Planner, RuntimeConfig, Source};
-use fraglink::sys::InputType;
 use serde_json::json;
 
 const ARCH: Arch = Arch::sm(80);
@@ -127,11 +126,7 @@ fn mutex_round(linker: &Linker, plans: &[Planner]) -> Round {
         let inputs: Vec<LinkInput<'_>> = p
             .static_fragments()
             .iter()
-            .map(|f| LinkInput {
-                name: f.name,
-                kind: InputType::Fatbin,
-                bytes: f.fatbin,
-            })
+            .map(|f| LinkInput::fragment(f))
             .collect();
         let out = linker.link(&inputs, &options(p)).expect("link");
         map.insert(key, Arc::new(out));

@@ -300,7 +300,7 @@ fn a_configurations_first_search_pays_its_link_once_and_apart() {
     // Cold for the router: neither linked nor quickly linkable (quick links
     // take about a millisecond; the model does not learn them as links).
     let gpu = s.gpu().unwrap();
-    let cold = !gpu.is_linked(&kernels) && !gpu.links_quickly(&kernels);
+    let cold = !gpu.links_quickly(&kernels);
     let r = s.search(&base, &queries, &params).unwrap();
     assert_eq!(r.target, Target::Gpu, "{}", r.reason);
     assert!(r.link_seconds > 0.0 && r.seconds > 0.0, "{r:?}");

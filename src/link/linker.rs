@@ -185,6 +185,17 @@ pub struct LinkInput<'a> {
     pub bytes: &'a [u8],
 }
 
+impl LinkInput<'static> {
+    /// An embedded fragment's fatbin, under the fragment's name.
+    pub fn fragment(f: &'static crate::fragment::FragmentInfo) -> Self {
+        LinkInput {
+            name: f.name,
+            kind: InputType::Fatbin,
+            bytes: f.fatbin,
+        }
+    }
+}
+
 /// What nvJitLink produced.
 #[derive(Debug, Clone)]
 pub struct LinkOutput {

@@ -395,6 +395,27 @@ fn fresh_metadata(
 
 /// Checks a disk hit against the request and re-derives its metadata (see
 /// the module documentation); `Err` says why the hit is refused.
+/// Every entry's check ([`metadata::check_cubin`]) and resources
+/// ([`fresh_metadata`]) in a freshly linked cubin, in order.
+pub(super) fn checked_metadata(
+    entries: &[&str],
+    arch: Arch,
+    cubin: &[u8],
+    info_log: &str,
+    link_ms: f64,
+) -> Result<Vec<KernelMetadata>, LinkError> {
+    entries
+        .iter()
+        .map(|e| {
+            metadata::check_cubin(cubin, e).map_err(|source| LinkError::Cubin {
+                entry: e.to_string(),
+                source,
+            })?;
+            fresh_metadata(e, arch, cubin, info_log, link_ms)
+        })
+        .collect()
+}
+
 pub fn verify_disk_hit(
     entry: &str,
     arch: Arch,
@@ -998,14 +1019,7 @@ impl LinkRuntime {
             let started = Instant::now();
             let out = self.linker.link(&link_inputs, &options)?;
             let link_ms = started.elapsed().as_secs_f64() * 1e3;
-            let mut kernels = Vec::with_capacity(entries.len());
-            for e in &entries {
-                metadata::check_cubin(&out.cubin, e).map_err(|source| LinkError::Cubin {
-                    entry: e.to_string(),
-                    source,
-                })?;
-                kernels.push(fresh_metadata(e, arch, &out.cubin, &out.info_log, link_ms)?);
-            }
+            let kernels = checked_metadata(&entries, arch, &out.cubin, &out.info_log, link_ms)?;
             if let Some(disk) = disk {
                 // The disk cache is an optimisation: failing to write it is
                 // not a failed link.

@@ -35,14 +35,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::build::arch::Arch;
-use crate::sys::InputType;
 
 use super::cache::Source;
 use super::key::LinkKey;
 use super::linker::{LinkInput, LinkOptions};
-use super::metadata;
 use super::planner::Planner;
-use super::runtime::{LinkRuntime, Linked, LinkedKernel, Prepared};
+use super::runtime::{checked_metadata, LinkRuntime, Linked, LinkedKernel, Prepared};
 use super::LinkError;
 
 /// Environment variable: `0` turns quick first links off (on by default).
@@ -179,13 +177,8 @@ fn register_exit_wait(rt: &LinkRuntime, plan: &Planner, arch: Arch) {
         {
             let mut options = LinkOptions::new(arch);
             options.lto = Some(true);
-            let input = LinkInput {
-                name: f.name,
-                kind: InputType::Fatbin,
-                bytes: f.fatbin,
-            };
             // Its result does not matter, only that the LTO path ran.
-            let _ = rt.linker().link(&[input], &options);
+            let _ = rt.linker().link(&[LinkInput::fragment(f)], &options);
         }
         // SAFETY: `wait_at_exit` is an `extern "C"` function without
         // arguments that does not unwind (no call in it panics: poisoned
@@ -383,33 +376,14 @@ impl LinkRuntime {
             let inputs: Vec<LinkInput<'_>> = plan
                 .static_fragments()
                 .iter()
-                .map(|f| LinkInput {
-                    name: f.name,
-                    kind: InputType::Fatbin,
-                    bytes: f.fatbin,
-                })
+                .map(|f| LinkInput::fragment(f))
                 .collect();
             let started = Instant::now();
             let out = self.linker().link(&inputs, &options)?;
             let link_ms = started.elapsed().as_secs_f64() * 1e3;
-            let mut kernels = Vec::with_capacity(entries.len());
-            for e in &entries {
-                let cubin_err = |source| LinkError::Cubin {
-                    entry: e.to_string(),
-                    source,
-                };
-                metadata::check_cubin(&out.cubin, e).map_err(cubin_err)?;
-                // nvJitLink's non-LTO log has no ptxas lines: the cubin's
-                // own records give the resources.
-                let res = metadata::cubin_resources(&out.cubin, e).map_err(cubin_err)?;
-                kernels.push(metadata::KernelMetadata::from_cubin(
-                    e,
-                    &arch.to_string(),
-                    &res,
-                    out.cubin.len(),
-                    link_ms,
-                ));
-            }
+            // nvJitLink's non-LTO log has no ptxas lines: the resources
+            // come from the cubin's own records.
+            let kernels = checked_metadata(&entries, arch, &out.cubin, &out.info_log, link_ms)?;
             let kernel = LinkedKernel {
                 key: Some(key),
                 entry: plan.entry().to_string(),

@@ -339,10 +339,11 @@ impl GpuSearcher {
         })
     }
 
-    /// Whether every kernel of `kernels` that is not linked yet can be
-    /// linked quickly for this device ([`LinkRuntime::links_quickly`]): a
-    /// search would wait about a millisecond per kernel, not for a full
-    /// link, running slower kernels until the optimised ones are done.
+    /// Whether every kernel of `kernels` is linked
+    /// ([`is_linked`](Self::is_linked)'s test) or can be linked quickly for
+    /// this device ([`LinkRuntime::links_quickly`]): a search would wait at
+    /// most about a millisecond per kernel, not for a full link, running
+    /// slower kernels until the optimised ones are done.
     pub fn links_quickly(&self, kernels: &SearchKernels) -> bool {
         let arch = self.ctx.arch();
         LinkRuntime::global().is_ok_and(|rt| {

@@ -296,7 +296,7 @@ impl Searcher {
         let cold = kernels
             .iter()
             .zip(failed)
-            .any(|(k, failed)| !failed && !gpu.is_linked(k) && !gpu.links_quickly(k));
+            .any(|(k, failed)| !failed && !gpu.links_quickly(k));
         (kernels, cold)
     }
 
