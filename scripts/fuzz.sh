@@ -11,7 +11,7 @@ root=$PWD
 duration=${1:?usage: scripts/fuzz.sh DURATION [TARGET...]}
 shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(matrix vector_files disk_entry info_log cubin)
+[ ${#targets[@]} -gt 0 ] || targets=(matrix vector_files disk_entry info_log cubin ivf_file)
 
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 # cargo-fuzz builds with -Zsanitizer=address, a nightly flag; RUSTC_BOOTSTRAP

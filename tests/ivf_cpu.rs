@@ -240,6 +240,26 @@ fn index_files_round_trip_and_refuse_bad_bytes() {
     let e = read_bad(&huge);
     assert!(matches!(e, IndexFileError::Truncated { .. }), "{e}");
     assert!(e.to_string().contains("bad.ivf"), "{e}");
+    // Counts whose products wrap a u64 (dim 2^62 × 4, nlist 2^61 × 8): read
+    // as the sizes they are, not as wrapped small ones (was a panic: an
+    // overflow in debug builds, a 2^64-byte allocation in release).
+    for (dim, n, nlist) in [
+        (1u64 << 62, 1u64 << 61, 1u64 << 61),
+        (1 << 62, 1 << 62, 4),
+        (3, 1 << 61, 1 << 61),
+    ] {
+        let mut crafted = bytes[..56].to_vec();
+        crafted[24..32].copy_from_slice(&dim.to_le_bytes());
+        crafted[32..40].copy_from_slice(&n.to_le_bytes());
+        crafted[40..48].copy_from_slice(&nlist.to_le_bytes());
+        crafted[19] = 1; // veclen 1 fits any dim
+        crafted.extend([0u8; 32]);
+        let e = read_bad(&crafted);
+        assert!(
+            matches!(e, IndexFileError::Truncated { .. }),
+            "dim {dim}, nlist {nlist}: {e}"
+        );
+    }
 }
 
 #[test]

@@ -206,10 +206,13 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 pub fn read_index(path: impl AsRef<Path>) -> Result<IvfIndex, IndexFileError> {
     let path = path.as_ref();
     let bytes = read_bytes(path)?;
-    parse(path, &bytes)
+    index_from_bytes(path, &bytes)
 }
 
-fn parse(path: &Path, b: &[u8]) -> Result<IvfIndex, IndexFileError> {
+/// Verifies and decodes an index file's bytes, as [`read_index`] does after
+/// reading the file (`path` only names it in errors); the fuzz targets drive
+/// it directly.
+pub fn index_from_bytes(path: &Path, b: &[u8]) -> Result<IvfIndex, IndexFileError> {
     let p = || path.to_path_buf();
     let invalid = |field: &'static str, reason: String| IndexFileError::Invalid {
         path: p(),
@@ -267,11 +270,15 @@ fn parse(path: &Path, b: &[u8]) -> Result<IvfIndex, IndexFileError> {
         ));
     }
     check_veclen(veclen, dim as usize).map_err(|e| invalid("veclen", e.to_string()))?;
-    // Every size below is bounded by the file's length before it is used.
-    let room = |count: u64, size: u64| count.checked_mul(size).filter(|&s| s <= actual);
-    let cent_bytes = room(nlist, 4 * dim).ok_or_else(|| truncated(u64::MAX))?;
-    let lens_at = HEADER as u64 + cent_bytes;
-    let lens_end = lens_at + 8 * nlist;
+    // Every size below is bounded by the file's length before it is used;
+    // the header's counts are the file's word until then, so the sizes they
+    // imply saturate (a crafted dim or nlist near 2^64 reads as truncated,
+    // never as a wrapped small size).
+    let lens_at = nlist
+        .saturating_mul(dim)
+        .saturating_mul(4)
+        .saturating_add(HEADER as u64);
+    let lens_end = lens_at.saturating_add(nlist.saturating_mul(8));
     if lens_end > actual {
         return Err(truncated(lens_end.saturating_add(SUM as u64)));
     }

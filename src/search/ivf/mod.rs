@@ -58,7 +58,7 @@ use std::str::FromStr;
 
 pub use build::{build_index, IvfBuildParams, IvfIndex, ListStore};
 pub use coarse::probe_lists;
-pub use file::{read_index, write_index, IndexFileError};
+pub use file::{index_from_bytes, read_index, write_index, IndexFileError};
 pub use layout::{default_veclen, veclen_for, GROUP};
 pub use reference::search_ivf_reference;
 pub use scan::{search_ivf, IvfSearchParams};
