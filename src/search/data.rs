@@ -412,6 +412,8 @@ pub enum DataError {
         record_bytes: u64,
         file_bytes: u64,
     },
+    #[error("{path}: shape {shape:?} has rows of no elements (dim 0)")]
+    ZeroDim { path: PathBuf, shape: Vec<usize> },
     #[error(
         "{path}: shape {shape:?} of {descr} is too large: its size in bytes overflows 64 bits"
     )]
@@ -571,25 +573,35 @@ fn decode_vecs<T>(
 /// The file's bytes, after checking that it and a decoded copy of the same
 /// size fit in the [`memory_limit`].
 pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
+    read_bytes_within(path, memory_limit())
+}
+
+fn read_bytes_within(path: &Path, limit: MemoryLimit) -> Result<Vec<u8>, DataError> {
     use std::io::Read;
-    let mut f = fs::File::open(path).map_err(io_err(path))?;
-    let len = f.metadata().map_err(io_err(path))?.len();
-    let limit = memory_limit();
+    let f = fs::File::open(path).map_err(io_err(path))?;
+    let meta = f.metadata().map_err(io_err(path))?;
+    let len = meta.len();
+    let too_large = |bytes: u64| DataError::FileTooLarge {
+        path: path.to_path_buf(),
+        bytes,
+        limit,
+    };
     let need = len.saturating_mul(2);
     if need > limit.bytes {
-        return Err(DataError::FileTooLarge {
-            path: path.to_path_buf(),
-            bytes: need,
-            limit,
-        });
+        return Err(too_large(need));
     }
-    let len = usize::try_from(len).map_err(|_| DataError::FileTooLarge {
-        path: path.to_path_buf(),
-        bytes: need,
-        limit,
-    })?;
-    let mut buf = try_vec(len, || path.display().to_string())?;
-    f.read_to_end(&mut buf).map_err(io_err(path))?;
+    // A regular file is read up to the length checked above. A pipe or a
+    // device says 0 and may never end (`/dev/zero`): it is read up to what
+    // the limit allows, one byte more telling that it went on.
+    let most = if meta.is_file() { len } else { limit.bytes / 2 };
+    let start = usize::try_from(len).map_err(|_| too_large(need))?;
+    let mut buf = try_vec(start, || path.display().to_string())?;
+    f.take(most.saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(io_err(path))?;
+    if buf.len() as u64 > most {
+        return Err(too_large((buf.len() as u64).saturating_mul(2)));
+    }
     Ok(buf)
 }
 
@@ -828,6 +840,15 @@ fn npy_2d(path: &Path, npy: &Npy, elem_size: usize) -> Result<(usize, usize), Da
         });
     }
     let (rows, dim) = (npy.shape[0], npy.shape[1]);
+    // Rows of no elements: no vectors (the readers' dim ≥ 1), no ground truth
+    // (k ≥ 1), and a shape that costs nothing to claim: (10^12, 0) passed
+    // the size check below and readers then allocated per row.
+    if dim == 0 {
+        return Err(DataError::ZeroDim {
+            path: path.to_path_buf(),
+            shape: npy.shape.clone(),
+        });
+    }
     let expected = (rows as u64)
         .checked_mul(dim as u64)
         .and_then(|v| v.checked_mul(elem_size as u64))
@@ -1044,13 +1065,7 @@ pub fn read_ground_truth(path: impl AsRef<Path>) -> Result<Vec<Vec<i64>>, DataEr
                     })
                 }
             };
-            let (rows, dim) = npy_2d(path, &npy, size)?;
-            if dim == 0 {
-                // Empty rows (an error for any k ≥ 1 in check_ground_truth).
-                let mut out = try_vec(rows, what)?;
-                out.resize(rows, Vec::new());
-                return Ok(out);
-            }
+            let (_, dim) = npy_2d(path, &npy, size)?;
             let chunks = npy.data.chunks_exact(dim * size);
             if size == 4 {
                 rows_of(chunks, dim, 4, i4, what)
@@ -1194,6 +1209,28 @@ pub fn recall_at_k<T: Truth + ?Sized>(found: &Neighbors, truth: &T, k: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A device or pipe (its length 0) is read up to the limit, not to its
+    /// end: `/dev/zero` as a data file had the process read until memory ran
+    /// out.
+    #[cfg(unix)]
+    #[test]
+    fn endless_files_are_read_up_to_the_limit() {
+        let limit = MemoryLimit {
+            bytes: 1 << 20,
+            source: "test",
+        };
+        let e = read_bytes_within(Path::new("/dev/zero"), limit).unwrap_err();
+        assert!(
+            matches!(e, DataError::FileTooLarge { bytes, .. } if bytes > limit.bytes),
+            "{e}"
+        );
+        assert!(e.to_string().contains("/dev/zero"), "{e}");
+        // An empty device is read as what it holds.
+        assert!(read_bytes_within(Path::new("/dev/null"), limit)
+            .unwrap()
+            .is_empty());
+    }
 
     #[test]
     fn rng_is_reproducible_and_uniformish() {
@@ -1378,17 +1415,12 @@ mod tests {
             read_ground_truth(&p),
             Err(DataError::ShapeOverflow { .. })
         ));
-        // Zero columns: rows of nothing, refused by the check for any k.
+        // Zero columns: rows of nothing, which no k ≥ 1 can use, refused
+        // when read.
         let p = npy_file(dir.path(), "gt0.npy", "<i4", "(2, 0)", &[]);
-        let t = read_ground_truth(&p).unwrap();
-        assert_eq!(t, vec![Vec::<i64>::new(); 2]);
         assert!(matches!(
-            check_ground_truth(&p, &t, 2, 10, 1),
-            Err(DataError::TruthColumns {
-                columns: 0,
-                k: 1,
-                ..
-            })
+            read_ground_truth(&p),
+            Err(DataError::ZeroDim { .. })
         ));
         // Still decodes what it should.
         let data: Vec<u8> = [1.5f32, -2.0]
