@@ -624,7 +624,11 @@ fn malformed_files_are_named_and_explained() {
     // Rows of no elements cost nothing to claim: (10^12, 0) had readers
     // allocate per claimed row (vectors: a later search's 8 TB of row
     // ids, an abort; ground truth: 24 bytes a row).
-    fs::write(p("dim0.npy"), npy_header("|u1", "(1000000000000, 0)", false)).unwrap();
+    fs::write(
+        p("dim0.npy"),
+        npy_header("|u1", "(1000000000000, 0)", false),
+    )
+    .unwrap();
     fs::write(p("gt0.npy"), npy_header("<i8", "(150000000, 0)", false)).unwrap();
     for e in [
         read_npy(p("dim0.npy")).unwrap_err(),

@@ -542,8 +542,125 @@ pub fn search_cpu_with(
 ) -> Result<Neighbors, SearchError> {
     validate(base, queries, params)?;
     ensure_threads();
+    if params.k >= base.rows() {
+        // Every allowed row is an answer: each needs its exact distance, so
+        // bounds and candidates would only cost time and memory (k = n of
+        // 3·10^7 rows held 720 MB of candidates per query, twice).
+        return search_reference(base, queries, params);
+    }
     let kernel = kernel.usable();
-    Ok(match (base, queries) {
+    let held = base.size_bytes() as u64 + queries.size_bytes() as u64;
+    let run = queries_per_run(
+        queries.rows(),
+        base.rows(),
+        params.k,
+        held,
+        crate::search::data::memory_limit,
+    )?;
+    Ok(search_in_runs(base, queries, params, kernel, run))
+}
+
+/// The search in runs of `run` queries each (validated), their results
+/// appended.
+fn search_in_runs(
+    base: &Vectors,
+    queries: &Vectors,
+    params: &SearchParams,
+    kernel: CpuKernel,
+    run: usize,
+) -> Neighbors {
+    let nq = queries.rows();
+    if run >= nq {
+        return search_run(base, queries, params, kernel);
+    }
+    let mut out = Neighbors {
+        nq,
+        k: params.k,
+        ids: Vec::with_capacity(nq * params.k),
+        distances: Vec::with_capacity(nq * params.k),
+    };
+    for start in (0..nq).step_by(run) {
+        let part = queries.slice_rows(start, (start + run).min(nq));
+        let found = search_run(base, &part, params, kernel);
+        out.ids.extend(found.ids);
+        out.distances.extend(found.distances);
+    }
+    out
+}
+
+/// Candidate bytes of all queries below which [`queries_per_run`] does not
+/// read the memory limit (the system's figures).
+const CANDIDATES_CHECKED_FROM: u64 = 256 << 20;
+
+/// An upper bound of the candidates one query holds while a search runs
+/// (its `TaskCands` and running tasks' `TopK`s over every row shard): per
+/// shard at most a compaction's capacity (`4k + 64`), in all at most the
+/// rows. `4 × threads` shards at most ([`shard_count`]).
+fn candidate_bytes_per_query(n_rows: usize, k: usize) -> u64 {
+    let shards = 4 * rayon::current_num_threads().max(1) as u64;
+    let per_shard = 4 * k.min(n_rows) as u64 + 64;
+    shards
+        .saturating_mul(per_shard)
+        .min(n_rows as u64)
+        .saturating_mul(std::mem::size_of::<Cand>() as u64)
+}
+
+/// What the float search keeps per base row besides the row itself (its id
+/// in the allowed and normal lists, its norm data and classification).
+const ROW_BOOKKEEPING_BYTES: u64 = 48;
+
+/// How many queries one run of the search takes so that their candidates,
+/// and each thread's copy of one query's while it re-ranks them, stay within
+/// half of what the [`memory_limit`](crate::search::data::memory_limit) leaves
+/// beside the data (`held`: base and queries), the rows' bookkeeping and the
+/// results: all of them unless their bound is large. The runs' results are
+/// the one search's, bit for bit (each query's answer depends on the query
+/// alone). A `k` near the rows of a large base had every query hold
+/// candidates of every row at once, and the search aborted in an allocation.
+fn queries_per_run(
+    nq: usize,
+    n_rows: usize,
+    k: usize,
+    held: u64,
+    memory_limit: impl FnOnce() -> crate::search::data::MemoryLimit,
+) -> Result<usize, SearchError> {
+    let per = candidate_bytes_per_query(n_rows, k).max(1);
+    let threads = rayon::current_num_threads().max(1) as u64;
+    if per.saturating_mul(nq as u64 + threads) < CANDIDATES_CHECKED_FROM {
+        return Ok(nq.max(1));
+    }
+    let limit = memory_limit();
+    let results = (nq as u64).saturating_mul(k as u64) * crate::search::RESULT_BYTES_PER_SLOT;
+    let budget = limit
+        .bytes
+        .saturating_sub(held)
+        .saturating_sub((n_rows as u64).saturating_mul(ROW_BOOKKEEPING_BYTES))
+        .saturating_sub(results)
+        / 2;
+    let queries = (budget / per).saturating_sub(threads);
+    if queries == 0 {
+        return Err(SearchError::CandidatesTooLarge {
+            nq,
+            k,
+            rows: n_rows,
+            bytes: per,
+            left: budget,
+            limit,
+        });
+    }
+    Ok(usize::try_from(queries)
+        .unwrap_or(usize::MAX)
+        .min(nq.max(1)))
+}
+
+/// One run of [`search_cpu_with`] over `queries` (validated).
+fn search_run(
+    base: &Vectors,
+    queries: &Vectors,
+    params: &SearchParams,
+    kernel: CpuKernel,
+) -> Neighbors {
+    match (base, queries) {
         (Vectors::F32(b), Vectors::F32(q)) => float_search(b, q, params, kernel, false),
         (Vectors::F16(b), Vectors::F16(q)) => float_search(b, q, params, kernel, false),
         (Vectors::I8(b), Vectors::I8(q)) => match kernel {
@@ -555,7 +672,7 @@ pub fn search_cpu_with(
             _ => float_search(b, q, params, kernel, false),
         },
         _ => unreachable!("validate() checked the dtypes"),
-    })
+    }
 }
 
 // --------------------------------------------------------------------------------
@@ -1559,7 +1676,8 @@ fn float_search<T: FloatElem>(
             for (i, &qi) in qr.iter().enumerate().filter(|_| widened) {
                 T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
             }
-            with_tops(nqb, k, |tops| {
+            // Beyond the rows, k keeps nothing more: every row is kept anyway.
+            with_tops(nqb, k.min(normal.len()), |tops| {
                 with_scratch(|scratch| match kernel {
                     CpuKernel::Gemm => ctx.gemm_task(qr, &qbuf, sr, tops, scratch),
                     _ => match ctx.int_rows {
@@ -1691,7 +1809,7 @@ fn int_search<T: IntElem>(b: &Matrix<T>, q: &Matrix<T>, p: &SearchParams) -> Nei
                 T::widen(q.row(qi), &mut qbuf[i * dim..(i + 1) * dim]);
             }
             let blk = rb.min(sr.len());
-            with_tops(nqb, k, |tops| {
+            with_tops(nqb, k.min(rows.len()), |tops| {
                 with_scratch(|scratch| {
                     let Scratch {
                         dots,
@@ -1784,6 +1902,68 @@ mod tests {
             p.k,
             a.first_difference(&r)
         );
+    }
+
+    /// A `k` beyond what memory holds is an error, not an abort (k = 2^40
+    /// aborted in its allocation); a `k` beyond the rows pads as before.
+    #[test]
+    fn huge_k_is_an_error_and_k_beyond_the_rows_pads() {
+        let (b, q) = synthetic(50, 8, 3, DType::F32, 1);
+        let e = search_cpu(&b, &q, &SearchParams::new(1 << 40, Metric::L2)).unwrap_err();
+        assert!(
+            matches!(e, SearchError::ResultTooLarge { bytes: Some(_), .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("bytes"), "{e}");
+        assert!(matches!(
+            search_cpu(&b, &q, &SearchParams::new(usize::MAX, Metric::L2)),
+            Err(SearchError::ResultTooLarge { bytes: None, .. })
+        ));
+        check(&b, &q, &SearchParams::new(70, Metric::L2));
+        check(&b, &q, &SearchParams::new(50, Metric::Cosine));
+    }
+
+    /// Large candidate sets split the queries into runs that fit a quarter
+    /// of the memory limit; a query whose own candidates do not fit is an
+    /// error naming the sizes. The runs' results are the whole search's.
+    #[test]
+    fn queries_run_in_parts_when_their_candidates_are_large() {
+        let limit = |bytes| {
+            move || crate::search::data::MemoryLimit {
+                bytes,
+                source: "test",
+            }
+        };
+        let never = || -> crate::search::data::MemoryLimit { panic!("small searches do not ask") };
+        assert_eq!(queries_per_run(1000, 100_000, 10, 0, never).unwrap(), 1000);
+        let (n, k) = (1_000_000, 999_999);
+        let per = candidate_bytes_per_query(n, k);
+        assert_eq!(per, n as u64 * std::mem::size_of::<Cand>() as u64);
+        let threads = rayon::current_num_threads() as u64;
+        // Beside 1 GB held, the rows' bookkeeping and the results, half of
+        // the rest holds the threads' copies and 10 queries.
+        let beside = (1 << 30) + n as u64 * ROW_BOOKKEEPING_BYTES + 1000 * k as u64 * 12;
+        let fits = |queries: u64| limit(beside + 2 * (threads + queries) * per);
+        assert_eq!(queries_per_run(1000, n, k, 1 << 30, fits(10)).unwrap(), 10);
+        assert_eq!(
+            queries_per_run(1000, n, k, 1 << 30, fits(5000)).unwrap(),
+            1000
+        );
+        let e = queries_per_run(1000, n, k, 1 << 30, fits(0)).unwrap_err();
+        assert!(
+            matches!(e, SearchError::CandidatesTooLarge { bytes, .. } if bytes == per),
+            "{e}"
+        );
+        for dtype in [DType::F32, DType::I8] {
+            let (b, q) = synthetic(400, 16, 11, dtype, 4);
+            for kernel in [CpuKernel::Gemm, CpuKernel::Avx2] {
+                let p = SearchParams::new(9, Metric::L2);
+                let whole = search_in_runs(&b, &q, &p, kernel.usable(), 11);
+                let parts = search_in_runs(&b, &q, &p, kernel.usable(), 3);
+                assert!(whole.bitwise_eq(&parts), "{dtype} {kernel:?}");
+                assert_eq!((parts.nq, parts.ids.len()), (11, 99));
+            }
+        }
     }
 
     #[test]

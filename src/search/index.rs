@@ -164,11 +164,7 @@ impl IndexShape {
         if params.k == 0 {
             return Err(SearchError::InvalidK { k: params.k });
         }
-        let nq = queries.rows();
-        match nq.checked_mul(params.k) {
-            Some(total) if total <= isize::MAX as usize / 16 => {}
-            _ => return Err(SearchError::ResultTooLarge { nq, k: params.k }),
-        }
+        super::check_result_size(queries.rows(), params.k)?;
         if let Filter::Bitset(b) = &params.filter {
             b.validate(self.rows)?;
         }

@@ -511,8 +511,27 @@ pub enum SearchError {
     DTypeMismatch { base: DType, queries: DType },
     #[error("k must be at least 1 (got {k})")]
     InvalidK { k: usize },
-    #[error("result of {nq} queries x k = {k} is too large")]
-    ResultTooLarge { nq: usize, k: usize },
+    #[error("the results of {nq} queries x k = {k} {}", match (.bytes, .limit) {
+        (Some(b), Some(l)) => format!("need {b} bytes, more than the {l} this process may use"),
+        _ => "overflow: their size in bytes does not fit in 64 bits".to_string(),
+    })]
+    ResultTooLarge {
+        nq: usize,
+        k: usize,
+        /// The bytes they need (`None`: more than 64 bits hold).
+        bytes: Option<u64>,
+        limit: Option<data::MemoryLimit>,
+    },
+    #[error("a search of {nq} queries at k = {k} over {rows} rows needs {bytes} bytes for one query's candidates (and as much per thread), more than the {left} bytes left for them of the {limit} this process may use beside the data and the results")]
+    CandidatesTooLarge {
+        nq: usize,
+        k: usize,
+        rows: usize,
+        bytes: u64,
+        /// The bytes the candidates may take.
+        left: u64,
+        limit: data::MemoryLimit,
+    },
     #[error("bitset filter covers {filter_rows} rows in {words} words, but the dataset has {dataset_rows} rows (needs {expected_words} words)")]
     FilterLength {
         dataset_rows: usize,
@@ -532,6 +551,41 @@ pub enum SearchError {
     UnknownMetric(String),
     #[error("unknown dtype `{0}` (expected f32, f16, i8 or u8)")]
     UnknownDType(String),
+}
+
+/// Bytes of one result slot: an i64 id and an f32 distance.
+pub const RESULT_BYTES_PER_SLOT: u64 = 12;
+
+/// Results this large are checked against the [`data::memory_limit`] (which
+/// reads the system's figures); smaller ones always pass.
+const RESULTS_CHECKED_FROM: u64 = 64 << 20;
+
+/// Whether the results of `nq` queries at `k` (`nq × k` slots of
+/// [`RESULT_BYTES_PER_SLOT`]) fit in the memory this process may use: a `k`
+/// of 2^40 passed a size check against the address space, and the search
+/// then aborted in its allocation.
+pub fn check_result_size(nq: usize, k: usize) -> Result<(), SearchError> {
+    let bytes = (nq as u64)
+        .checked_mul(k as u64)
+        .and_then(|s| s.checked_mul(RESULT_BYTES_PER_SLOT));
+    let too_large = |bytes, limit| SearchError::ResultTooLarge {
+        nq,
+        k,
+        bytes,
+        limit,
+    };
+    match bytes {
+        Some(b) if b < RESULTS_CHECKED_FROM => Ok(()),
+        Some(b) => {
+            let limit = data::memory_limit();
+            if b <= limit.bytes && usize::try_from(b).is_ok_and(|b| b <= isize::MAX as usize) {
+                Ok(())
+            } else {
+                Err(too_large(Some(b), Some(limit)))
+            }
+        }
+        None => Err(too_large(None, None)),
+    }
 }
 
 /// The checks every search path makes (GPU and CPU alike); see

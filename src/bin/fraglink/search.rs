@@ -22,6 +22,7 @@ use fraglink::search::knn::gpu::variant_by_env;
 use fraglink::search::knn::{self, plan::SharedMemory};
 use fraglink::search::plan::plan;
 use fraglink::search::route::{Device, Searcher};
+use fraglink::search::RESULT_BYTES_PER_SLOT;
 use fraglink::search::{search_reference, Bitset, DType, Filter, Metric, SearchParams, Vectors};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -123,9 +124,6 @@ pub(crate) fn spinner(msg: &str, quiet: bool) -> ProgressBar {
     pb.enable_steady_tick(Duration::from_millis(100));
     pb
 }
-
-/// Bytes of one result set (ids i64 + distances f32) of `nq` queries × `k`.
-const RESULT_BYTES_PER_SLOT: u64 = 12;
 
 /// `what` needs `bytes` beside `held` bytes already counted: an error naming
 /// `what` when the sum overflows or exceeds the memory limit.

@@ -484,17 +484,7 @@ pub(crate) fn check_queries(
     if p.nprobe == 0 {
         return Err(IvfError::NprobeZero { nprobe: 0 });
     }
-    if queries
-        .rows()
-        .checked_mul(p.k)
-        .is_none_or(|s| s > isize::MAX as usize / 8)
-    {
-        return Err(SearchError::ResultTooLarge {
-            nq: queries.rows(),
-            k: p.k,
-        }
-        .into());
-    }
+    crate::search::check_result_size(queries.rows(), p.k)?;
     if let Filter::Bitset(b) = &p.filter {
         b.validate(n)?;
     }
