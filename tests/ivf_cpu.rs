@@ -262,6 +262,50 @@ fn index_files_round_trip_and_refuse_bad_bytes() {
     }
 }
 
+/// The writer never replaces what is not a regular file (a directory, a
+/// device: `--out /dev/null` replaced the device node with a file) and
+/// leaves no temporary file behind when it fails or succeeds.
+#[test]
+fn index_files_are_written_only_over_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, _) = synthetic(100, 8, 1, DType::F32, 3);
+    let index = build(&base, 4, "l2".parse().unwrap(), 1);
+    let sub = dir.path().join("sub.ivf");
+    std::fs::create_dir(&sub).unwrap();
+    let e = write_index(&sub, &index).unwrap_err();
+    assert!(matches!(e, IndexFileError::NotAFile { .. }), "{e}");
+    assert!(e.to_string().contains("sub.ivf"), "{e}");
+    #[cfg(unix)]
+    {
+        let e = write_index("/dev/null", &index).unwrap_err();
+        assert!(matches!(e, IndexFileError::NotAFile { .. }), "{e}");
+        use std::os::unix::fs::FileTypeExt;
+        let null = std::fs::metadata("/dev/null").unwrap().file_type();
+        assert!(null.is_char_device(), "/dev/null is still the device");
+    }
+    // Over a regular file, twice: the second replaces the first.
+    let out = dir.path().join("a.ivf");
+    std::fs::write(&out, b"old").unwrap();
+    write_index(&out, &index).unwrap();
+    write_index(&out, &index).unwrap();
+    assert_eq!(read_index(&out).unwrap(), index);
+    // A write that fails (no such directory) leaves nothing either.
+    assert!(write_index(dir.path().join("none/x.ivf"), &index).is_err());
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        {
+            let mut n = names.clone();
+            n.sort();
+            n
+        },
+        ["a.ivf", "sub.ivf"],
+        "no temporary file is left: {names:?}"
+    );
+}
+
 #[test]
 fn bad_parameters_are_typed_errors() {
     let (base, queries) = synthetic(300, 8, 3, DType::F32, 1);

@@ -71,6 +71,8 @@ pub enum IndexFileError {
         expected: u64,
         actual: u64,
     },
+    #[error("{path}: exists and is not a regular file (a directory, device or FIFO): no index is written over it")]
+    NotAFile { path: PathBuf },
     #[error("{path}: checksum mismatch: the file is corrupted")]
     Checksum { path: PathBuf },
     #[error("{path}: invalid {field}: {reason}")]
@@ -123,13 +125,24 @@ fn metric_code(m: Metric) -> u8 {
     Metric::ALL.iter().position(|&x| x == m).expect("in ALL") as u8
 }
 
-/// Writes `index` to `path` (through a temporary file renamed into place).
+/// Writes `index` to `path` (through a temporary file of its own beside it,
+/// renamed into place; removed if the write fails). A `path` that exists and
+/// is not a regular file (a directory, a device, a FIFO) is refused: the
+/// rename would have replaced `/dev/null` itself.
 pub fn write_index(path: impl AsRef<Path>, index: &IvfIndex) -> Result<(), IndexFileError> {
     let path = path.as_ref();
     let io = |source| IndexFileError::Io {
         path: path.to_path_buf(),
         source,
     };
+    match fs::metadata(path) {
+        Ok(m) if !m.is_file() => {
+            return Err(IndexFileError::NotAFile {
+                path: path.to_path_buf(),
+            })
+        }
+        _ => {}
+    }
     let mut head = Vec::with_capacity(HEADER);
     head.extend_from_slice(MAGIC);
     head.extend_from_slice(&VERSION.to_le_bytes());
@@ -146,8 +159,8 @@ pub fn write_index(path: impl AsRef<Path>, index: &IvfIndex) -> Result<(), Index
         head.extend_from_slice(&(v as u64).to_le_bytes());
     }
     head[48..56].copy_from_slice(&index.seed.to_le_bytes());
-    let tmp = path.with_extension("fraglink-tmp");
-    let mut w = BufWriter::new(fs::File::create(&tmp).map_err(io)?);
+    let (tmp, file) = TempFile::beside(path).map_err(io)?;
+    let mut w = BufWriter::new(file);
     let mut h = blake3::Hasher::new();
     let mut emit = |bytes: &[u8]| -> std::io::Result<()> {
         h.update(bytes);
@@ -175,7 +188,46 @@ pub fn write_index(path: impl AsRef<Path>, index: &IvfIndex) -> Result<(), Index
         .map_err(|e| io(e.into_error()))?
         .sync_all()
         .map_err(io)?;
-    fs::rename(&tmp, path).map_err(io)
+    tmp.rename_to(path).map_err(io)
+}
+
+/// A temporary file beside a destination, named for this process and call
+/// (two writers, of one path or of two paths with the same stem, never
+/// share one), removed on drop unless renamed into place.
+struct TempFile(Option<PathBuf>);
+
+impl TempFile {
+    fn beside(dest: &Path) -> std::io::Result<(TempFile, fs::File)> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let mut name = dest.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(
+            ".{}.{}.fraglink-tmp",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let path = dest.with_file_name(name);
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        Ok((TempFile(Some(path)), file))
+    }
+
+    fn rename_to(mut self, dest: &Path) -> std::io::Result<()> {
+        let tmp = self.0.take().expect("renamed once");
+        fs::rename(&tmp, dest).inspect_err(|_| {
+            let _ = fs::remove_file(&tmp);
+        })
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = fs::remove_file(p);
+        }
+    }
 }
 
 /// A bounds-checked reader over the verified bytes.
