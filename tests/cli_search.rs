@@ -694,3 +694,51 @@ fn the_search_trace_is_reported_when_asked_and_bad_values_are_named() {
         "{err}"
     );
 }
+
+/// A run-time variable its reader refuses stops the search whichever device
+/// would serve it (a search the CPU served noted `FRAGLINK_GPU_KNN=maybe` in
+/// its report and exited 0).
+#[test]
+fn bad_run_time_variables_are_refused_on_every_route() {
+    let cache = tempfile::tempdir().unwrap();
+    let args = [
+        "search", "--n", "200", "--dim", "8", "--nq", "2", "--k", "3", "--device", "cpu",
+    ];
+    for (var, bad) in [
+        ("FRAGLINK_GPU_KNN", "maybe"),
+        ("FRAGLINK_KNN_SHARED_BOUND", "2"),
+        ("FRAGLINK_KNN_PREFETCH", "65"),
+        ("FRAGLINK_KNN_VARIANT", "bogus"),
+        ("FRAGLINK_KNN_VARIANT", "scan_f32_u32_v4_k32"),
+        ("FRAGLINK_SEARCH_TRACE", "loud"),
+        ("FRAGLINK_IVF_SPLITS", "0"),
+        ("FRAGLINK_SCAN_SPLITS", "abc"),
+        ("FRAGLINK_FAST_COMPILE", "bogus"),
+        ("FRAGLINK_QUICK_LINK", "sometimes"),
+    ] {
+        let out = Command::new(support::fraglink_bin())
+            .args(args)
+            .env("FRAGLINK_CACHE_DIR", cache.path())
+            .env(var, bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{var}={bad}: {err}");
+        assert!(
+            err.starts_with("error:") && err.contains(var) && err.contains(bad),
+            "{var}={bad}: {err}"
+        );
+    }
+    let out = Command::new(support::fraglink_bin())
+        .args(args)
+        .env("FRAGLINK_CACHE_DIR", cache.path())
+        .env("FRAGLINK_KNN_VARIANT", "knn_tile_f16_f16_q16_r64_k32_a16")
+        .env("FRAGLINK_SCAN_SPLITS", "auto")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

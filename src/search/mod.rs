@@ -22,6 +22,7 @@
 
 pub mod cpu;
 pub mod data;
+pub mod env;
 pub mod gpu;
 pub mod index;
 pub mod ivf;

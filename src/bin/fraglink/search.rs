@@ -243,6 +243,10 @@ pub fn run(a: &SearchArgs) -> ExitCode {
     if let Err(e) = check_repeat(a.repeat) {
         return fail(e);
     }
+    // Every run-time variable, whichever device serves this search.
+    if let Err(e) = fraglink::search::env::check() {
+        return fail(e);
+    }
     if a.index.is_some() || a.ivf_flat {
         return crate::ivf_search::run(a);
     }
