@@ -532,3 +532,23 @@ fn fast_compile_is_its_own_entry_and_a_bad_level_is_named() {
         &["FRAGLINK_FAST_COMPILE", "\"fast\"", "min"],
     );
 }
+
+/// `cache stats` and `cache clear` look without making anything: the
+/// directory (and its missing parents) stays absent.
+#[test]
+fn cache_stats_and_clear_create_no_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("no/such/cache");
+    let env = [("FRAGLINK_CACHE_DIR", cache.as_os_str())];
+    let v = ok(&fraglink_env(&env, &["cache", "stats", "--json"]), "stats");
+    assert_eq!(
+        (v["exists"].as_bool(), v["entries"].as_u64()),
+        (Some(false), Some(0))
+    );
+    ok(&fraglink_env(&env, &["cache", "stats"]), "stats");
+    let cleared = fraglink_env(&env, &["cache", "clear"]);
+    ok(&cleared, "clear");
+    let text = String::from_utf8_lossy(&cleared.stdout);
+    assert!(text.contains("does not exist"), "{text}");
+    assert!(!tmp.path().join("no").exists(), "a look made the directory");
+}

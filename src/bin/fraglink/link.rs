@@ -166,6 +166,38 @@ pub enum CacheCommand {
     Clear,
 }
 
+/// `cache stats` / `cache clear` where the cache directory does not exist
+/// (yet): an empty cache, nothing to remove.
+fn report_no_cache_dir(
+    cmd: &CacheCommand,
+    config: &fraglink::link::disk::DiskCacheConfig,
+) -> ExitCode {
+    let dir = config.dir.display();
+    match cmd {
+        CacheCommand::Stats { json: true } => println!(
+            "{}",
+            json!({
+                "dir": config.dir.to_string_lossy(),
+                "exists": false,
+                "enabled": true,
+                "warning": null,
+                "entries": 0,
+                "bytes": 0,
+                "temp_files": 0,
+                "temp_bytes": 0,
+                "max_bytes": config.max_bytes,
+            })
+        ),
+        CacheCommand::Stats { json: false } => {
+            println!("dir        {dir} (does not exist yet: the first link makes it)");
+            println!("entries    0");
+            println!("bytes      0 of {} max", config.max_bytes);
+        }
+        CacheCommand::Clear => println!("nothing removed: {dir} does not exist"),
+    }
+    ExitCode::SUCCESS
+}
+
 pub fn run_cache(cmd: &CacheCommand) -> ExitCode {
     use fraglink::link::disk::{DiskCache, DiskCacheConfig};
     // `clear` never writes, so it does not consult FRAGLINK_CACHE_MAX_BYTES.
@@ -177,6 +209,16 @@ pub fn run_cache(cmd: &CacheCommand) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // Reading or clearing creates nothing: opening a cache makes its
+    // directory (and missing parents), which a look at it should not.
+    if config.enabled
+        && matches!(
+            std::fs::symlink_metadata(&config.dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound
+        )
+    {
+        return report_no_cache_dir(cmd, &config);
+    }
     let cache = match DiskCache::open(config) {
         Ok(c) => c,
         Err(e) => return fail(e),
@@ -196,6 +238,7 @@ pub fn run_cache(cmd: &CacheCommand) -> ExitCode {
                         // Lossy: a path need not be UTF-8 (serde_json
                         // refuses to serialise such a Path).
                         "dir": dir.map(|d| d.to_string_lossy()),
+                        "exists": dir.is_some(),
                         "enabled": cache.is_enabled(),
                         "warning": cache.warning(),
                         "entries": s.entries,
