@@ -742,3 +742,31 @@ fn bad_run_time_variables_are_refused_on_every_route() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Synthetic-data options beside files or an index are refused, not
+/// ignored (`--index F --n 5 --data gaussian` searched the file and said
+/// nothing).
+#[test]
+fn synthetic_options_do_not_mix_with_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, _) = synthetic(40, 4, 0, DType::F32, 1);
+    let f = dir.path().join("b.fvecs");
+    write_vecs_file(&f, &b).unwrap();
+    let f = f.to_str().unwrap();
+    for extra in [
+        ["--n", "5"],
+        ["--dim", "4"],
+        ["--nq", "3"],
+        ["--data", "gaussian"],
+    ] {
+        for source in [["--base", f], ["--index", f]] {
+            let mut args = vec!["search", "--queries", f, "--k", "1"];
+            args.extend(source);
+            args.extend(extra);
+            let out = fraglink(dir.path(), &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+            assert!(err.contains("cannot be used with"), "{args:?}: {err}");
+        }
+    }
+}

@@ -42,17 +42,17 @@ pub struct SearchArgs {
     #[arg(long)]
     pub groundtruth: Option<PathBuf>,
     /// Synthetic data: base rows.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 20_000, conflicts_with_all = ["base", "index"])]
     pub n: usize,
     /// Synthetic data: dimension.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, conflicts_with_all = ["base", "index"])]
     pub dim: usize,
     /// Synthetic data: queries.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, conflicts_with_all = ["base", "index"])]
     pub nq: usize,
     /// Synthetic data: clustered (Gaussian blobs) or gaussian (one blob, no
     /// structure for an index to find) [default: clustered].
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["base", "index"])]
     pub data: Option<Synthetic>,
     /// Synthetic data: seed.
     #[arg(long, default_value_t = 42)]
@@ -204,11 +204,6 @@ pub(crate) fn load_data(
 ) -> Result<(Vectors, Vectors, u64), String> {
     match (&a.base, &a.queries) {
         (Some(b), Some(q)) => {
-            if a.data.is_some() {
-                return Err(
-                    "--data applies to synthetic data, not to --base/--queries files".into(),
-                );
-            }
             let (base, queries) = read_dataset(b, q).map_err(|e| e.to_string())?;
             for (v, path) in [(&base, b), (&queries, q)] {
                 if v.rows() == 0 {
