@@ -770,3 +770,61 @@ fn synthetic_options_do_not_mix_with_files() {
         }
     }
 }
+
+/// Messages name what is at fault: the file whose dim is too large for its
+/// type, the formats a ground truth takes, `l2sqrt` among the metrics.
+#[test]
+fn messages_name_the_file_and_what_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let wide = npy(
+        &dir.path().join("wide.npy"),
+        "|u1",
+        "(1, 70000)",
+        &[1; 70000],
+    );
+    let (b, _) = synthetic(40, 4, 0, DType::F32, 1);
+    let f = dir.path().join("b.fvecs");
+    write_vecs_file(&f, &b).unwrap();
+    let f = f.to_str().unwrap();
+    for (args, needles) in [
+        (
+            vec!["search", "--base", &wide, "--queries", &wide, "--k", "1"],
+            vec!["wide.npy", "dim 70000", "u8"],
+        ),
+        (
+            vec![
+                "search",
+                "--base",
+                f,
+                "--queries",
+                f,
+                "--k",
+                "1",
+                "--groundtruth",
+                f,
+            ],
+            vec!["b.fvecs", "expected .ivecs or .npy"],
+        ),
+        (
+            vec![
+                "search",
+                "--base",
+                f,
+                "--queries",
+                f,
+                "--k",
+                "1",
+                "--metric",
+                "l1",
+            ],
+            vec!["l1", "l2sqrt"],
+        ),
+    ] {
+        let out = fraglink(dir.path(), &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: `{n}` not in {err}");
+        }
+    }
+}

@@ -219,6 +219,19 @@ fn index_files_round_trip_and_refuse_bad_bytes() {
         ),
         IndexFileError::Foreign { .. }
     ));
+    let mut reserved = bytes.clone();
+    reserved[21] = 1;
+    let e = read_bad(&reserved);
+    assert!(
+        matches!(
+            e,
+            IndexFileError::Invalid {
+                field: "reserved header bytes",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let mut version = bytes.clone();
     version[8] = 9;
     assert!(matches!(

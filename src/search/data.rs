@@ -336,8 +336,12 @@ pub enum DataError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: unknown file type (expected .fvecs, .bvecs, .ivecs or .npy)")]
-    UnknownFormat { path: PathBuf },
+    #[error("{path}: unknown file type (expected {expected})")]
+    UnknownFormat {
+        path: PathBuf,
+        /// The extensions the reader takes.
+        expected: &'static str,
+    },
     #[error("{path}: file holds no vectors")]
     Empty { path: PathBuf },
     #[error("{path}: record {record} at byte {offset} is truncated: needs {needed} bytes, {available} left")]
@@ -652,6 +656,7 @@ pub fn vectors_from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Vectors, DataEr
         "npy" => npy_from_bytes(path, bytes),
         _ => Err(DataError::UnknownFormat {
             path: path.to_path_buf(),
+            expected: ".fvecs, .bvecs or .npy",
         }),
     }
 }
@@ -688,6 +693,7 @@ pub fn write_vecs_file(path: impl AsRef<Path>, v: &Vectors) -> Result<(), DataEr
         }),
         _ => Err(DataError::UnknownFormat {
             path: path.to_path_buf(),
+            expected: ".fvecs or .bvecs",
         }),
     }
 }
@@ -982,6 +988,7 @@ pub fn read_vectors(path: impl AsRef<Path>) -> Result<Vectors, DataError> {
         "npy" => read_npy(path),
         _ => Err(DataError::UnknownFormat {
             path: path.to_path_buf(),
+            expected: ".fvecs, .bvecs or .npy",
         }),
     }
 }
@@ -1075,6 +1082,7 @@ pub fn read_ground_truth(path: impl AsRef<Path>) -> Result<Vec<Vec<i64>>, DataEr
         }
         _ => Err(DataError::UnknownFormat {
             path: path.to_path_buf(),
+            expected: ".ivecs or .npy",
         }),
     }
 }

@@ -82,7 +82,10 @@ impl FromStr for Metric {
             "l2" => Ok(Metric::L2),
             "ip" | "inner_product" => Ok(Metric::InnerProduct),
             "cosine" => Ok(Metric::Cosine),
-            _ => Err(SearchError::UnknownMetric(s.to_string())),
+            _ => Err(SearchError::UnknownMetric {
+                name: s.to_string(),
+                expected: "l2, ip, inner_product or cosine",
+            }),
         }
     }
 }
@@ -548,8 +551,12 @@ pub enum SearchError {
     },
     #[error("{len} elements do not form {rows} rows of dim {dim}")]
     Shape { len: usize, rows: usize, dim: usize },
-    #[error("unknown metric `{0}` (expected l2, ip, inner_product or cosine)")]
-    UnknownMetric(String),
+    #[error("unknown metric `{name}` (expected {expected})")]
+    UnknownMetric {
+        name: String,
+        /// The names the parser takes.
+        expected: &'static str,
+    },
     #[error("unknown dtype `{0}` (expected f32, f16, i8 or u8)")]
     UnknownDType(String),
 }

@@ -117,6 +117,9 @@ fn build(a: &IndexBuildArgs) -> Result<(), String> {
         a.dtype,
         &format!("--base {}", a.base.display()),
     )?;
+    if let Some(v) = a.veclen {
+        fraglink::search::ivf::check_veclen(v, base.dim()).map_err(|e| format!("--veclen: {e}"))?;
+    }
     let mut p = IvfBuildParams::new(a.nlist, a.metric).with_seed(a.seed);
     p.iterations = a.iterations;
     p.veclen = a.veclen;

@@ -212,6 +212,14 @@ pub(crate) fn load_data(
                 if v.dim() == 0 {
                     return Err(format!("{}: vectors of dimension 0", path.display()));
                 }
+                if let Some(max) = v.dtype().max_dim().filter(|&m| v.dim() > m) {
+                    let e = fraglink::search::SearchError::DimTooLarge {
+                        dtype: v.dtype(),
+                        dim: v.dim(),
+                        max,
+                    };
+                    return Err(format!("{}: {e}", path.display()));
+                }
             }
             if let Some(d) = a.dtype.filter(|&d| d != base.dtype()) {
                 return Err(format!(

@@ -310,6 +310,12 @@ pub fn index_from_bytes(path: &Path, b: &[u8]) -> Result<IvfIndex, IndexFileErro
             ))
         }
     };
+    if b[20..24] != [0; 4] {
+        return Err(invalid(
+            "reserved header bytes",
+            format!("{:?} (must be zero)", &b[20..24]),
+        ));
+    }
     let veclen = b[19] as usize;
     let (dim, n, nlist, seed) = (u64_at(b, 24), u64_at(b, 32), u64_at(b, 40), u64_at(b, 48));
     if dim == 0 || dtype.max_dim().is_some_and(|m| dim > m as u64) {

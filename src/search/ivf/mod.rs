@@ -59,7 +59,7 @@ use std::str::FromStr;
 pub use build::{build_index, IvfBuildParams, IvfIndex, ListStore};
 pub use coarse::probe_lists;
 pub use file::{index_from_bytes, read_index, write_index, IndexFileError};
-pub use layout::{default_veclen, veclen_for, GROUP};
+pub use layout::{check_veclen, default_veclen, veclen_for, GROUP};
 pub use reference::search_ivf_reference;
 pub use scan::{search_ivf, IvfSearchParams};
 
@@ -138,7 +138,10 @@ impl FromStr for MetricSpec {
         }
         s.parse::<Metric>()
             .map(MetricSpec::plain)
-            .map_err(|_| SearchError::UnknownMetric(s.to_string()))
+            .map_err(|_| SearchError::UnknownMetric {
+                name: s.to_string(),
+                expected: "l2, l2sqrt, ip, inner_product or cosine",
+            })
     }
 }
 
@@ -153,7 +156,11 @@ pub enum IvfError {
     NlistTooLarge { nlist: usize, n: usize },
     #[error("the base has no rows or dimension 0 ({rows} × {dim})")]
     EmptyBase { rows: usize, dim: usize },
-    #[error("veclen {veclen} does not divide dim {dim} (or is not 1, 2, 4, 8 or 16)")]
+    #[error("veclen {veclen} {}", if *.veclen == 0 || *.veclen > 16 || !.veclen.is_power_of_two() {
+        "is not 1, 2, 4, 8 or 16".to_string()
+    } else {
+        format!("does not divide dim {}", .dim)
+    })]
     BadVeclen { veclen: usize, dim: usize },
     #[error("the scan entry reads veclen {entry} lists, the index stores veclen {index}")]
     VeclenMismatch { entry: usize, index: usize },
