@@ -786,37 +786,18 @@ fn messages_name_the_file_and_what_is_taken() {
     let f = dir.path().join("b.fvecs");
     write_vecs_file(&f, &b).unwrap();
     let f = f.to_str().unwrap();
+    let files = ["search", "--base", f, "--queries", f, "--k", "1"];
     for (args, needles) in [
         (
             vec!["search", "--base", &wide, "--queries", &wide, "--k", "1"],
             vec!["wide.npy", "dim 70000", "u8"],
         ),
         (
-            vec![
-                "search",
-                "--base",
-                f,
-                "--queries",
-                f,
-                "--k",
-                "1",
-                "--groundtruth",
-                f,
-            ],
+            [&files[..], &["--groundtruth", f]].concat(),
             vec!["b.fvecs", "expected .ivecs or .npy"],
         ),
         (
-            vec![
-                "search",
-                "--base",
-                f,
-                "--queries",
-                f,
-                "--k",
-                "1",
-                "--metric",
-                "l1",
-            ],
+            [&files[..], &["--metric", "l1"]].concat(),
             vec!["l1", "l2sqrt"],
         ),
     ] {
