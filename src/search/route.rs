@@ -701,6 +701,10 @@ impl Vectors {
     }
 
     /// Rows `start..end` as new vectors (query batches).
+    ///
+    /// # Panics
+    ///
+    /// If `start > end` or `end > self.rows()`, as slicing does.
     pub fn slice_rows(&self, start: usize, end: usize) -> Vectors {
         fn cut<T: Clone>(m: &super::Matrix<T>, start: usize, end: usize) -> super::Matrix<T> {
             let d = m.dim();
