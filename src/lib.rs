@@ -17,3 +17,4 @@ pub mod link;
 pub mod search;
 mod switch;
 pub mod sys;
+mod workers;

@@ -149,7 +149,8 @@ pub struct Progress<'a> {
 }
 
 /// Links every plan for `arch` through the process-wide runtime, with
-/// `parallelism` threads (0: one per core). Failures are collected, not
+/// `parallelism` threads (0: one per core; at most two per core and one
+/// per plan, whatever is asked). Failures are collected, not
 /// returned: one bad plan does not stop the others.
 pub fn prelink(
     plans: &[Planner],
@@ -166,7 +167,10 @@ pub fn prelink(
 }
 
 /// Links each `(plan, arch)` through `runtime` with `parallelism` threads
-/// (0: one per core), calling `progress` after each.
+/// (0: one per core; at most two per core and one per job: each link can
+/// take hundreds of MB, and more threads than that only add memory), the
+/// calling thread among them, calling `progress` after each. A thread the
+/// system refuses to start leaves its share to those that did start.
 pub fn prelink_with(
     runtime: &LinkRuntime,
     jobs: &[(&Planner, Arch)],
@@ -174,46 +178,33 @@ pub fn prelink_with(
     progress: &(dyn Fn(&Progress<'_>) + Sync),
 ) -> PrelinkReport {
     let started = Instant::now();
-    let threads = match parallelism {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    }
-    .clamp(1, jobs.len().max(1));
-    let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let report = Mutex::new(PrelinkReport {
         disk_cache: runtime.disk().is_some_and(|d| d.is_enabled()),
         ..PrelinkReport::default()
     });
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(plan, arch)) = jobs.get(i) else {
-                    return;
-                };
-                let result = runtime.link(plan, arch).map(|l| l.source);
-                let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
-                progress(&Progress {
-                    done: finished,
-                    total: jobs.len(),
-                    entry: plan.entry(),
-                    arch,
-                    outcome: result.as_ref().copied(),
-                });
-                let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                match result {
-                    Ok(Source::Linked) => r.linked += 1,
-                    Ok(Source::Disk) => r.from_disk += 1,
-                    Ok(Source::Memory) => r.from_memory += 1,
-                    Err(error) => r.failed.push(PrelinkFailure {
-                        entry: plan.entry().to_string(),
-                        fragments: plan.fragment_names(),
-                        arch,
-                        error,
-                    }),
-                }
-            });
+    let threads = crate::workers::thread_count(parallelism, jobs.len());
+    crate::workers::map_bounded(jobs.to_vec(), threads, &|(plan, arch)| {
+        let result = runtime.link(plan, arch).map(|l| l.source);
+        let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+        progress(&Progress {
+            done: finished,
+            total: jobs.len(),
+            entry: plan.entry(),
+            arch,
+            outcome: result.as_ref().copied(),
+        });
+        let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok(Source::Linked) => r.linked += 1,
+            Ok(Source::Disk) => r.from_disk += 1,
+            Ok(Source::Memory) => r.from_memory += 1,
+            Err(error) => r.failed.push(PrelinkFailure {
+                entry: plan.entry().to_string(),
+                fragments: plan.fragment_names(),
+                arch,
+                error,
+            }),
         }
     });
     let mut report = report.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -304,6 +295,29 @@ mod tests {
         // And the same runtime again serves them from memory.
         let r = prelink_with(&later, &jobs[..2], 1, &|_| {});
         assert_eq!(r.from_memory, 2, "{r:?}");
+    }
+
+    /// `--jobs 100000` once started one thread per plan (1285 nvJitLink
+    /// links at once for `--all`, out of memory); the threads are now at
+    /// most two per core whatever is asked. Empty plans fail at once, and
+    /// the progress callback holds each thread long enough that every
+    /// thread started takes a job.
+    #[test]
+    fn asking_for_many_jobs_starts_at_most_two_threads_per_core() {
+        let cap = crate::workers::max_threads();
+        let plans: Vec<Planner> = (0..cap * 2 + 8)
+            .map(|i| Planner::new(format!("empty_{i}")))
+            .collect();
+        let jobs: Vec<(&Planner, Arch)> = plans.iter().map(|p| (p, Arch::sm(90))).collect();
+        let threads = Mutex::new(std::collections::HashSet::new());
+        let rt = runtime(None);
+        let r = prelink_with(&rt, &jobs, 100_000, &|_| {
+            threads.lock().unwrap().insert(std::thread::current().id());
+            std::thread::sleep(Duration::from_millis(20));
+        });
+        assert_eq!(r.failed.len(), jobs.len(), "{r:?}");
+        let used = threads.into_inner().unwrap().len();
+        assert!(used <= cap, "{used} threads for a cap of {cap}");
     }
 
     /// The remembered key never outlives the plan content it was computed

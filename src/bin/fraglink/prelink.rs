@@ -29,7 +29,8 @@ pub struct PrelinkArgs {
     /// Every valid plan of every shipped family.
     #[arg(long)]
     pub all: bool,
-    /// Parallel links (default: one per core).
+    /// Parallel links (default: one per core). At most two per core and one
+    /// per plan, whatever is asked: each link can take hundreds of MB.
     #[arg(long, default_value_t = 0)]
     pub jobs: usize,
     /// Print the summary as JSON (and no progress bar).
