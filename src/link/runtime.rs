@@ -772,7 +772,8 @@ impl LinkRuntime {
     }
 
     /// Links every plan of `plans` for `arch`, each as [`link`](Self::link)
-    /// would, and those not yet in memory at the same time, one thread each:
+    /// would, and those not yet in memory at the same time, one thread each
+    /// up to two per core:
     /// a search's kernel pair (knn_tile + knn_rerank, knn_dist + knn_select)
     /// then costs its first call the slower link, not the sum. A plan whose
     /// kernel is already in memory costs what `link` costs: no thread is
@@ -791,20 +792,15 @@ impl LinkRuntime {
         if due < 2 {
             return plans.iter().zip(prepared).map(finish).collect();
         }
-        std::thread::scope(|s| {
-            let handles: Vec<_> = plans
-                .iter()
-                .zip(prepared)
-                .map(|job| s.spawn(move || finish(job)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-                .collect()
-        })
+        // At most two threads per core however many plans are due (each
+        // link can take hundreds of MB); a thread the system refuses to
+        // start leaves its links to those started, the calling thread
+        // among them.
+        let jobs: Vec<_> = plans.iter().zip(prepared).collect();
+        let threads = crate::workers::thread_count(due, jobs.len());
+        crate::workers::map_bounded(jobs, threads, &finish)
+            .into_iter()
+            .collect()
     }
 
     /// Whether [`link`](Self::link) would find `plan`'s kernel for `arch`
@@ -1073,6 +1069,65 @@ mod tests {
         bad.extend_from_slice(&1u32.to_le_bytes());
         bad.push(0xff);
         assert!(DiskPayload::decode(&bad).is_none());
+    }
+
+    /// The threads of this process (`/proc/self/status`).
+    fn threads_now() -> usize {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Threads:"))
+                    .and_then(|n| n.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// `link_all` once started one thread per due plan however many there
+    /// were (each an nvJitLink link of up to hundreds of MB); now at most
+    /// two per core, the calling thread among them. The process's threads
+    /// are sampled while 40 more plans than that link (needs nvJitLink,
+    /// no GPU); the slack covers a test running beside this one.
+    #[test]
+    fn link_all_starts_at_most_two_threads_per_core() {
+        if threads_now() == 0 {
+            return; // no /proc
+        }
+        let rt = LinkRuntime::new(crate::link::RuntimeConfig {
+            memory_capacity: 1024,
+            disk: None,
+        })
+        .expect("nvJitLink loads from the path baked at build time");
+        let cap = crate::workers::max_threads();
+        let plans: Vec<Planner> = crate::families::find("scan")
+            .expect("the scan family")
+            .plans()
+            .into_iter()
+            .take(cap + 40)
+            .collect();
+        let refs: Vec<&Planner> = plans.iter().collect();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let before = threads_now();
+        let peak = std::thread::scope(|s| {
+            let watch = s.spawn(|| {
+                let mut peak = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    peak = peak.max(threads_now());
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                peak
+            });
+            let linked = rt.link_all(&refs, Arch::sm(90));
+            stop.store(true, Ordering::Relaxed);
+            assert_eq!(linked.expect("every scan plan links").len(), refs.len());
+            watch.join().unwrap()
+        });
+        // `before` + the watcher + the pool's threads besides the caller.
+        let allowed = before + 1 + (cap - 1) + 16;
+        assert!(
+            peak <= allowed,
+            "{peak} threads while linking (cap {cap}, {before} before)"
+        );
     }
 
     #[test]
