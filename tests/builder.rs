@@ -361,3 +361,96 @@ fn fragments_are_pre_optimized_by_default_and_switchable() {
         assert_eq!(a.recorded, b.recorded, "{}", a.name);
     }
 }
+
+/// Set (to `build` or `discovery`) in a child of [`run_env_child`]: the
+/// test [`ENV_TEST`] then runs one build step reading the environment its
+/// parent gave it, and prints its outcome.
+const ENV_CHILD: &str = "FRAGLINK_BUILDER_ENV_CHILD";
+const ENV_TEST: &str = "env_child";
+/// The variables the children read, each removed unless a test sets it.
+const BUILD_VARS: &[&str] = &[
+    "FRAGLINK_ARCHS",
+    "FRAGLINK_BUILD_CACHE_DIR",
+    "FRAGLINK_CUDA_VERSION",
+    "FRAGLINK_PYTHON",
+];
+
+/// Child mode of the tests below, a test of its own that does nothing in
+/// a normal run. `build`: a build of one fragment in the current directory
+/// (given the toolkit and no cache directory, so only the environment can
+/// name one); `discovery`: the toolkit discovery's reading of the
+/// environment. Prints `outcome: ok` or `outcome: error: …`.
+#[test]
+fn env_child() {
+    let Some(mode) = std::env::var_os(ENV_CHILD) else {
+        return;
+    };
+    let outcome = match mode.to_str() {
+        Some("build") => {
+            let dir = std::env::current_dir().unwrap();
+            Builder::new()
+                .manifest_dir(&dir)
+                .out_dir(dir.join("out"))
+                .toolkit(toolkit())
+                .archs(&["compute_75"])
+                .jobs(1)
+                .cargo_directives(false)
+                .family(family("good", "good.cu.j2"))
+                .compile()
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+        Some("discovery") => Discovery::from_env(None)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        other => panic!("{ENV_CHILD}={other:?}"),
+    };
+    match outcome {
+        Ok(()) => println!("outcome: ok"),
+        Err(e) => println!("outcome: error: {e}"),
+    }
+}
+
+/// Runs [`env_child`] in `mode` with `vars` set (the other build variables
+/// removed) in a fresh project directory; its outcome line and the
+/// directory.
+fn run_env_child(mode: &str, vars: &[(&str, &std::ffi::OsStr)]) -> (String, tempfile::TempDir) {
+    let dir = project(&[("good.cu.j2", GOOD)]);
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([ENV_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .current_dir(dir.path())
+        .env(ENV_CHILD, mode);
+    for v in BUILD_VARS {
+        cmd.env_remove(v);
+    }
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the test binary runs again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("outcome: ").map(|(_, o)| o))
+        .unwrap_or_else(|| {
+            panic!(
+                "no outcome from the child: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (line.to_string(), dir)
+}
+
+/// An empty `FRAGLINK_BUILD_CACHE_DIR` is unset, as every other variable's
+/// empty value: it was `PathBuf::from("")`, and the cache's fatbins and
+/// sidecars were written into the build's working directory.
+#[test]
+fn an_empty_build_cache_dir_is_unset() {
+    let (outcome, dir) = run_env_child("build", &[("FRAGLINK_BUILD_CACHE_DIR", "".as_ref())]);
+    assert_eq!(outcome, "ok");
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["good.cu.j2", "m.json", "out"]);
+}

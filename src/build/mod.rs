@@ -505,7 +505,13 @@ impl Builder {
         let cache_dir = self
             .cache_dir
             .clone()
-            .or_else(|| std::env::var_os("FRAGLINK_BUILD_CACHE_DIR").map(PathBuf::from))
+            // Empty is unset, as for every other variable: `PathBuf::from("")`
+            // would put the cache in the build script's working directory.
+            .or_else(|| {
+                std::env::var_os("FRAGLINK_BUILD_CACHE_DIR")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            })
             .or_else(|| target_dir.as_ref().map(|t| t.join("fraglink-build-cache")));
 
         let toolkit = match self.toolkit.clone() {
