@@ -8,6 +8,10 @@ mod build;
 #[allow(dead_code, unused_imports)]
 #[path = "src/sys/mod.rs"]
 mod sys;
+// The environment is read as the library reads it (`crate::switch`).
+#[allow(dead_code)]
+#[path = "src/switch.rs"]
+mod switch;
 
 use build::Builder;
 

@@ -19,10 +19,18 @@ pub(crate) fn parse_switch(value: &str, default: bool) -> Option<bool> {
 /// The value of `var`: `None` where it is unset; one that is not Unicode
 /// lossily converted, so a parser refuses it and its error shows it.
 pub(crate) fn env_value(var: &str) -> Option<String> {
+    env_text(var).unwrap_or_else(Some)
+}
+
+/// The value of `var` where any text is valid (a program's name):
+/// `Ok(None)` where it is unset, `Err` with the value lossily converted
+/// where it is not Unicode, for an error naming `var` (no parser would
+/// refuse it).
+pub(crate) fn env_text(var: &str) -> Result<Option<String>, String> {
     match std::env::var(var) {
-        Ok(v) => Some(v),
-        Err(std::env::VarError::NotPresent) => None,
-        Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(v.to_string_lossy().into_owned()),
     }
 }
 

@@ -454,3 +454,33 @@ fn an_empty_build_cache_dir_is_unset() {
     names.sort();
     assert_eq!(names, ["good.cu.j2", "m.json", "out"]);
 }
+
+/// Build variables read as the library reads its own: a value that is not
+/// Unicode is an error naming the variable (`FRAGLINK_ARCHS`,
+/// `FRAGLINK_CUDA_VERSION` and `FRAGLINK_PYTHON` took it for unset), and
+/// `FRAGLINK_CUDA_VERSION` takes what README lists (`12`, `13`, `12.9`,
+/// `13.0`), no longer any `12.x`/`13.x` (`12.junk` was 12).
+#[cfg(unix)]
+#[test]
+fn build_variables_refuse_what_they_do_not_take_naming_the_variable() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let refused = |mode: &str, var: &str, value: &OsStr| {
+        let (outcome, _dir) = run_env_child(mode, &[(var, value)]);
+        assert!(
+            outcome.starts_with("error: ") && outcome.contains(var),
+            "{var}={value:?}: {outcome}"
+        );
+    };
+    refused("build", "FRAGLINK_ARCHS", OsStr::from_bytes(b"sm_90\xff"));
+    refused("discovery", "FRAGLINK_PYTHON", OsStr::from_bytes(b"py\xff"));
+    let version = "FRAGLINK_CUDA_VERSION";
+    refused("discovery", version, OsStr::from_bytes(b"12\xff"));
+    for bad in ["12.junk", "12.4", "13.1", "14", "012", "12.9.0"] {
+        refused("discovery", version, bad.as_ref());
+    }
+    for good in ["12", " 13 ", "12.9", "13.0", ""] {
+        let (outcome, _dir) = run_env_child("discovery", &[(version, good.as_ref())]);
+        assert_eq!(outcome, "ok", "{version}={good:?}");
+    }
+}

@@ -30,6 +30,37 @@ fn search_json(cache: &std::path::Path, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A `FRAGLINK_KNN_VARIANT` that is not Unicode names no variant: the plan
+/// line says so naming the variable, as for any other such name (it was
+/// taken for unset, and the planner's pick shown).
+#[cfg(unix)]
+#[test]
+fn a_knn_variant_that_is_not_unicode_is_named_in_the_plan() {
+    use std::os::unix::ffi::OsStrExt;
+    let cache = tempfile::tempdir().unwrap();
+    let out = Command::new(support::fraglink_bin())
+        .args([
+            "search", "--n", "1000", "--dim", "16", "--nq", "10", "--k", "10",
+        ])
+        .args(["--metric", "l2", "--dtype", "f32", "--device", "cpu"])
+        .env("FRAGLINK_CACHE_DIR", cache.path())
+        .env(
+            "FRAGLINK_KNN_VARIANT",
+            std::ffi::OsStr::from_bytes(b"knn_tile\xff"),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let plan = stdout
+        .lines()
+        .find(|l| l.starts_with("gpu plan"))
+        .unwrap_or_else(|| panic!("no plan line: {stdout}"));
+    assert!(
+        plan.contains("FRAGLINK_KNN_VARIANT") && plan.contains("knn_tile\u{fffd}"),
+        "{plan}"
+    );
+}
+
 #[test]
 fn recall_is_exact_for_every_metric_dtype_filter() {
     let cache = tempfile::tempdir().unwrap();

@@ -490,8 +490,10 @@ impl Builder {
                 ..fam.settings.clone()
             });
         }
-        let archs = match std::env::var("FRAGLINK_ARCHS") {
-            Ok(s) if !s.trim().is_empty() => Arch::parse_list(&s, "FRAGLINK_ARCHS")?,
+        // A value that is not Unicode reaches the parser, which names the
+        // variable (it was taken for unset).
+        let archs = match crate::switch::env_value("FRAGLINK_ARCHS") {
+            Some(s) if !s.trim().is_empty() => Arch::parse_list(&s, "FRAGLINK_ARCHS")?,
             _ => match &self.archs {
                 Some(list) => Arch::parse_list(&list.join(","), "Builder::archs")?,
                 None => Arch::defaults(),

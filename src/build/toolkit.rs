@@ -8,7 +8,7 @@
 //! both wheel layouts (CUDA 12: `nvidia/<component>/{lib,include}`; CUDA 13:
 //! everything in `nvidia/cu13/{lib,include}`).
 //!
-//! `FRAGLINK_CUDA_VERSION=12|13` picks the major: roots of another major are
+//! `FRAGLINK_CUDA_VERSION=12|13` (or `12.9`/`13.0`) picks the major: roots of another major are
 //! passed over, and that major's pinned set is provisioned. Unset, any major
 //! found is used and CUDA 12.9 is provisioned: its cubins load on every
 //! driver from 525 on (CUDA 12's minor-version compatibility), where CUDA
@@ -96,19 +96,33 @@ pub fn has_crt(dirs: &[PathBuf]) -> bool {
     dirs.iter().any(|d| d.join("crt/mma.h").is_file())
 }
 
-/// The major `FRAGLINK_CUDA_VERSION` asks for (`12`, `13`, or `12.9`-style),
-/// `None` when unset; an unsupported value is an error naming it.
+/// The major `FRAGLINK_CUDA_VERSION` asks for ([`parse_cuda_version`]);
+/// `None` when unset or empty.
 pub fn requested_major() -> Result<Option<u32>, ToolkitError> {
-    let Ok(v) = std::env::var("FRAGLINK_CUDA_VERSION") else {
-        return Ok(None);
-    };
-    let v = v.trim();
+    // Not Unicode: lossily converted, so the parser refuses it naming the
+    // variable (it was taken for unset).
+    match crate::switch::env_value("FRAGLINK_CUDA_VERSION") {
+        Some(v) => parse_cuda_version(&v),
+        None => Ok(None),
+    }
+}
+
+/// A `FRAGLINK_CUDA_VERSION` value: a major with a pinned set (`12`,
+/// `13`), or that set's release spelled out (`12.9`, `13.0`), surrounding
+/// blanks ignored; empty: `None`. Anything else is
+/// [`ToolkitError::BadVersion`]: another minor (`12.4`) would not be what
+/// the build provisions, and `12.junk` was once taken for 12.
+pub fn parse_cuda_version(value: &str) -> Result<Option<u32>, ToolkitError> {
+    let v = value.trim();
     if v.is_empty() {
         return Ok(None);
     }
     let major = v.split('.').next().and_then(|m| m.parse::<u32>().ok());
-    match major {
-        Some(m) if PinnedSet::for_major(m).is_some() => Ok(Some(m)),
+    let pinned = major.and_then(|m| Some((m, PinnedSet::for_major(m)?)));
+    match pinned {
+        Some((m, p)) if v == m.to_string() || v == format!("{}.{}", p.version.0, p.version.1) => {
+            Ok(Some(m))
+        }
         _ => Err(ToolkitError::BadVersion {
             value: v.to_string(),
         }),
@@ -207,8 +221,18 @@ pub struct Toolkit {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ToolkitError {
-    #[error("FRAGLINK_CUDA_VERSION={value} is not supported: use 12 or 13")]
+    #[error(
+        "FRAGLINK_CUDA_VERSION={value} is not supported: use 12 or 13 (12.9 and 13.0, the \
+         releases provisioned, are accepted too)"
+    )]
     BadVersion { value: String },
+    /// A variable whose value is any text (a program's name) holds
+    /// something that is not Unicode.
+    #[error("{variable}=`{value}` is not Unicode")]
+    NotUnicode {
+        variable: &'static str,
+        value: String,
+    },
     #[error(
         "CUDA libraries not found and provisioning is off ({reason}). Searched: {searched}. \
          Set FRAGLINK_CUDA_ROOT to a CUDA 12 or 13 toolkit or to a directory holding NVIDIA's \
@@ -280,7 +304,17 @@ impl Discovery {
         Ok(Discovery {
             explicit_roots,
             default_roots: vec![PathBuf::from("/usr/local/cuda")],
-            python: Some(std::env::var("FRAGLINK_PYTHON").unwrap_or_else(|_| "python3".into())),
+            // Unset or empty: python3; not Unicode: an error naming it (it
+            // was taken for unset).
+            python: Some(
+                crate::switch::env_text("FRAGLINK_PYTHON")
+                    .map_err(|value| ToolkitError::NotUnicode {
+                        variable: "FRAGLINK_PYTHON",
+                        value,
+                    })?
+                    .filter(|p| !p.trim().is_empty())
+                    .unwrap_or_else(|| "python3".into()),
+            ),
             offline,
             provision_dir,
             major,
@@ -594,6 +628,26 @@ fn find_lib(dir: &Path, stem: &str, missing: &mut Vec<String>) -> Option<PathBuf
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_version_takes_a_major_or_its_pinned_release() {
+        for (v, major) in [("12", 12), ("12.9", 12), (" 13 ", 13), ("13.0", 13)] {
+            assert_eq!(parse_cuda_version(v).unwrap(), Some(major), "{v}");
+        }
+        assert_eq!(parse_cuda_version(" ").unwrap(), None);
+        for bad in [
+            "12.junk",
+            "12.4",
+            "13.1",
+            "11",
+            "012",
+            "12.9.0",
+            "12\u{fffd}",
+        ] {
+            let e = parse_cuda_version(bad).unwrap_err().to_string();
+            assert!(e.contains("FRAGLINK_CUDA_VERSION"), "{bad}: {e}");
+        }
+    }
 
     fn fake_wheels(dir: &Path) {
         for (sub, file) in [

@@ -46,10 +46,12 @@ pub fn parse_splits(value: &str) -> Result<Option<usize>, &'static str> {
 
 /// The splits `variable` fixes: `Ok(None)` where it is unset or automatic,
 /// `Err(value)` where it holds something [`parse_splits`] refuses.
+/// A value that is not Unicode is refused too (lossily shown), not taken
+/// for unset.
 pub fn splits_from_env(variable: &str) -> Result<Option<usize>, String> {
-    match std::env::var(variable) {
-        Err(_) => Ok(None),
-        Ok(value) => parse_splits(&value).map_err(|_| value),
+    match crate::switch::env_value(variable) {
+        None => Ok(None),
+        Some(value) => parse_splits(&value).map_err(|_| value),
     }
 }
 
@@ -266,6 +268,42 @@ fn merge_query(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Run by [`splits_variables_that_are_not_unicode_are_refused`] with
+    /// the variables set: prints what [`splits_from_env`] makes of them.
+    #[test]
+    #[ignore = "a child of splits_variables_that_are_not_unicode_are_refused"]
+    fn splits_env_child() {
+        println!(
+            "outcome: {:?} {:?}",
+            splits_from_env(SCAN_SPLITS_VAR),
+            splits_from_env(IVF_SPLITS_VAR)
+        );
+    }
+
+    /// A value that is not Unicode was taken for unset (automatic splits);
+    /// it is refused like any other value the variable does not take. The
+    /// test binary runs [`splits_env_child`] with both variables set, not
+    /// this process's environment (other tests read it).
+    #[cfg(unix)]
+    #[test]
+    fn splits_variables_that_are_not_unicode_are_refused() {
+        use std::os::unix::ffi::OsStrExt;
+        let bad = std::ffi::OsStr::from_bytes(b"4\xff");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["search::splits::tests::splits_env_child", "--exact"])
+            .args(["--ignored", "--nocapture", "--test-threads=1"])
+            .env(SCAN_SPLITS_VAR, bad)
+            .env(IVF_SPLITS_VAR, bad)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let refused = format!("{:?}", Err::<Option<usize>, _>("4\u{fffd}".to_string()));
+        assert!(
+            stdout.contains(&format!("outcome: {refused} {refused}")),
+            "{stdout}"
+        );
+    }
 
     /// The key order spelled out comparison by comparison, independent of
     /// `order_key`: the oracle the merge and `key_order` are checked against.

@@ -698,10 +698,10 @@ fn switch_by_env(var: &'static str) -> Result<bool, GpuSearchError> {
 /// `FRAGLINK_KNN_VARIANT`: a knn_tile fragment every tensor-core search
 /// must use instead of the planner's pick (benchmarks comparing tile
 /// shapes and precisions); a search it cannot serve is an error naming it.
-/// Unset or empty: the planner decides.
+/// Unset or empty: the planner decides. A value that is not Unicode names
+/// no variant (lossily converted), so it is that error, not unset.
 pub fn variant_by_env() -> Option<String> {
-    std::env::var("FRAGLINK_KNN_VARIANT")
-        .ok()
+    crate::switch::env_value("FRAGLINK_KNN_VARIANT")
         .map(|v| v.trim().to_owned())
         .filter(|v| !v.is_empty())
 }
