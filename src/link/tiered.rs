@@ -457,7 +457,10 @@ impl LinkRuntime {
     }
 
     /// Waits until no optimised link started by [`link_tiered`](Self::link_tiered)
-    /// runs any more; returns how many of them failed.
+    /// runs any more; returns how many plans' latest optimised link failed,
+    /// however long ago: a failure stays recorded until a retry of that
+    /// plan succeeds, also once [`UPGRADE_RETRY`] has passed and
+    /// [`upgrade_error`](Self::upgrade_error) no longer reports it.
     pub fn wait_for_upgrades(&self) -> usize {
         let ups = self.upgrades();
         let mut st = ups.lock();
