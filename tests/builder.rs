@@ -484,3 +484,57 @@ fn build_variables_refuse_what_they_do_not_take_naming_the_variable() {
         assert_eq!(outcome, "ok", "{version}={good:?}");
     }
 }
+
+/// A cache entry whose fatbin no longer has the blake3 its sidecar
+/// records (truncated by a crash, corrupted) is compiled again and
+/// overwritten, with a warning naming it; it was embedded as it was.
+#[test]
+fn a_damaged_cache_entry_is_compiled_again_with_a_warning() {
+    let dir = project(&[("good.cu.j2", GOOD)]);
+    let build = |out: &str| {
+        builder(dir.path(), &["compute_75"])
+            .out_dir(dir.path().join(out))
+            .family(family("good", "good.cu.j2"))
+            .compile()
+            .unwrap()
+    };
+    let first = build("a");
+    assert!(first.fragments.iter().all(|f| !f.cached));
+    let fatbins: Vec<_> = std::fs::read_dir(dir.path().join("cache"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "fatbin"))
+        .collect();
+    assert_eq!(fatbins.len(), first.fragments.len());
+    // One truncated, one corrupted in place (same length).
+    let bytes = std::fs::read(&fatbins[0]).unwrap();
+    std::fs::write(&fatbins[0], &bytes[..bytes.len() / 2]).unwrap();
+    let mut other = std::fs::read(&fatbins[1]).unwrap();
+    let mid = other.len() / 2;
+    other[mid] ^= 0xff;
+    std::fs::write(&fatbins[1], &other).unwrap();
+
+    let second = build("b");
+    let cached = |r: &BuildReport| -> Vec<bool> { r.fragments.iter().map(|f| f.cached).collect() };
+    assert_eq!(cached(&second), [false, false]);
+    for (a, b) in first.fragments.iter().zip(&second.fragments) {
+        assert_eq!(a.hash, b.hash, "{}", a.name);
+    }
+    let warned = second
+        .warnings
+        .iter()
+        .filter(|w| w.contains("build cache entry") && w.contains("blake3"))
+        .count();
+    assert_eq!(warned, 2, "{:?}", second.warnings);
+    // Overwritten: the next build takes both from the cache, silently.
+    let third = build("c");
+    assert_eq!(cached(&third), [true, true]);
+    assert!(
+        !third
+            .warnings
+            .iter()
+            .any(|w| w.contains("build cache entry")),
+        "{:?}",
+        third.warnings
+    );
+}

@@ -19,8 +19,11 @@ use crate::sys::nvrtc::{Nvrtc, Output};
 use crate::sys::SysError;
 
 /// Bumped when the cache's meaning changes (v3, v4: a sidecar of recorded
-/// entries, definitions and lowered names beside each fatbin).
-const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v5";
+/// entries, definitions and lowered names beside each fatbin; v6: the
+/// sidecar holds the fatbin's blake3 too, [`Sidecar`]). A bump changes
+/// every key, so entries of an older format are never read: they are
+/// misses, and builds of either format can share one cache directory.
+const CACHE_FORMAT: &str = "fraglink-fatbin-cache-v6";
 
 /// Options nvFatbin gets: smallest output (DESIGN.md decision 1).
 pub const FATBIN_OPTIONS: &[&str] = &["-compress-all", "-compress-mode=size"];
@@ -130,6 +133,16 @@ pub struct Recorded {
     pub sass: Vec<String>,
 }
 
+/// The JSON file beside each cached fatbin (`<key>.json`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Sidecar {
+    /// blake3 of the fatbin, hex: a fatbin truncated or corrupted (a crash,
+    /// a full disk, a bad copy) no longer matches and is compiled again
+    /// instead of embedded.
+    fatbin_blake3: String,
+    recorded: Recorded,
+}
+
 /// One fragment's outcome.
 #[derive(Debug, Clone)]
 pub struct Compiled {
@@ -141,6 +154,9 @@ pub struct Compiled {
     pub cached: bool,
     pub compile_time: Duration,
     pub recorded: Recorded,
+    /// Why the cache entry found for it was not used (damaged: compiled
+    /// again and overwritten), for a build warning.
+    pub cache_warning: Option<String>,
 }
 
 /// NVRTC's option that runs its optimizer over the LTO-IR before writing it
@@ -318,9 +334,16 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CompileError>
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CompileError> {
-    // Write-then-rename: a concurrent build never sees half a file.
+    // Write-then-rename: a concurrent build never sees half a file. The
+    // temporary name is unique per process and per call: two threads of
+    // one build may write the same path (two fragments of one key).
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp{}", std::process::id()));
+    tmp.push(format!(
+        ".tmp{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     let tmp = PathBuf::from(tmp);
     std::fs::write(&tmp, bytes)
         .and_then(|_| std::fs::rename(&tmp, path))
@@ -331,11 +354,40 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CompileError> {
         })
 }
 
-/// A cache hit: the fatbin and its sidecar, both readable.
-fn cached(fatbin: &Path) -> Option<(Vec<u8>, Recorded)> {
-    let bytes = std::fs::read(fatbin).ok().filter(|b| !b.is_empty())?;
-    let side = std::fs::read(fatbin.with_extension("json")).ok()?;
-    Some((bytes, serde_json::from_slice(&side).ok()?))
+/// What the cache holds for one key.
+#[derive(Debug)]
+enum CacheEntry {
+    /// The fatbin, whose blake3 its sidecar records, and what was recorded.
+    Hit(Vec<u8>, Recorded),
+    /// No fatbin: never built, or a build stopped between its two writes
+    /// (the sidecar goes first).
+    Absent,
+    /// A fatbin its sidecar does not vouch for, and why: a miss (compiled
+    /// again, overwritten) with a build warning, never an error.
+    Damaged(String),
+}
+
+/// The cache's entry at `fatbin` (and its sidecar `<key>.json`).
+fn cached(fatbin: &Path) -> CacheEntry {
+    let Ok(bytes) = std::fs::read(fatbin) else {
+        return CacheEntry::Absent;
+    };
+    let side = match std::fs::read(fatbin.with_extension("json")) {
+        Ok(s) => s,
+        Err(e) => return CacheEntry::Damaged(format!("its sidecar cannot be read: {e}")),
+    };
+    let side: Sidecar = match serde_json::from_slice(&side) {
+        Ok(s) => s,
+        Err(e) => return CacheEntry::Damaged(format!("its sidecar is not valid: {e}")),
+    };
+    let hash = blake3::hash(&bytes).to_hex();
+    if hash.as_str() != side.fatbin_blake3 {
+        return CacheEntry::Damaged(format!(
+            "its {} bytes do not have the blake3 its sidecar records (truncated or corrupted)",
+            bytes.len()
+        ));
+    }
+    CacheEntry::Hit(bytes, side.recorded)
 }
 
 /// One arch's outputs.
@@ -490,18 +542,33 @@ fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, Vec<C
     let key = cache_key(ctx, r);
     let cached_path = ctx.cache_dir.map(|d| d.join(format!("{key}.fatbin")));
 
-    let (bytes, recorded, cached) = match cached_path.as_deref().and_then(cached) {
-        Some((b, rec)) => (b, rec, true),
-        None => {
+    let entry = cached_path.as_deref().map_or(CacheEntry::Absent, cached);
+    let (bytes, recorded, cached, cache_warning) = match entry {
+        CacheEntry::Hit(b, rec) => (b, rec, true, None),
+        miss => {
+            let cache_warning = match miss {
+                CacheEntry::Damaged(why) => Some(format!(
+                    "fragment `{}`: build cache entry {} not used, {why}; compiled again",
+                    r.name,
+                    cached_path.as_deref().unwrap_or(Path::new("")).display()
+                )),
+                _ => None,
+            };
             let (bytes, recorded) = build_fatbin(ctx, r, &source_path)?;
             if let Some(p) = &cached_path {
                 // A cache that cannot be written only costs time next build.
                 // The sidecar goes first: a fatbin without one is a miss.
-                let side = serde_json::to_vec(&recorded).unwrap_or_default();
-                let _ = write_file(&p.with_extension("json"), &side)
+                let side = Sidecar {
+                    fatbin_blake3: blake3::hash(&bytes).to_hex().to_string(),
+                    recorded,
+                };
+                let json = serde_json::to_vec(&side).unwrap_or_default();
+                let _ = write_file(&p.with_extension("json"), &json)
                     .and_then(|_| write_file(p, &bytes));
+                (bytes, side.recorded, false, cache_warning)
+            } else {
+                (bytes, recorded, false, cache_warning)
             }
-            (bytes, recorded, false)
         }
     };
     write_file(&fatbin_path, &bytes).map_err(|e| vec![e])?;
@@ -513,6 +580,7 @@ fn compile_one(ctx: &CompileContext<'_>, r: &Rendered) -> Result<Compiled, Vec<C
         cached,
         compile_time: started.elapsed(),
         recorded,
+        cache_warning,
     })
 }
 

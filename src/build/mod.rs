@@ -702,7 +702,13 @@ impl Builder {
         let mut failures = Vec::new();
         for (r, res) in rendered.iter().zip(results) {
             match res {
-                Ok(c) => built.push((r, c)),
+                Ok(c) => {
+                    if let Some(w) = &c.cache_warning {
+                        self.directive(&format!("warning={w}"));
+                        warnings.push(w.clone());
+                    }
+                    built.push((r, c))
+                }
                 Err(errs) => failures.extend(errs),
             }
         }
