@@ -16,5 +16,6 @@ pub mod gpu;
 pub mod link;
 pub mod search;
 mod switch;
+mod sync;
 pub mod sys;
 mod workers;

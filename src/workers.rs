@@ -12,6 +12,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crate::sync::lock;
+
 /// Threads per core a pool may start at most. The jobs are CPU-bound
 /// (nvJitLink, NVRTC) with some file I/O: beyond a couple of threads per
 /// core they only add memory, never speed.
@@ -86,10 +88,6 @@ fn map_bounded_with<I: Send, O: Send>(
         .into_iter()
         .filter_map(|o| o.into_inner().unwrap_or_else(|p| p.into_inner()))
         .collect()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

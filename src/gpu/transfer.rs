@@ -44,6 +44,7 @@ use cudarc::driver::{
 
 use super::memory::{CudaMemory, DeviceMemory, GpuBuffer, GpuView, GpuViewMut, MemoryPool};
 use super::{driver_error, GpuContext, GpuError, GpuResult};
+use crate::sync::lock;
 
 /// Which way bytes moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -528,10 +529,6 @@ impl PendingTransfer<'_> {
         lock(self.stats).timed(self.bytes, d);
         Ok(d)
     }
-}
-
-fn lock(m: &Mutex<TransferStats>) -> std::sync::MutexGuard<'_, TransferStats> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Issues transfers on one stream and counts them.

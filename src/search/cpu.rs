@@ -432,7 +432,7 @@ pub fn init_cpu_threads() -> Result<CpuThreads, ThreadsVarError> {
     static INIT: std::sync::OnceLock<Result<CpuThreads, ThreadsVarError>> =
         std::sync::OnceLock::new();
     INIT.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = crate::workers::cores();
         let value = std::env::var_os("RAYON_NUM_THREADS");
         let chosen = cpu_threads_for(value.as_deref(), cores);
         let threads = chosen.as_ref().map_or(cores, |c| c.threads);

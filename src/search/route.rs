@@ -35,6 +35,7 @@ use crate::cost::{
 };
 use crate::gpu::GpuContext;
 use crate::link::{LinkRuntime, Planner};
+use crate::sync::lock;
 
 use super::gpu::{GpuSearchError, GpuSearcher};
 use super::index::{GpuIndex, IndexShape};
@@ -674,10 +675,6 @@ impl Drop for Linking {
     fn drop(&mut self) {
         lock(&self.set).remove(&self.names);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Vectors {
