@@ -10,10 +10,20 @@ use fraglink::search::DType;
 use serde_json::Value;
 
 fn fraglink(cache: &std::path::Path, args: &[&str]) -> std::process::Output {
+    fraglink_with(cache, args, &[])
+}
+
+/// `fraglink ARGS` with its disk cache in `cache` and `envs` set.
+fn fraglink_with(
+    cache: &std::path::Path,
+    args: &[&str],
+    envs: &[(&str, &std::ffi::OsStr)],
+) -> std::process::Output {
     let bin = support::fraglink_bin();
     Command::new(&bin)
         .args(args)
         .env("FRAGLINK_CACHE_DIR", cache)
+        .envs(envs.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
 }
@@ -38,18 +48,17 @@ fn search_json(cache: &std::path::Path, args: &[&str]) -> Value {
 fn a_knn_variant_that_is_not_unicode_is_refused() {
     use std::os::unix::ffi::OsStrExt;
     let cache = tempfile::tempdir().unwrap();
-    let out = Command::new(support::fraglink_bin())
-        .args([
-            "search", "--n", "1000", "--dim", "16", "--nq", "10", "--k", "10",
-        ])
-        .args(["--metric", "l2", "--dtype", "f32", "--device", "cpu"])
-        .env("FRAGLINK_CACHE_DIR", cache.path())
-        .env(
+    let out = fraglink_with(
+        cache.path(),
+        &[
+            "search", "--n", "1000", "--dim", "16", "--nq", "10", "--k", "10", "--metric", "l2",
+            "--dtype", "f32", "--device", "cpu",
+        ],
+        &[(
             "FRAGLINK_KNN_VARIANT",
             std::ffi::OsStr::from_bytes(b"knn_tile\xff"),
-        )
-        .output()
-        .unwrap();
+        )],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -174,12 +183,11 @@ fn a_repeated_cpu_search_reads_its_plan_from_the_disk_cache() {
         "search", "--json", "--n", "300", "--nq", "3", "--device", "cpu", "--arch", "sm_80",
     ];
     let run = |disable: &str| -> Value {
-        let out = Command::new(support::fraglink_bin())
-            .args(args)
-            .env("FRAGLINK_CACHE_DIR", cache.path())
-            .env("FRAGLINK_CACHE_DISABLE", disable)
-            .output()
-            .unwrap();
+        let out = fraglink_with(
+            cache.path(),
+            &args,
+            &[("FRAGLINK_CACHE_DISABLE", disable.as_ref())],
+        );
         assert!(
             out.status.success(),
             "{}",
@@ -746,12 +754,7 @@ fn bad_run_time_variables_are_refused_on_every_route() {
         ("FRAGLINK_FAST_COMPILE", "bogus"),
         ("FRAGLINK_QUICK_LINK", "sometimes"),
     ] {
-        let out = Command::new(support::fraglink_bin())
-            .args(args)
-            .env("FRAGLINK_CACHE_DIR", cache.path())
-            .env(var, bad)
-            .output()
-            .unwrap();
+        let out = fraglink_with(cache.path(), &args, &[(var, bad.as_ref())]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{var}={bad}: {err}");
         assert!(
@@ -759,13 +762,17 @@ fn bad_run_time_variables_are_refused_on_every_route() {
             "{var}={bad}: {err}"
         );
     }
-    let out = Command::new(support::fraglink_bin())
-        .args(args)
-        .env("FRAGLINK_CACHE_DIR", cache.path())
-        .env("FRAGLINK_KNN_VARIANT", "knn_tile_f16_f16_q16_r64_k32_a16")
-        .env("FRAGLINK_SCAN_SPLITS", "auto")
-        .output()
-        .unwrap();
+    let out = fraglink_with(
+        cache.path(),
+        &args,
+        &[
+            (
+                "FRAGLINK_KNN_VARIANT",
+                "knn_tile_f16_f16_q16_r64_k32_a16".as_ref(),
+            ),
+            ("FRAGLINK_SCAN_SPLITS", "auto".as_ref()),
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -166,36 +166,58 @@ pub enum CacheCommand {
     Clear,
 }
 
-/// `cache stats` / `cache clear` where the cache directory does not exist
-/// (yet): an empty cache, nothing to remove.
-fn report_no_cache_dir(
-    cmd: &CacheCommand,
-    config: &fraglink::link::disk::DiskCacheConfig,
-) -> ExitCode {
-    let dir = config.dir.display();
-    match cmd {
-        CacheCommand::Stats { json: true } => println!(
-            "{}",
-            json!({
-                "dir": config.dir.to_string_lossy(),
-                "exists": false,
-                "enabled": true,
-                "warning": null,
-                "entries": 0,
-                "bytes": 0,
-                "temp_files": 0,
-                "temp_bytes": 0,
-                "max_bytes": config.max_bytes,
-            })
-        ),
-        CacheCommand::Stats { json: false } => {
-            println!("dir        {dir} (does not exist yet: the first link makes it)");
-            println!("entries    0");
-            println!("bytes      0 of {} max", config.max_bytes);
+/// What `cache stats` reports, from an open cache or from a directory that
+/// does not exist yet (an empty cache: a look creates nothing).
+struct StatsReport<'a> {
+    /// `None`: disabled by FRAGLINK_CACHE_DISABLE.
+    dir: Option<&'a std::path::Path>,
+    exists: bool,
+    enabled: bool,
+    warning: Option<&'a str>,
+    stats: fraglink::link::disk::DiskStats,
+    max_bytes: u64,
+}
+
+impl StatsReport<'_> {
+    fn print(&self, json: bool) {
+        let s = &self.stats;
+        if json {
+            println!(
+                "{}",
+                json!({
+                    // Lossy: a path need not be UTF-8 (serde_json
+                    // refuses to serialise such a Path).
+                    "dir": self.dir.map(|d| d.to_string_lossy()),
+                    "exists": self.exists,
+                    "enabled": self.enabled,
+                    "warning": self.warning,
+                    "entries": s.entries,
+                    "bytes": s.bytes,
+                    "temp_files": s.temp_files,
+                    "temp_bytes": s.temp_bytes,
+                    "max_bytes": self.max_bytes,
+                })
+            );
+            return;
         }
-        CacheCommand::Clear => println!("nothing removed: {dir} does not exist"),
+        match (self.dir, self.exists) {
+            (Some(d), true) => println!("dir        {}", d.display()),
+            (Some(d), false) => println!(
+                "dir        {} (does not exist yet: the first link makes it)",
+                d.display()
+            ),
+            (None, _) => println!("dir        (none: disabled by FRAGLINK_CACHE_DISABLE)"),
+        }
+        println!("enabled    {}", self.enabled);
+        if let Some(w) = self.warning {
+            println!("warning    {w}");
+        }
+        println!("entries    {}", s.entries);
+        println!(
+            "bytes      {} of {} max ({} more in {} temporary files)",
+            s.bytes, self.max_bytes, s.temp_bytes, s.temp_files
+        );
     }
-    ExitCode::SUCCESS
 }
 
 pub fn run_cache(cmd: &CacheCommand) -> ExitCode {
@@ -217,7 +239,21 @@ pub fn run_cache(cmd: &CacheCommand) -> ExitCode {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound
         )
     {
-        return report_no_cache_dir(cmd, &config);
+        match cmd {
+            CacheCommand::Stats { json } => StatsReport {
+                dir: Some(&config.dir),
+                exists: false,
+                enabled: true,
+                warning: None,
+                stats: Default::default(),
+                max_bytes: config.max_bytes,
+            }
+            .print(*json),
+            CacheCommand::Clear => {
+                println!("nothing removed: {} does not exist", config.dir.display())
+            }
+        }
+        return ExitCode::SUCCESS;
     }
     let cache = match DiskCache::open(config) {
         Ok(c) => c,
@@ -231,41 +267,15 @@ pub fn run_cache(cmd: &CacheCommand) -> ExitCode {
                 Ok(s) => s,
                 Err(e) => return fail(e),
             };
-            if *json {
-                println!(
-                    "{}",
-                    json!({
-                        // Lossy: a path need not be UTF-8 (serde_json
-                        // refuses to serialise such a Path).
-                        "dir": dir.map(|d| d.to_string_lossy()),
-                        "exists": dir.is_some(),
-                        "enabled": cache.is_enabled(),
-                        "warning": cache.warning(),
-                        "entries": s.entries,
-                        "bytes": s.bytes,
-                        "temp_files": s.temp_files,
-                        "temp_bytes": s.temp_bytes,
-                        "max_bytes": cache.max_bytes(),
-                    })
-                );
-            } else {
-                match dir {
-                    Some(d) => println!("dir        {}", d.display()),
-                    None => println!("dir        (none: disabled by FRAGLINK_CACHE_DISABLE)"),
-                }
-                println!("enabled    {}", cache.is_enabled());
-                if let Some(w) = cache.warning() {
-                    println!("warning    {w}");
-                }
-                println!("entries    {}", s.entries);
-                println!(
-                    "bytes      {} of {} max ({} more in {} temporary files)",
-                    s.bytes,
-                    cache.max_bytes(),
-                    s.temp_bytes,
-                    s.temp_files
-                );
+            StatsReport {
+                dir,
+                exists: dir.is_some(),
+                enabled: cache.is_enabled(),
+                warning: cache.warning(),
+                stats: s,
+                max_bytes: cache.max_bytes(),
             }
+            .print(*json);
             ExitCode::SUCCESS
         }
         CacheCommand::Clear => match cache.clear() {

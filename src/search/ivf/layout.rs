@@ -49,9 +49,14 @@ pub fn default_veclen(dtype: DType, dim: usize) -> usize {
     }
 }
 
+/// Whether `veclen` is one the layout takes at all: a power of two up to 16.
+pub fn veclen_allowed(veclen: usize) -> bool {
+    veclen.is_power_of_two() && veclen <= 16
+}
+
 /// Checks a veclen against the dimension (a power of two up to 16 dividing it).
 pub fn check_veclen(veclen: usize, dim: usize) -> Result<(), IvfError> {
-    if veclen == 0 || veclen > 16 || !veclen.is_power_of_two() || !dim.is_multiple_of(veclen) {
+    if !veclen_allowed(veclen) || !dim.is_multiple_of(veclen) {
         return Err(IvfError::BadVeclen { veclen, dim });
     }
     Ok(())

@@ -59,7 +59,7 @@ use std::str::FromStr;
 pub use build::{build_index, IvfBuildParams, IvfIndex, ListStore};
 pub use coarse::probe_lists;
 pub use file::{index_from_bytes, read_index, write_index, IndexFileError};
-pub use layout::{check_veclen, default_veclen, veclen_for, GROUP};
+pub use layout::{default_veclen, veclen_for, GROUP};
 pub use reference::search_ivf_reference;
 pub use scan::{search_ivf, IvfSearchParams};
 
@@ -156,10 +156,10 @@ pub enum IvfError {
     NlistTooLarge { nlist: usize, n: usize },
     #[error("the base has no rows or dimension 0 ({rows} × {dim})")]
     EmptyBase { rows: usize, dim: usize },
-    #[error("veclen {veclen} {}", if *.veclen == 0 || *.veclen > 16 || !.veclen.is_power_of_two() {
-        "is not 1, 2, 4, 8 or 16".to_string()
-    } else {
+    #[error("veclen {veclen} {}", if layout::veclen_allowed(*.veclen) {
         format!("does not divide dim {}", .dim)
+    } else {
+        "is not 1, 2, 4, 8 or 16".to_string()
     })]
     BadVeclen { veclen: usize, dim: usize },
     #[error("the scan entry reads veclen {entry} lists, the index stores veclen {index}")]
